@@ -1,0 +1,28 @@
+"""gt: plain PyTorch on a worker process, its hot paths found and compiled."""
+
+from . import events
+from ._capture import WorkerHandle, capture, config, configure, events_log, report, reset, to_worker, worker
+from ._proxy import Proxy, is_remote
+from .config import Options
+from .errors import ConfigError, GTError, UnsupportedOperation, WorkerDied, WorkerLost
+
+__all__ = [
+    "capture",
+    "worker",
+    "WorkerHandle",
+    "to_worker",
+    "is_remote",
+    "report",
+    "reset",
+    "configure",
+    "config",
+    "events_log",
+    "events",
+    "Proxy",
+    "Options",
+    "GTError",
+    "ConfigError",
+    "WorkerDied",
+    "WorkerLost",
+    "UnsupportedOperation",
+]

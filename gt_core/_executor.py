@@ -1,0 +1,204 @@
+"""The worker's executor: real tensors by id, and any aten op run by calling its OpOverload.
+
+There are no per-op tables: an instruction names an OpOverload, its arguments (with Refs to
+values) and the ids of its new tensor outputs. The same code runs in the worker process and,
+for debugging and fast tests, in the client's own process.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from ._instructions import DEFOP, FREE, MARK, OP, PUT, SEED, SYNC, Ref, op_name, resolve_op
+
+__all__ = ["Executor", "describe_args"]
+
+
+def describe_args(args, kwargs) -> str:
+    """'float32[3, 4], float32[5, 6], alpha=2' for an error message."""
+
+    def one(a) -> str:
+        if isinstance(a, torch.Tensor):
+            return f"{str(a.dtype).removeprefix('torch.')}{list(a.shape)}"
+        if isinstance(a, (list, tuple)):
+            return "[" + ", ".join(one(x) for x in a) + "]"
+        return repr(a)
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts)
+
+
+class Executor:
+    """Executes instructions on real tensors held by id; remembers the first failure."""
+
+    def __init__(self, device: torch.device, publish=None):
+        self.device = torch.device(device)
+        self.values: dict[int, torch.Tensor] = {}
+        self.ops: dict[int, object] = {}
+        self._device_arg: dict[int, bool] = {}
+        self.error: BaseException | None = None  # first failure since the last sync
+        self.poisoned: set[int] = set()  # ids whose producing instruction failed
+        self.publish = publish or (lambda events: None)
+        self.executed = 0
+        self.engine = None  # a hot-path engine; None runs every instruction eagerly
+
+    # -- the stream ----------------------------------------------------------------------
+    def feed(self, instrs) -> None:
+        """Run a batch: through the hot-path engine when there is one, else eagerly."""
+        if self.engine is None:
+            for ins in instrs:
+                self.execute(ins)
+        else:
+            self.engine.feed(instrs)
+
+    def barrier(self, kind: str) -> None:
+        """A sync point: everything before it must have run."""
+        if self.engine is not None:
+            self.engine.feed([(SYNC, kind)])
+
+    def execute(self, ins) -> None:
+        """Run one instruction eagerly."""
+        code = ins[0]
+        if code == OP:
+            self.run_op(ins)
+        elif code == FREE:
+            self.values.pop(ins[1], None)
+            self.poisoned.discard(ins[1])
+        elif code == PUT:
+            self.values[ins[1]] = ins[2].to(self.device) if self.device.type != "cpu" else ins[2]
+        elif code == DEFOP:
+            op = resolve_op(ins[2])
+            self.ops[ins[1]] = op
+            self._device_arg[ins[1]] = any(a.name == "device" for a in op._schema.arguments)
+        elif code == SEED:
+            torch.manual_seed(ins[1])
+        # MARK and SYNC carry no work; the engine reads them.
+        self.executed += 1
+
+    def run_op(self, ins):
+        _, idx, args, kwargs, outs = ins
+        try:
+            a = self.resolve(args)
+            k = self.resolve(kwargs)
+        except KeyError:  # an input failed earlier (or was freed): propagate, one error only
+            self.poisoned.update(o for o in outs if o is not None)
+            if self.error is None:
+                self.error = RuntimeError(f"gt worker: {op_name(self.ops[idx])} used a value that does not exist")
+            return None
+        if self._device_arg[idx]:
+            k = self._place(k)
+        try:
+            result = self.ops[idx](*a, **k)
+        except Exception as exc:
+            self.fail(exc, self.ops[idx], a, k, outs)
+            return None
+        self.bind(result, outs)
+        return result
+
+    def bind(self, result, outs) -> None:
+        if not outs:
+            return
+        flat = tree_flatten(result)[0] if not isinstance(result, torch.Tensor) else [result]
+        values = self.values
+        for oid, t in zip(outs, (x for x in flat if isinstance(x, torch.Tensor)), strict=False):
+            if oid is not None:
+                values[oid] = t
+
+    def fail(self, exc: BaseException, op, args, kwargs, outs) -> None:
+        self.poisoned.update(o for o in outs if o is not None)
+        if self.error is None:
+            try:
+                exc.add_note(f"(gt worker: raised by {op_name(op)}({describe_args(args, kwargs)}))")
+            except Exception:
+                pass
+            self.error = exc
+
+    def resolve(self, a):
+        """Arguments with Refs replaced by the values they name (KeyError if missing)."""
+        t = type(a)
+        if t is Ref:
+            if a.id in self.poisoned:
+                raise KeyError(a.id)
+            return self.values[a.id]
+        if t is list or t is tuple:
+            return t(self.resolve(x) for x in a)
+        if t is dict:
+            return {k: self.resolve(v) for k, v in a.items()}
+        return a
+
+    def _place(self, kwargs: dict) -> dict:
+        # The client sees every worker tensor as a CPU tensor; the worker owns its device.
+        dev = kwargs.get("device")
+        if dev is None or torch.device(dev).type == "cpu":
+            kwargs = dict(kwargs, device=self.device)
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
+        return kwargs
+
+    # -- requests (each follows a barrier) ----------------------------------------------
+    def take_error(self) -> BaseException | None:
+        err, self.error = self.error, None
+        return err
+
+    def fetch(self, vid: int) -> torch.Tensor:
+        if vid in self.poisoned:
+            raise RuntimeError("gt: this value was never computed: the op that makes it failed earlier")
+        t = self.values[vid].detach()
+        t = t.cpu() if t.device.type != "cpu" else t
+        # A view would pickle its whole storage: send a compact copy.
+        if t._base is not None or t.untyped_storage().nbytes() != t.numel() * t.element_size():
+            t = t.clone()
+        return t
+
+    def call(self, idx: int, args, kwargs, base_id: int):
+        """Run one op now (a sync op) and describe its outputs for the client."""
+        a, k = self.resolve(args), self.resolve(kwargs)
+        if self._device_arg[idx]:
+            k = self._place(k)
+        op = self.ops[idx]
+        try:
+            result = op(*a, **k)
+        except Exception as exc:
+            try:
+                exc.add_note(f"(gt worker: raised by {op_name(op)}({describe_args(a, k)}))")
+            except Exception:
+                pass
+            raise
+        inputs = {id(v): r.id for v, r in zip(tree_flatten(a)[0] + tree_flatten(k)[0], tree_flatten(args)[0] + tree_flatten(kwargs)[0], strict=False) if isinstance(r, Ref)}
+        next_id = [base_id]
+
+        def describe(x):
+            if isinstance(x, torch.Tensor):
+                if id(x) in inputs:  # in-place: the output is an input
+                    return Ref(inputs[id(x)])
+                vid = next_id[0]
+                next_id[0] += 1
+                self.values[vid] = x
+                return (vid, tuple(x.shape), x.stride(), x.storage_offset(), x.dtype)
+            if isinstance(x, (list, tuple)):
+                return type(x)(describe(y) for y in x)
+            return x
+
+        return describe(result), next_id[0]
+
+    def stats(self) -> dict:
+        return {
+            "values": len(self.values),
+            "executed": self.executed,
+            "bytes": sum(t.untyped_storage().nbytes() for t in self.values.values()),
+        }
+
+
+def timed(fn, *args):
+    """(result, milliseconds) of fn(*args), synchronising CUDA so the time is real."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return out, (time.perf_counter() - t0) * 1e3
+
+
+__all__ += ["timed", "MARK"]

@@ -1,0 +1,65 @@
+"""The instruction stream's vocabulary, shared by the client and the worker.
+
+Instructions are small tuples whose first item is an opcode; tensors inside op arguments
+are replaced by :class:`Ref` to a value id. Ops travel as small integers defined once per
+worker by DEFOP, so a batch carries no op names in the steady state.
+"""
+
+from __future__ import annotations
+
+__all__ = ["Ref", "OP", "FREE", "PUT", "SEED", "DEFOP", "MARK", "BARRIERS", "TensorMeta"]
+
+OP = 0  # (OP, op_index, args, kwargs, out_ids): out_ids[k] is the id of the k-th new tensor output
+FREE = 1  # (FREE, id)
+PUT = 2  # (PUT, id, cpu_tensor): an upload from the client
+SEED = 3  # (SEED, seed): torch.manual_seed on the worker
+DEFOP = 4  # (DEFOP, op_index, "aten::add.Tensor")
+MARK = 5  # (MARK, signal_name, "enter" | "exit"): a block boundary set by the user
+SYNC = 6  # (SYNC, kind): a sync point (the client waited for a value here)
+
+# Instructions a hot block never spans: the stream is cut there.
+BARRIERS = frozenset((PUT, SEED, MARK, SYNC))
+
+
+class Ref:
+    """A reference to the value with id ``id`` inside op arguments."""
+
+    __slots__ = ("id",)
+
+    def __init__(self, id: int):
+        self.id = id
+
+    def __reduce__(self):
+        return (Ref, (self.id,))
+
+    def __repr__(self) -> str:
+        return f"%{self.id}"
+
+    def __eq__(self, other) -> bool:
+        return type(other) is Ref and other.id == self.id
+
+    def __hash__(self) -> int:
+        return hash(("Ref", self.id))
+
+
+# (shape, stride, storage_offset, dtype): what the client needs to make a proxy.
+TensorMeta = tuple
+
+
+def op_name(op) -> str:
+    """'aten.mm.default' for an OpOverload."""
+    return f"{op.namespace}.{op._opname}.{op._overloadname}"
+
+
+def resolve_op(qualified: str):
+    """The OpOverload for 'aten::add.Tensor' (the form of ``op._schema`` names)."""
+    import torch
+
+    ns, rest = qualified.split("::", 1)
+    name, _, overload = rest.partition(".")
+    packet = getattr(getattr(torch.ops, ns), name)
+    return getattr(packet, overload or "default")
+
+
+def qualified_name(op) -> str:
+    return f"{op.namespace}::{op._opname}.{op._overloadname}"

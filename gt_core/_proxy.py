@@ -1,0 +1,383 @@
+"""Proxies: tensors whose data lives on the worker, and the recording of every aten op on them.
+
+A proxy is a wrapper tensor subclass holding only metadata and a value id. Each aten op on a
+proxy becomes one OP instruction; its result metadata comes from running the op on meta
+tensors once per (op, argument metadata, non-tensor arguments) and is cached, so the steady
+state records an op without any inference. Ops that need real data (a Python scalar result,
+or a shape that depends on values) flush the stream and run on the worker at once.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ._instructions import FREE, OP, PUT, Ref
+from .errors import UnsupportedOperation, WorkerLost
+
+__all__ = ["Proxy", "record", "CaptureMode", "upload", "is_remote"]
+
+_meta_cache: dict = {}
+_SYNC = object()  # cache marker: this op runs on the worker at once
+_NEW, _ALIAS = 0, 1
+
+
+def _meta_of(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+
+
+class Proxy(torch.Tensor):
+    """A tensor whose value lives on the gt worker; ops on it are recorded, not run here."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @staticmethod
+    def __new__(cls, session, vid: int, meta: tuple, requires_grad: bool = False):
+        shape, stride, offset, dtype = meta
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device="cpu", requires_grad=requires_grad
+        )
+        r._gt_id = vid
+        r._gt_s = session
+        r._gt_m = meta
+        return r
+
+    def __del__(self):
+        s = self.__dict__.get("_gt_s")
+        if s is not None and not s.closed:
+            s.buf.append((FREE, self._gt_id))
+            s.counters["frees"] += 1
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        return record(func, args, kwargs or {})
+
+    # -- sync points that do not pass through the dispatcher ------------------------------
+    def cpu(self, memory_format=torch.preserve_format) -> torch.Tensor:  # noqa: ARG002
+        """The value as a plain CPU tensor (waits for the worker)."""
+        s = self._gt_s
+        s.check()
+        return s.request("fetch", self._gt_id)
+
+    def numpy(self, *, force: bool = False):  # noqa: ARG002
+        return self.cpu().numpy()
+
+    def tolist(self):
+        return self.cpu().tolist()
+
+    def __array__(self, dtype=None, copy=None):  # noqa: ARG002
+        a = self.cpu().numpy()
+        return a if dtype is None else a.astype(dtype)
+
+    def __format__(self, spec: str) -> str:
+        if self.dim() == 0:
+            return self.item().__format__(spec)
+        return self.__repr__().__format__(spec)
+
+    def __repr__(self, *, tensor_contents=None) -> str:  # noqa: ARG002
+        if self._gt_s.closed:
+            return f"<gt worker tensor {list(self.shape)} {self.dtype}: its worker is gone>"
+        text = repr(self.cpu())
+        extra = []
+        if self.grad_fn is not None:
+            extra.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
+        elif self.requires_grad:
+            extra.append("requires_grad=True")
+        if extra and text.endswith(")"):
+            text = text[:-1] + ", " + ", ".join(extra) + ")"
+        return text + " (gt worker tensor)"
+
+    __str__ = __repr__
+
+    @property
+    def data(self):
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, other):
+        # `p.data = x` (Module.to, .double(), user code): p takes x's value under a new id of
+        # its own, so freeing x later does not free p's value.
+        if not isinstance(other, Proxy):
+            other = upload(self._gt_s, other)
+        fresh = torch.ops.aten.alias.default(other)
+        _rebind(self, fresh)
+
+
+def _rebind(p: Proxy, fresh: Proxy) -> None:
+    """Make ``p`` refer to ``fresh``'s value and metadata (``fresh`` is consumed)."""
+    torch._C.TensorBase.data.__set__(p, fresh)  # shallow-copies sizes/strides into p
+    old = p._gt_id
+    p._gt_id, p._gt_m = fresh._gt_id, fresh._gt_m
+    fresh.__dict__["_gt_s"] = None  # fresh's id now belongs to p
+    s = p._gt_s
+    if not s.closed:
+        s.buf.append((FREE, old))
+
+
+def is_remote(t) -> bool:
+    """True when ``t`` is a gt worker tensor (its data lives in the worker)."""
+    return isinstance(t, Proxy)
+
+
+# -- uploads ------------------------------------------------------------------------------
+_uploads: dict[int, tuple] = {}  # id(plain tensor) -> (weakref, version, session gen, proxy ref)
+
+
+def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
+    """A proxy holding a copy of the plain tensor ``t`` (cached while ``t`` is unchanged)."""
+    if t.device.type == "meta":
+        raise UnsupportedOperation("a meta tensor has no data to send to the gt worker")
+    key = id(t)
+    hit = _uploads.get(key)
+    if hit is not None:
+        ref, version, gen, pref = hit
+        p = pref()
+        if ref() is t and version == t._version and gen == session.gen and p is not None:
+            return p
+    with torch._C._DisableTorchDispatch():
+        data = t.detach()
+        if data.device.type != "cpu":
+            data = data.cpu()
+        data = data.clone()  # the worker's copy must not change when the user's tensor does
+    vid = session.new_ids(1)[0]
+    session.emit((PUT, vid, data))
+    session.counters["uploads"] += 1
+    p = Proxy(session, vid, _meta_of(data))
+    if not cache:
+        return p
+    try:
+        _uploads[key] = (weakref.ref(t, lambda _r, k=key: _uploads.pop(k, None)), t._version, session.gen, weakref.ref(p))
+    except TypeError:
+        pass
+    return p
+
+
+# -- recording ----------------------------------------------------------------------------
+def _current_session():
+    from . import _capture
+
+    return _capture.session()
+
+
+class _Walk:
+    """One op's arguments: their cache key, the form sent (with Refs), the proxies met.
+
+    A class, not a closure: a recursive closure is a reference cycle that would keep the
+    argument proxies alive until the garbage collector runs, and delay their frees.
+    """
+
+    __slots__ = ("func", "session", "proxies", "plain")
+
+    def __init__(self, func):
+        self.func = func
+        self.session = None
+        self.proxies: list[Proxy] = []
+        self.plain: dict[int, torch.Tensor] = {}  # index in proxies -> plain tensor uploaded there
+
+    def walk(self, a):
+        """-> (cache key part, the argument as sent)."""
+        if isinstance(a, torch.Tensor):
+            if not isinstance(a, Proxy):
+                if self.session is None:
+                    self.session = _current_session()
+                self.plain[len(self.proxies)] = a
+                a = upload(self.session, a)
+            s = a._gt_s
+            if s is not self.session:
+                if s.closed:
+                    raise WorkerLost(
+                        f"{self.func}: a worker tensor {list(a.shape)} belongs to a gt worker that was "
+                        "stopped or restarted; its value is gone. Re-run the code that creates it."
+                    )
+                if self.session is not None:
+                    raise WorkerLost(
+                        f"{self.func}: tensors from two gt worker generations were mixed; re-create the older ones"
+                    )
+                self.session = s
+            self.proxies.append(a)
+            return a._gt_m, Ref(a._gt_id)
+        t = type(a)
+        if t is list or t is tuple:
+            parts = [self.walk(x) for x in a]
+            return (t, tuple(p[0] for p in parts)), t(p[1] for p in parts)
+        if t is torch.Generator:
+            raise UnsupportedOperation(
+                f"{self.func}: an explicit torch.Generator cannot drive a gt worker tensor; "
+                "use torch.manual_seed inside the capture instead"
+            )
+        return (t, a), a
+
+
+def record(func, args, kwargs):
+    """Record ``func(*args, **kwargs)`` as an instruction and return proxies for its outputs."""
+    w = _Walk(func)
+    walk = w.walk
+    pa = [walk(a) for a in args]
+    pk = {k: walk(v) for k, v in kwargs.items()}
+    session, proxies, plain = w.session, w.proxies, w.plain
+    if session is None:  # a factory op (no tensor arguments) inside capture
+        session = _current_session()
+    key = (func, tuple(p[0] for p in pa), tuple((k, v[0]) for k, v in pk.items()))
+    sent_args = tuple(p[1] for p in pa)
+    sent_kwargs = {k: v[1] for k, v in pk.items()}
+    try:
+        entry = _meta_cache.get(key)
+    except TypeError:  # an unhashable argument: infer every time
+        key, entry = None, None
+    if entry is None:
+        entry = _infer(func, args, kwargs)
+        if key is not None:
+            _meta_cache[key] = entry
+    if entry is _SYNC:
+        return _run_now(session, func, sent_args, sent_kwargs, proxies)
+    template, n_new = entry
+    idx = session.op(func)
+    ids = session.new_ids(n_new) if n_new else ()
+    session.counters["ops"] += 1
+    session.emit((OP, idx, sent_args, sent_kwargs, tuple(ids)))
+    out = _build(template, session, iter(ids), proxies)
+    if plain and template[0] == _ALIAS and template[1] in plain and func._schema.is_mutable:
+        # In place on a plain tensor with a worker argument: bring the result home.
+        target = plain[template[1]]
+        with torch._C._DisableTorchDispatch():
+            target.copy_(out.cpu())
+        return target
+    return out
+
+
+def _build(template, session, ids, proxies):
+    kind = template[0]
+    if kind == _NEW:
+        return Proxy(session, next(ids), template[1])
+    if kind == _ALIAS:
+        p = proxies[template[1]]
+        if template[2] is not None and template[2] != p._gt_m:  # in-place op changed metadata
+            _restride(p, template[2])
+        return p
+    if kind is None:
+        return template[1]
+    return kind(_build(t, session, ids, proxies) for t in template[1])
+
+
+def _restride(p: Proxy, meta: tuple) -> None:
+    shape, stride, offset, _ = meta
+    with torch._C._DisableTorchDispatch():
+        torch._C.TensorBase.as_strided_(p, shape, stride, offset)
+    p._gt_m = meta
+
+
+def _to_meta(a, metas: list):
+    if isinstance(a, torch.Tensor):
+        if isinstance(a, Proxy):
+            shape, stride, offset, dtype = a._gt_m
+        else:
+            shape, stride, offset, dtype = tuple(a.shape), a.stride(), a.storage_offset(), a.dtype
+        m = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        if offset:
+            size = offset + sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) + 1
+            m = torch.empty(size, dtype=dtype, device="meta").as_strided(shape, stride, offset)
+        metas.append(m)
+        return m
+    if type(a) in (list, tuple):
+        return type(a)(_to_meta(x, metas) for x in a)
+    return a
+
+
+def _infer(func, args, kwargs):
+    """The output template of ``func`` from a meta run, or _SYNC if it needs real data."""
+    if any(not isinstance(r.type, torch.TensorType) and "Tensor" not in str(r.type) for r in func._schema.returns):
+        return _SYNC  # a Python scalar or bool result: only the worker knows it
+    metas: list = []
+    margs = _to_meta(args, metas)
+    mkwargs = {k: _to_meta(v, metas) for k, v in kwargs.items()}
+    if any(a.name == "device" for a in func._schema.arguments):
+        mkwargs["device"] = torch.device("meta")
+    before = [_meta_of(m) for m in metas]
+    try:
+        with torch._C._DisableTorchDispatch():
+            out = func(*margs, **mkwargs)
+    except NotImplementedError:
+        return _SYNC  # data-dependent output shape (nonzero, unique, boolean masks, ...)
+    counter = [0]
+    return _template(out, metas, before, counter), counter[0]
+
+
+def _template(o, metas, before, counter):
+    """How to build an op's result: new proxies, inputs returned (in place), constants."""
+    if isinstance(o, torch.Tensor):
+        for i, m in enumerate(metas):
+            if o is m:
+                after = _meta_of(m)
+                return (_ALIAS, i, after if after != before[i] else None)
+        counter[0] += 1
+        return (_NEW, _meta_of(o))
+    if type(o) in (list, tuple):
+        return (type(o), tuple(_template(x, metas, before, counter) for x in o))
+    return (None, o)
+
+
+def _run_now(session, func, args, kwargs, proxies):
+    """Flush and run ``func`` on the worker now; its outputs come back described."""
+    idx = session.op(func)
+    session.counters["ops"] += 1
+    base = session.next_id
+    described, end = session.request("call", (idx, args, kwargs, base))
+    session.next_id = max(session.next_id, end)
+    return _described(described, session, {p._gt_id: p for p in proxies})
+
+
+def _described(d, session, by_id):
+    """Proxies for the worker's description of a sync op's outputs."""
+    if type(d) is Ref:
+        return by_id[d.id]
+    if type(d) is tuple and len(d) == 5 and isinstance(d[4], torch.dtype):
+        return Proxy(session, d[0], d[1:])
+    if type(d) in (list, tuple):
+        return type(d)(_described(x, session, by_id) for x in d)
+    return d
+
+
+class CaptureMode(TorchDispatchMode):
+    """Inside capture, every aten op (factories included) is recorded for the worker."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if _has_proxy(args) or _has_proxy(kwargs.values()):
+            return record(func, args, kwargs)
+        if func in _LIFTS or (
+            _makes_tensors(func) and not _has_tensor(args) and not _has_tensor(kwargs.values())
+        ):
+            return record(func, args, kwargs)  # a factory: the new tensor lives on the worker
+        # Plain tensors from outside stay plain (numpy(), printing and torch internals use
+        # them), and so do bookkeeping ops such as profiler ranges.
+        return func(*args, **kwargs)
+
+
+# torch.tensor(data) builds a plain tensor, then lifts it: that is where it becomes ours.
+_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift.default)
+
+
+_tensor_returns: dict = {}
+
+
+def _makes_tensors(func) -> bool:
+    r = _tensor_returns.get(func)
+    if r is None:
+        r = _tensor_returns[func] = any("Tensor" in str(x.type) for x in func._schema.returns)
+    return r
+
+
+def _has_proxy(xs) -> bool:
+    for x in xs:
+        if isinstance(x, Proxy) or (type(x) in (list, tuple) and _has_proxy(x)):
+            return True
+    return False
+
+
+def _has_tensor(xs) -> bool:
+    for x in xs:
+        if isinstance(x, torch.Tensor) or (type(x) in (list, tuple) and _has_tensor(x)):
+            return True
+    return False

@@ -1,0 +1,281 @@
+"""The worker: a spawned process (or, for debugging, this process) that owns the device.
+
+The client talks to it through a :class:`Transport`: batches of instructions go one way
+without waiting; a request (fetch a value, run a sync op) waits for one reply. Events come
+back on their own channel, read by a thread of the client, so the dashboard sees them live.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+
+from . import events as ev
+from .errors import WorkerDied
+
+__all__ = ["Transport", "ProcessTransport", "InProcessTransport", "worker_main"]
+
+_POLL_S = 0.05
+
+
+def _device():
+    import torch
+
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _make_executor(options, publish):
+    import torch
+
+    from ._executor import Executor
+    from ._hotpath import Engine
+
+    try:
+        import torch._inductor.config as ic
+
+        ic.fallback_random = True  # compiled random ops draw from the same generator as eager
+    except Exception:
+        pass
+    ex = Executor(_device(), publish)
+    ex.engine = Engine(ex, options, publish)
+    return ex
+
+
+def _serve(ex, msg):
+    """Answer one request; the reply is ("ok", value) or ("err", exception)."""
+    kind, payload = msg[1], msg[2]
+    ex.barrier(kind)
+    err = ex.take_error()
+    if err is not None:
+        return ("err", err)
+    try:
+        if kind == "fetch":
+            return ("ok", ex.fetch(payload))
+        if kind == "call":
+            return ("ok", ex.call(*payload))
+        if kind == "stats":
+            return ("ok", ex.stats())
+        if kind == "ping":
+            return ("ok", os.getpid())
+        if kind == "engine":
+            return ("ok", ex.engine.control(*payload))
+        return ("err", ValueError(f"gt worker: unknown request {kind!r}"))
+    except Exception as exc:
+        return ("err", exc)
+
+
+def worker_main(conn, event_conn, options) -> None:
+    """The worker process's loop: run batches, answer requests, until told to stop."""
+    lock = threading.Lock()
+
+    def publish(events):
+        with lock:
+            event_conn.send(events)
+
+    import torch
+
+    torch.set_grad_enabled(False)  # autograd runs in the client; the worker sees plain aten ops
+    ex = _make_executor(options, publish)
+    publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(ex.device))])
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            break  # the client went away
+        if msg[0] == "batch":
+            ex.feed(msg[1])
+        elif msg[0] == "req":
+            reply = _serve(ex, msg)
+            try:
+                conn.send(reply)
+            except Exception as exc:  # an unpicklable exception or value
+                conn.send(("err", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}\n{exc}")))
+        elif msg[0] == "stop":
+            ex.engine.close()
+            break
+    try:
+        publish([ev.event(ev.WORKER, state="stopped", pid=os.getpid(), device=str(ex.device))])
+    except Exception:
+        pass
+
+
+@contextlib.contextmanager
+def _without_main():
+    # spawn re-imports the parent's __main__ in the child; the worker needs none of it, and
+    # a script without an `if __name__ == "__main__"` guard would run twice.
+    main = sys.modules["__main__"]
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
+class Transport:
+    """What the client needs of a worker: send a batch, make a request, know if it lives."""
+
+    pid: int
+    device: str
+
+    def send(self, batch: list) -> None: ...
+    def request(self, kind: str, payload=None): ...
+    def alive(self) -> bool: ...
+    def stop(self) -> None: ...
+
+
+def _no_modes():
+    """Pickling and unpickling tensors makes tensors: never inside the capture mode."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    return _disable_current_modes()
+
+
+@contextlib.contextmanager
+def _isolated():
+    """Run worker code in the client's process as the worker process would: no capture, no grad."""
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes(), torch.no_grad():
+        yield
+
+
+class InProcessTransport(Transport):
+    """The executor in this process: same code path, no second process (debugging, tests)."""
+
+    def __init__(self, options, on_events):
+        self._on_events = on_events
+        self.ex = _make_executor(options, on_events)
+        self.pid, self.device = os.getpid(), str(self.ex.device)
+        on_events([ev.event(ev.WORKER, state="started", pid=self.pid, device=self.device, inprocess=True)])
+        self._alive = True
+
+    def send(self, batch):
+        with _isolated():
+            self.ex.feed(batch)
+
+    def request(self, kind, payload=None):
+        with _isolated():
+            status, value = _serve(self.ex, ("req", kind, payload))
+        if status == "err":
+            raise value
+        return value
+
+    def alive(self):
+        return self._alive
+
+    def stop(self):
+        if self._alive:
+            self.ex.engine.close()
+        self._alive = False
+
+
+class ProcessTransport(Transport):
+    """A spawned worker process; its death is noticed within one poll interval."""
+
+    def __init__(self, options, on_events, start_timeout: float = 120.0):
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._events_conn, child_events = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=worker_main, args=(child, child_events, options), daemon=True, name="gt-worker")
+        with _without_main():
+            self.proc.start()
+        child.close()
+        child_events.close()
+        self.pid = self.proc.pid
+        self._on_events = on_events
+        self._started = threading.Event()
+        self.device = "?"
+        self._pump = threading.Thread(target=self._read_events, name="gt-events", daemon=True)
+        self._pump.start()
+        self.cause: str | None = None
+        self._lock = threading.Lock()
+        self.request("ping", timeout=start_timeout)
+
+    def _read_events(self):
+        while True:
+            try:
+                events = self._events_conn.recv()
+            except (EOFError, OSError):
+                return
+            for e in events:
+                if e.get("type") == ev.WORKER and e.get("state") == "started":
+                    self.device = e.get("device", "?")
+            self._on_events(events)
+
+    def alive(self) -> bool:
+        return self.cause is None and self.proc.is_alive()
+
+    def _death(self, doing: str) -> WorkerDied:
+        self.proc.join(timeout=1.0)
+        code = self.proc.exitcode
+        if code is None:
+            why = "its connection broke"
+        elif code < 0:
+            try:
+                why = f"it was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                why = f"it was killed by signal {-code}"
+        else:
+            why = f"it exited with status {code}"
+        if code is not None and -code == signal.SIGKILL:
+            why += " (out of memory, or killed from outside)"
+        self.cause = why
+        self._on_events([ev.event(ev.WORKER, state="died", pid=self.pid, device=self.device, cause=why)])
+        return WorkerDied(
+            f"gt worker (pid {self.pid}) died: {why}, while {doing}. Its tensors are lost; "
+            "call gt_core.worker().restart() and re-run the cell that creates them."
+        )
+
+    def send(self, batch) -> None:
+        if self.cause is not None:
+            raise WorkerDied(f"gt worker (pid {self.pid}) is dead ({self.cause}); call gt_core.worker().restart()")
+        try:
+            with self._lock, _no_modes():
+                self._conn.send(("batch", batch))
+        except (BrokenPipeError, EOFError, OSError):
+            raise self._death("sending work") from None
+
+    def request(self, kind, payload=None, timeout: float | None = None):
+        if self.cause is not None:
+            raise WorkerDied(f"gt worker (pid {self.pid}) is dead ({self.cause}); call gt_core.worker().restart()")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock, _no_modes():
+            try:
+                self._conn.send(("req", kind, payload))
+                while not self._conn.poll(_POLL_S):
+                    if not self.proc.is_alive():
+                        raise self._death(f"waiting for {kind}")
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise WorkerDied(f"gt worker (pid {self.pid}) did not answer {kind} within {timeout:.0f} s")
+                status, value = self._conn.recv()
+            except (BrokenPipeError, EOFError, ConnectionResetError):
+                raise self._death(f"waiting for {kind}") from None
+        if status == "err":
+            raise value
+        return value
+
+    def stop(self) -> None:
+        if self.proc.is_alive():
+            try:
+                with self._lock:
+                    self._conn.send(("stop",))
+            except Exception:
+                pass
+            self.proc.join(timeout=5)
+            if self.proc.is_alive():
+                self.proc.kill()
+                self.proc.join(timeout=2)
+        self.cause = self.cause or "stopped"
+        self._conn.close()
+
+
+def format_exception(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()

@@ -1,0 +1,29 @@
+"""The package's error types: one base, each naming what was expected, what came, what to do."""
+
+from __future__ import annotations
+
+__all__ = ["GTError", "ConfigError", "WorkerDied", "WorkerLost", "UnsupportedOperation"]
+
+
+class GTError(Exception):
+    """Base class of every error gt raises itself."""
+
+
+class ConfigError(GTError, ValueError):
+    """A configuration value (option or environment variable) is not accepted."""
+
+    def __init__(self, name: str, value: object, accepted: str):
+        self.name, self.value, self.accepted = name, value, accepted
+        super().__init__(f"{name}={value!r} is not accepted; expected {accepted}")
+
+
+class WorkerDied(GTError, RuntimeError):
+    """The worker process ended while work was pending; restart with gt_core.worker().restart()."""
+
+
+class WorkerLost(GTError, RuntimeError):
+    """A worker tensor whose worker has died or been restarted was used."""
+
+
+class UnsupportedOperation(GTError, RuntimeError):
+    """Something a worker tensor cannot do, with the way around it."""

@@ -1,0 +1,202 @@
+"""Reports: the events of a session folded into plain data, with text and HTML views.
+
+``summarize(events)`` is a pure function of the event list, so a live session, a saved
+instruction log and the dashboard all read the same data. No torch import here.
+"""
+
+from __future__ import annotations
+
+import html
+import statistics
+from dataclasses import dataclass, field
+
+from . import events as ev
+
+__all__ = ["Report", "summarize", "Status"]
+
+
+class Status:
+    """A hot path's states, in the order a healthy one goes through them."""
+
+    RECORDING = "recording"
+    HOT = "hot"
+    COMPILING = "compiling"
+    COMPILED = "compiled"
+    FAILED = "failed"
+    REVERTED = "reverted"
+
+
+def _median(xs: list[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _new_path(signature: str) -> dict:
+    return {
+        "signature": signature,
+        "status": Status.RECORDING,
+        "ops": [],
+        "n_ops": 0,
+        "occurrences": 0,
+        "compiled_runs": 0,
+        "eager_runs": 0,
+        "compile_seconds": None,
+        "recompile_reasons": [],
+        "fallback_reason": None,
+        "timings": {"eager_ms": [], "compiled_ms": []},
+        "mismatches": 0,
+        "detected_at": None,
+        "compiled_at": None,
+    }
+
+
+def summarize(events: list[dict]) -> dict:
+    """Fold events into the report data: hot paths, user compiles, counters, the events."""
+    paths: dict[str, dict] = {}
+    stats = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0}
+    worker: dict = {}
+
+    def path(sig: str) -> dict:
+        if sig not in paths:
+            paths[sig] = _new_path(sig)
+        return paths[sig]
+
+    for e in events:
+        t = e.get("type")
+        sig = e.get("signature")
+        if t == ev.DETECTED:
+            p = path(sig)
+            p.update(status=Status.HOT, ops=list(e.get("ops", [])), n_ops=e.get("n_ops", 0))
+            p["detected_at"] = e.get("t")
+            p["occurrences"] = max(p["occurrences"], e.get("occurrences", 0))
+        elif t == ev.COMPILE_STARTED:
+            path(sig)["status"] = Status.COMPILING
+        elif t == ev.COMPILE_FINISHED:
+            p = path(sig)
+            p.update(status=Status.COMPILED, compile_seconds=e.get("seconds"), compiled_at=e.get("t"))
+        elif t == ev.COMPILE_FAILED:
+            p = path(sig)
+            p.update(status=Status.FAILED, fallback_reason=e.get("reason"))
+        elif t == ev.FALLBACK:
+            p = path(sig)
+            p.update(status=Status.FAILED, fallback_reason=e.get("reason"))
+        elif t == ev.REVERT:
+            p = path(sig)
+            p.update(status=Status.REVERTED, fallback_reason=e.get("reason"))
+        elif t == ev.RECOMPILE:
+            path(sig)["recompile_reasons"].append(e.get("reason", ""))
+        elif t == ev.MISMATCH:
+            path(sig)["mismatches"] += 1
+        elif t == ev.ITERATION:
+            p = path(sig)
+            p["occurrences"] += 1
+            if e.get("kind") == "compiled":
+                p["compiled_runs"] += 1
+                p["timings"]["compiled_ms"].append(e["ms"])
+            else:
+                p["eager_runs"] += 1
+                p["timings"]["eager_ms"].append(e["ms"])
+        elif t == ev.STATS:
+            stats.update({k: e[k] for k in stats if k in e})
+        elif t == ev.WORKER:
+            worker = {k: v for k, v in e.items() if k not in ("type", "t")}
+
+    hot_paths = list(paths.values())
+    for p in hot_paths:
+        eager, comp = p["timings"]["eager_ms"], p["timings"]["compiled_ms"]
+        p["eager_median_ms"] = _median(eager)
+        p["compiled_median_ms"] = _median(comp)
+        p["speedup"] = (
+            p["eager_median_ms"] / p["compiled_median_ms"]
+            if p["eager_median_ms"] and p["compiled_median_ms"]
+            else None
+        )
+        # Time saved so far: compiled runs times what each saved against the eager median.
+        p["saved_ms"] = (
+            sum(p["eager_median_ms"] - c for c in comp) if p["eager_median_ms"] is not None else 0.0
+        )
+
+    from .user_compiles import summarize_user_compiles  # noqa: PLC0415 (cycle-free, lazy)
+
+    return {
+        "hot_paths": hot_paths,
+        "user_compiles": summarize_user_compiles(events),
+        "stats": stats,
+        "worker": worker,
+        "events": list(events),
+    }
+
+
+@dataclass
+class Report:
+    """What gt saw: hot paths, their compile status and timings, the user's compiles."""
+
+    events: list[dict] = field(default_factory=list)
+
+    def to_data(self) -> dict:
+        return summarize(self.events)
+
+    def __str__(self) -> str:
+        d = self.to_data()
+        s = d["stats"]
+        lines = [
+            f"gt report: {s['ops']} ops recorded, {len(d['hot_paths'])} hot path(s), "
+            f"{sum(p['status'] == Status.COMPILED for p in d['hot_paths'])} compiled"
+        ]
+        for p in d["hot_paths"]:
+            lines.append("  " + _path_line(p))
+            for r in p["recompile_reasons"]:
+                lines.append(f"    recompile: {r}")
+            if p["fallback_reason"]:
+                lines.append(f"    {p['status']}: {p['fallback_reason']}")
+        for u in d["user_compiles"]:
+            lines.append(
+                f"  torch.compile {u['function']}: {u['compiles']} compile(s), "
+                f"{len(u['recompile_reasons'])} recompile(s), {len(u['graph_breaks'])} graph break(s)"
+                + (", recompile limit hit" if u["limit_hit"] else "")
+            )
+            for x in u["explanations"]:
+                lines.append(f"    {x['cause']} -> {x['fix']}")
+        return "\n".join(lines)
+
+    def _repr_html_(self) -> str:
+        d = self.to_data()
+        rows = "".join(
+            "<tr>"
+            + "".join(
+                f"<td>{html.escape(str(c))}</td>"
+                for c in (
+                    p["signature"],
+                    p["status"],
+                    p["n_ops"],
+                    p["occurrences"],
+                    _fmt(p["compile_seconds"], "s"),
+                    len(p["recompile_reasons"]),
+                    _fmt(p["eager_median_ms"], "ms"),
+                    _fmt(p["compiled_median_ms"], "ms"),
+                )
+            )
+            + "</tr>"
+            for p in d["hot_paths"]
+        )
+        head = "".join(
+            f"<th>{h}</th>"
+            for h in ("signature", "status", "ops", "runs", "compile", "recompiles", "eager", "compiled")
+        )
+        return (
+            f"<div class='gt-report'><b>gt report</b>: {d['stats']['ops']} ops recorded"
+            f"<table><tr>{head}</tr>{rows}</table>"
+            f"<pre>{html.escape(str(self))}</pre></div>"
+        )
+
+
+def _fmt(x: float | None, unit: str) -> str:
+    return "-" if x is None else f"{x:.3g} {unit}"
+
+
+def _path_line(p: dict) -> str:
+    speed = f", {p['speedup']:.2f}x" if p.get("speedup") else ""
+    return (
+        f"{p['signature']} [{p['status']}] {p['n_ops']} ops, {p['occurrences']} runs "
+        f"({p['compiled_runs']} compiled, {p['eager_runs']} eager), "
+        f"eager {_fmt(p['eager_median_ms'], 'ms')}, compiled {_fmt(p['compiled_median_ms'], 'ms')}{speed}"
+    )

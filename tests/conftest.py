@@ -1,0 +1,42 @@
+import os
+
+os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import gt_core  # noqa: E402
+
+
+@pytest.fixture
+def inprocess():
+    """A fresh in-process worker (same executor code, no second process): fast logic tests."""
+    gt_core.worker().stop()
+    gt_core.configure(worker="inprocess", backend="eager", auto_compile=False, threshold=5, min_seq=8)
+    gt_core.reset()
+    yield gt_core.worker()
+    gt_core.worker().stop()
+
+
+@pytest.fixture(scope="session")
+def _process_worker():
+    yield
+    gt_core.worker().stop()
+
+
+@pytest.fixture
+def process(_process_worker):
+    """The real spawned worker process (kept across tests; restarted if a test killed it)."""
+    gt_core.configure(worker="process", backend="eager", auto_compile=False)
+    w = gt_core.worker()
+    if not w.alive or w.pid == os.getpid():
+        w.restart()
+    gt_core.reset()
+    return w
+
+
+def assert_close(a, b, atol=1e-6, rtol=1e-5):
+    """Compare a worker result with the eager oracle (both brought to plain tensors)."""
+    a = a.cpu() if gt_core.is_remote(a) else a
+    b = b.cpu() if gt_core.is_remote(b) else b
+    torch.testing.assert_close(a.detach(), b.detach(), atol=atol, rtol=rtol)
