@@ -1,6 +1,6 @@
 """gt: plain PyTorch on a worker process, its hot paths found and compiled."""
 
-from . import events
+from . import events, signal
 from ._capture import WorkerHandle, capture, config, configure, events_log, report, reset, to_worker, worker
 from ._proxy import Proxy, is_remote
 from .config import Options
@@ -18,6 +18,7 @@ __all__ = [
     "config",
     "events_log",
     "events",
+    "signal",
     "Proxy",
     "Options",
     "GTError",

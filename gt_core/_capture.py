@@ -19,6 +19,8 @@ from .report import Report
 __all__ = ["capture", "worker", "to_worker", "report", "reset", "configure", "config", "events_log", "session"]
 
 _lock = threading.RLock()
+_in_worker = threading.local()  # set while in-process worker code runs
+_in_worker.active = False
 _state = {"session": None, "options": None, "log": None, "depth": 0}
 
 
@@ -136,9 +138,13 @@ def capture(**options):
         _apply_log(opts)
         _state["depth"] += 1
     seed = torch.manual_seed
+    thread = threading.get_ident()
 
     def manual_seed(n):
-        s.emit((SEED, int(n)))
+        # Only the user's code seeds the worker: not other threads, not worker code that
+        # runs in this process (the in-process worker's compiler seeds its own things).
+        if threading.get_ident() == thread and not _in_worker.active:
+            s.emit((SEED, int(n)))
         return seed(n)
 
     torch.manual_seed = torch.random.manual_seed = manual_seed

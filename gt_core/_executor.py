@@ -101,9 +101,12 @@ class Executor:
     def bind(self, result, outs) -> None:
         if not outs:
             return
-        flat = tree_flatten(result)[0] if not isinstance(result, torch.Tensor) else [result]
+        if isinstance(result, torch.Tensor):
+            self.values[outs[0]] = result
+            return
         values = self.values
-        for oid, t in zip(outs, (x for x in flat if isinstance(x, torch.Tensor)), strict=False):
+        flat = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
+        for oid, t in zip(outs, flat, strict=True):
             if oid is not None:
                 values[oid] = t
 

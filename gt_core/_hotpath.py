@@ -1,19 +1,606 @@
-"""Placeholder engine: runs everything eagerly (replaced by hot-path detection)."""
+"""Hot paths: find the block that repeats in the instruction stream and run it compiled.
+
+The engine sits between the worker's transport and its executor. Each instruction either
+runs eagerly (and joins the history the detector searches), or, when a hot block is
+expected, is matched against the block's canonical form and buffered; a complete
+occurrence then runs as one call of the compiled function. A mismatch mid-block runs the
+buffered instructions eagerly: correct, just not faster.
+
+States of a block (named as in the report): hot → compiling → compiled, or failed /
+reverted; blocks marked by a signal start as recording.
+"""
 
 from __future__ import annotations
 
+import statistics
+import threading
+import time
+import traceback
+
+import torch
+
+from . import events as ev
+from ._compiler import build_graph, compile_block
+from ._executor import timed
+from ._instructions import BARRIERS, DEFOP, FREE, MARK, OP, SYNC, Ref, op_name
+from .report import Status
+from .signature import Canonical, Mismatch, Namer, canonicalize
+
+__all__ = ["Engine"]
+
+
+def _out_paths(result) -> list[tuple]:
+    """Where the tensors of an op's result are: [()] for a single tensor, else index paths."""
+    if isinstance(result, torch.Tensor):
+        return [()]
+    out = []
+    if isinstance(result, (list, tuple)):
+        for i, r in enumerate(result):
+            out.extend((i, *p) for p in _out_paths(r))
+    return out
+
+
+def _local_key(ins):
+    """An instruction without its ids: equal for the same op at the same place in a period."""
+    code = ins[0]
+    if code == OP:
+        return (OP, ins[1], _strip(ins[2]), len(ins[4]))
+    if code == FREE:
+        return (FREE,)
+    return (code, ins[1] if code == MARK else None)
+
+
+def _strip(a):
+    t = type(a)
+    if t is Ref:
+        return Ref
+    if t is list or t is tuple:
+        return tuple(_strip(x) for x in a)
+    return a
+
+
+class Block:
+    """A hot block: its canonical form, how to build its graph, its compiled function."""
+
+    def __init__(self, canon: Canonical, out_paths: list, ops: dict, period: int, signal: str | None = None):
+        self.canon = canon
+        self.sig = canon.id
+        self.out_paths = out_paths
+        self.ops = ops  # op name -> OpOverload
+        self.gap = period - len(canon.entries)  # instructions between occurrences (barriers)
+        self.status = Status.HOT
+        self.fn = None
+        self.eager_ms: list[float] = []
+        self.compiled_ms: list[float] = []
+        self.signal = signal
+        self.thread: threading.Thread | None = None
+
+    @property
+    def tracked(self) -> bool:
+        # Failed and reverted blocks stay tracked (and run eagerly): that keeps the stream
+        # aligned, so the same loop is not detected again at another rotation.
+        return True
+
+
+class Tracker:
+    """One occurrence of a block in progress: the position reached and the names bound."""
+
+    __slots__ = ("block", "namer", "pos")
+
+    def __init__(self, block: Block, meta_of):
+        self.block = block
+        self.namer = Namer(meta_of)
+        self.pos = 0
+
+    def match(self, ins, op_name_of) -> bool:
+        entries = self.block.canon.entries
+        try:
+            got = self.namer.entry(ins, op_name_of)
+        except (Mismatch, KeyError):
+            return False
+        if got != entries[self.pos]:
+            return False
+        k = len(self.namer.input_meta)
+        if k and self.namer.input_meta[k - 1] != self.block.canon.input_meta[k - 1]:
+            return False
+        self.pos += 1
+        return True
+
+    @property
+    def complete(self) -> bool:
+        return self.pos == len(self.block.canon.entries)
+
 
 class Engine:
+    """Detects hot blocks in the stream, compiles them, and runs their occurrences."""
+
     def __init__(self, ex, options, publish):
-        self.ex, self.options = ex, options
+        self.ex = ex
+        self.options = options
+        self._publish = publish
+        self.events: list[dict] = []
+        self.history: list = []  # instructions run eagerly since the last hot occurrence
+        self.keys: list = []
+        self.paths: list = []  # out paths of history's OP instructions (None for others)
+        self.freed_meta: dict[int, tuple] = {}
+        self.blocks: dict[str, Block] = {}
+        self.by_first: dict[tuple, list[Block]] = {}
+        self.trackers: list[Tracker] = []
+        self.buf: list = []
+        self.gap = -1  # instructions to run before the next occurrence; -1: none expected
+        self.expect: Block | None = None
+        self.after_barrier = True
+        self.next_detect = 0
+        self.signal_start: dict[str, int] = {}
+        self.signal_seen: dict[str, str] = {}
+        self._names: dict[int, str] = {}
+        self._lock = threading.Lock()
 
-    def feed(self, instrs):
-        for ins in instrs:
-            self.ex.execute(ins)
+    # -- plumbing ------------------------------------------------------------------------
+    def emit(self, type: str, **fields) -> None:
+        e = ev.event(type, **fields)
+        with self._lock:  # the compile thread emits too
+            self.events.append(e)
+        if self.options.debug and type not in (ev.ITERATION,) and (type != ev.MISMATCH or self.options.debug >= 2):
+            detail = fields.get("reason") or fields.get("seconds") or fields.get("n_ops") or ""
+            print(f"gt: {type} {fields.get('signature', '')} {detail}", flush=True)
 
-    def control(self, what, value):
+    def flush_events(self) -> None:
+        with self._lock:
+            events, self.events = self.events, []
+        if events:
+            self._publish(events)
+
+    def op_name(self, idx: int) -> str:
+        name = self._names.get(idx)
+        if name is None:
+            name = self._names[idx] = op_name(self.ex.ops[idx])
+        return name
+
+    def meta_of(self, vid: int):
+        t = self.ex.values.get(vid)
+        if t is None:
+            return self.freed_meta.get(vid)
+        return (tuple(t.shape), t.stride(), t.dtype, t.device)
+
+    def control(self, what: str, value=None):
         if what == "options":
             self.options = value
+        elif what == "wait":
+            for b in list(self.blocks.values()):
+                if b.thread is not None:
+                    b.thread.join(value)
+            self.flush_events()
+        return None
 
-    def close(self):
-        pass
+    def close(self) -> None:
+        self._flush_buffer(mismatch=False)
+        self.flush_events()
+
+    # -- the stream ----------------------------------------------------------------------
+    def feed(self, instrs) -> None:
+        for ins in instrs:
+            self.step(ins)
+        if not self.trackers:
+            self._maybe_detect()
+        self.flush_events()
+
+    def step(self, ins) -> None:
+        code = ins[0]
+        if code == DEFOP:
+            self.ex.execute(ins)
+            return
+        if self.trackers:
+            if code in BARRIERS:
+                self._flush_buffer(mismatch=True, got=ins)
+            else:
+                self._track(ins)
+                return
+        elif self.gap == 0 or (self.gap < 0 and self.after_barrier and self.by_first):
+            if code not in BARRIERS and self._start(ins):
+                return
+            self.gap = -1
+        elif self.gap > 0:
+            self.gap -= 1
+        self._eager(ins)
+        if code in BARRIERS:
+            self._barrier(ins)
+
+    def _eager(self, ins) -> None:
+        code = ins[0]
+        if code == FREE:
+            vid = ins[1]
+            t = self.ex.values.get(vid)
+            if t is not None:
+                self.freed_meta[vid] = (tuple(t.shape), t.stride(), t.dtype, t.device)
+        result = self.ex.run_op(ins) if code == OP else self.ex.execute(ins)
+        self.history.append(ins)
+        self.keys.append(_local_key(ins))
+        self.paths.append(_out_paths(result) if code == OP else None)
+        self.after_barrier = code in BARRIERS
+        if len(self.history) > 2 * self.options.window:
+            self._trim()
+
+    def _trim(self) -> None:
+        drop = len(self.history) - self.options.window
+        del self.history[:drop], self.keys[:drop], self.paths[:drop]
+        self.next_detect = max(0, self.next_detect - drop)
+        for s in self.signal_start:
+            self.signal_start[s] -= drop
+        if len(self.freed_meta) > 4 * self.options.window:
+            self.freed_meta.clear()
+
+    def _barrier(self, ins) -> None:
+        if ins[0] == MARK:
+            self._signal(ins[1], ins[2])
+        elif ins[0] == SYNC and self.options.compile_all:
+            self._compile_segment()
+        if not self.trackers:
+            self._maybe_detect()
+
+    # -- matching hot occurrences -------------------------------------------------------
+    def _start(self, ins) -> bool:
+        namer = Namer(self.meta_of)
+        try:
+            first = namer.entry(ins, self.op_name)
+        except (Mismatch, KeyError):
+            return False
+        cands = [b for b in self.by_first.get(first, ()) if b.tracked]
+        if not cands:
+            return False
+        self.trackers = [Tracker(b, self.meta_of) for b in cands]
+        self._track(ins)
+        return True
+
+    def _track(self, ins) -> None:
+        self.buf.append(ins)
+        alive = [t for t in self.trackers if t.match(ins, self.op_name)]
+        if not alive:
+            self._flush_buffer(mismatch=True, got=ins)
+            return
+        self.trackers = alive
+        done = next((t for t in alive if t.complete), None)
+        if done is not None:
+            self._run(done)
+
+    def _flush_buffer(self, mismatch: bool, got=None) -> None:
+        """Run buffered instructions eagerly: the occurrence did not complete."""
+        if mismatch and self.trackers and self.buf:
+            t = max(self.trackers, key=lambda t: t.pos)
+            if t.pos > 0 or len(self.buf) > 1:
+                entries = t.block.canon.entries
+                expected = entries[t.pos][1] if t.pos < len(entries) else "end"
+                self.emit(
+                    ev.MISMATCH,
+                    signature=t.block.sig,
+                    position=t.pos,
+                    expected=str(expected),
+                    got=self._describe(got),
+                )
+        buf, self.buf, self.trackers = self.buf, [], []
+        self.gap = -1
+        for ins in buf:
+            self._eager(ins)
+
+    def _describe(self, ins) -> str:
+        if ins is None:
+            return "end of stream"
+        if ins[0] == OP:
+            return self.op_name(ins[1])
+        return {FREE: "free", SYNC: "sync point", MARK: "signal"}.get(ins[0], "upload/seed")
+
+    def _run(self, tracker: Tracker) -> None:
+        """A complete occurrence: run it compiled if we can, else its instructions eagerly."""
+        block, buf = tracker.block, self.buf
+        self.buf, self.trackers = [], []
+        self.history.clear(), self.keys.clear(), self.paths.clear()
+        self.next_detect = 0
+        self.gap = block.gap
+        fn = block.fn
+        if fn is not None and block.status == Status.COMPILED:
+            try:
+                self._run_compiled(block, tracker, fn, buf)
+            except Exception as exc:
+                block.status, block.fn = Status.FAILED, None
+                self.emit(ev.FALLBACK, signature=block.sig, reason=_reason(exc))
+            else:
+                self._check_regression(block)
+                return
+        t0 = time.perf_counter()
+        for ins in buf:
+            if ins[0] == OP:
+                self.ex.run_op(ins)
+            else:
+                self.ex.execute(ins)
+        ms = (time.perf_counter() - t0) * 1e3
+        kind = "compiling" if block.status == Status.COMPILING else "eager"
+        block.eager_ms.append(ms)
+        self.emit(ev.ITERATION, signature=block.sig, kind=kind, ms=ms)
+        if block.status == Status.HOT and self.options.auto_compile and len(block.eager_ms) >= 2:
+            self._compile(block)
+
+    def _run_compiled(self, block: Block, tracker: Tracker, fn, buf) -> None:
+        values = self.ex.values
+        inputs = [values[i] for i in tracker.namer.inputs]
+        outs, ms = timed(fn, *inputs)
+        names = {n: vid for vid, n in tracker.namer.names.items()}
+        for name, value in zip(block.canon.outputs, outs, strict=True):
+            values[names[name]] = value
+        for ins in buf:
+            if ins[0] == FREE:
+                values.pop(ins[1], None)
+        self.ex.executed += len(buf)
+        block.compiled_ms.append(ms)
+        self.emit(ev.ITERATION, signature=block.sig, kind="compiled", ms=ms)
+
+    def _check_regression(self, block: Block) -> None:
+        n = self.options.regression_samples
+        if len(block.compiled_ms) != n or len(block.eager_ms) < 2:
+            return
+        eager = statistics.median(block.eager_ms)
+        comp = statistics.median(block.compiled_ms)
+        if comp > eager * 1.05:
+            block.status, block.fn = Status.REVERTED, None
+            self.emit(
+                ev.REVERT,
+                signature=block.sig,
+                eager_ms=eager,
+                compiled_ms=comp,
+                reason=f"compiled median {comp:.3f} ms is slower than eager {eager:.3f} ms over {n} runs",
+            )
+
+    # -- detection -----------------------------------------------------------------------
+    def _maybe_detect(self) -> None:
+        o = self.options
+        if not o.auto_compile and not o.signals:
+            return
+        n = len(self.keys)
+        if n < max(self.next_detect, o.threshold * o.min_seq) or not o.auto_compile:
+            return
+        K, t = self.keys, o.threshold
+        last = K[-1]
+        for p in range(o.min_seq, n // t + 1):
+            if K[n - 1 - p] == last and K[n - t * p : n - p] == K[n - (t - 1) * p : n]:
+                if self._detect_period(p):
+                    return
+                break
+        self.next_detect = n + o.min_seq
+
+    def _detect_period(self, p: int) -> bool:
+        n, H = len(self.history), self.history
+        barriers = [i for i in range(n - p, n) if H[i][0] in BARRIERS]
+        if barriers:
+            start, length = _longest_segment(barriers, n - p, p)
+        else:
+            start, length = self._best_cut(p), p
+        if length < self.options.min_seq:
+            self.next_detect = n + p
+            return False
+        # the most recent complete occurrences of [start, start + length), oldest first
+        begin = start if start + length <= n else start - p
+        occ = [begin - k * p for k in range(self.options.threshold - 1, -1, -1) if begin - k * p >= 0]
+        canons = []
+        for b in occ:
+            try:
+                canon, _ = canonicalize(H[b : b + length], self.meta_of, self.op_name)
+            except Mismatch:
+                return False
+            canons.append(canon)
+        if len({c.id for c in canons}) != 1 or len(occ) < 2:
+            self.next_detect = n + p
+            return False
+        canon = canons[-1]
+        paths = [x for x in self.paths[begin : begin + length] if x is not None]
+        self.gap = start + p - n
+        if self.gap < 0:
+            self.gap += p
+        existing = self.blocks.get(canon.id)
+        if existing is None:
+            block = Block(canon, paths, self._ops_by_name(), p)
+            self._register(block)
+            self._make_hot(block, occurrences=len(occ))
+        return True
+
+    def _best_cut(self, p: int) -> int:
+        """The rotation of the period where the fewest values cross the block boundary."""
+        n, H = len(self.history), self.history
+        lo = max(0, n - 2 * p)
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        for i in range(lo, n):
+            for vid in _ids(H[i]):
+                first.setdefault(vid, i)
+                last[vid] = i
+        delta = [0] * (n - lo + 1)
+        for vid, f in first.items():
+            if last[vid] > f:
+                delta[f + 1 - lo] += 1
+                delta[last[vid] + 1 - lo] -= 1
+        best, best_at, live = None, n - p, 0
+        for i in range(lo, n):
+            live += delta[i - lo]
+            if i >= n - p and (best is None or live < best):
+                best, best_at = live, i
+        return best_at
+
+    def _ops_by_name(self) -> dict:
+        return {self.op_name(i): op for i, op in self.ex.ops.items()}
+
+    def _register(self, block: Block) -> None:
+        self.blocks[block.sig] = block
+        self.by_first.setdefault(block.canon.entries[0], []).append(block)
+
+    def _make_hot(self, block: Block, occurrences: int = 2) -> None:
+        block.status = Status.HOT
+        data = block.canon.to_data()
+        self.emit(
+            ev.DETECTED,
+            signature=block.sig,
+            ops=block.canon.ops,
+            n_ops=len(block.canon.ops),
+            n_instructions=len(block.canon.entries),
+            occurrences=occurrences,
+            signal=block.signal,
+            canonical=data,
+            graph=_graph_data(data),
+        )
+        for other in self.blocks.values():
+            if other is not block and other.canon.ops == block.canon.ops:
+                from .signature import diff
+
+                self.emit(
+                    ev.RECOMPILE,
+                    signature=block.sig,
+                    previous=other.sig,
+                    reason=diff(other.canon.to_data(), data) or "same form",
+                )
+                break
+        if block.signal or (self.options.auto_compile and self.options.background):
+            self._compile(block)
+        # Compiling on the critical path: first time a couple of eager occurrences, the
+        # baseline that regression detection and the speedup compare against (see _run).
+
+    # -- compiling -----------------------------------------------------------------------
+    def _compile(self, block: Block) -> None:
+        o = self.options
+        block.status = Status.COMPILING
+        self.emit(ev.COMPILE_STARTED, signature=block.sig, backend=o.backend, mode=o.mode)
+        examples = [
+            torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            for shape, stride, dtype, device in block.canon.input_meta
+        ]
+
+        def work():
+            try:
+                gm = build_graph(block.canon, block.ops, block.out_paths, fix_alpha=o.backend == "inductor")
+                fn, seconds = compile_block(gm, examples, o.backend, o.mode, o.dynamic)
+            except Exception as exc:
+                block.status = Status.FAILED
+                self.emit(ev.COMPILE_FAILED, signature=block.sig, reason=_reason(exc))
+                if o.debug:
+                    traceback.print_exc()
+            else:
+                block.fn = fn
+                if block.status == Status.COMPILING:
+                    block.status = Status.COMPILED
+                self.emit(ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds)
+            if threading.current_thread() is not threading.main_thread() and block.thread is not None:
+                self.flush_events()
+
+        if o.background:
+            block.thread = threading.Thread(target=_no_grad(work), name=f"gt-compile-{block.sig}", daemon=True)
+            block.thread.start()
+        else:
+            _no_grad(work)()
+
+    # -- signals and compile-everything -------------------------------------------------
+    def _signal(self, name: str, phase: str) -> None:
+        self.emit(ev.SIGNAL, name=name, phase=phase)
+        n = len(self.history)
+        if phase == "enter":
+            self.signal_start[name] = n
+            return
+        start = self.signal_start.pop(name, None)
+        if start is None or start < 0:
+            return
+        seg = [i for i in range(start, n - 1) if self.history[i][0] in (OP, FREE)]
+        if not seg or seg != list(range(seg[0], seg[-1] + 1)):
+            return
+        try:
+            canon, _ = canonicalize([self.history[i] for i in seg], self.meta_of, self.op_name)
+        except Mismatch:
+            return
+        spec = self.options.signals.get(name, {})
+        if canon.id in self.blocks:
+            return
+        if self.signal_seen.get(name) == canon.id and spec.get("compile"):
+            paths = [self.paths[i] for i in seg if self.paths[i] is not None]
+            block = Block(canon, paths, self._ops_by_name(), len(seg) + 2, signal=name)
+            self._register(block)
+            self._make_hot(block)
+            self.emit(ev.SIGNAL, name=name, phase="compile", signature=canon.id)
+        self.signal_seen[name] = canon.id
+
+    def _compile_segment(self) -> None:
+        """GT_COMPILE: the instructions since the previous sync point become a block at once."""
+        n = len(self.history)
+        i = n - 1
+        while i > 0 and self.history[i - 1][0] not in BARRIERS:
+            i -= 1
+        seg = [k for k in range(i, n - 1) if self.history[k][0] in (OP, FREE)]
+        if len(seg) < 1:
+            return
+        try:
+            canon, _ = canonicalize([self.history[k] for k in seg], self.meta_of, self.op_name)
+        except Mismatch:
+            return
+        if canon.id not in self.blocks:
+            paths = [self.paths[k] for k in seg if self.paths[k] is not None]
+            block = Block(canon, paths, self._ops_by_name(), len(seg) + 1)
+            self._register(block)
+            self._make_hot(block, occurrences=1)
+
+
+def _ids(ins):
+    if ins[0] == FREE:
+        return (ins[1],)
+    if ins[0] != OP:
+        return ()
+    out = []
+    _collect(ins[2], out)
+    _collect(tuple(ins[3].values()), out)
+    out.extend(ins[4])
+    return out
+
+
+def _collect(a, out) -> None:
+    t = type(a)
+    if t is Ref:
+        out.append(a.id)
+    elif t is list or t is tuple:
+        for x in a:
+            _collect(x, out)
+
+
+def _longest_segment(barriers: list[int], lo: int, p: int) -> tuple[int, int]:
+    """(start, length) of the longest barrier-free run in one period, wrapping around."""
+    best = (barriers[0] + 1, 0)
+    for j, b in enumerate(barriers):
+        nxt = barriers[j + 1] if j + 1 < len(barriers) else barriers[0] + p
+        length = nxt - b - 1
+        if length > best[1]:
+            best = (b + 1, length)
+    start, length = best
+    if start >= lo + p:
+        start -= p
+    return start, length
+
+
+def _graph_data(data: dict) -> dict:
+    """The block's dependency graph as plain nodes and edges (what the dashboard draws)."""
+    from .signature import to_networkx
+
+    g = to_networkx(data)
+    nodes = [{"id": n, **{k: v for k, v in a.items() if k != "outs"}} for n, a in g.nodes(data=True)]
+    outputs = set(data["outputs"])
+    for name in outputs:
+        nodes.append({"id": f"out:{name}", "kind": "output", "label": name, "op": None, "shape": None, "dtype": None, "freed": False})
+    edges = [[u, v] for u, v in g.edges()]
+    for n, a in g.nodes(data=True):
+        for o in a.get("outs", ()) or ():
+            if o in outputs:
+                edges.append([n, f"out:{o}"])
+    return {"nodes": nodes, "edges": edges}
+
+
+def _reason(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) < 2000 else text[:2000] + " …"
+
+
+def _no_grad(fn):
+    def run():
+        with torch.no_grad():
+            fn()
+
+    return run

@@ -232,11 +232,16 @@ def record(func, args, kwargs):
             _meta_cache[key] = entry
     if entry is _SYNC:
         return _run_now(session, func, sent_args, sent_kwargs, proxies)
-    template, n_new = entry
+    template, n_new, mask = entry
     idx = session.op(func)
     ids = session.new_ids(n_new) if n_new else ()
+    if len(mask) == n_new:
+        outs = tuple(ids)
+    else:  # some outputs are inputs (in place): the worker binds only the new ones
+        it = iter(ids)
+        outs = tuple(next(it) if new else None for new in mask)
     session.counters["ops"] += 1
-    session.emit((OP, idx, sent_args, sent_kwargs, tuple(ids)))
+    session.emit((OP, idx, sent_args, sent_kwargs, outs))
     out = _build(template, session, iter(ids), proxies)
     if plain and template[0] == _ALIAS and template[1] in plain and func._schema.is_mutable:
         # In place on a plain tensor with a worker argument: bring the result home.
@@ -301,7 +306,20 @@ def _infer(func, args, kwargs):
     except NotImplementedError:
         return _SYNC  # data-dependent output shape (nonzero, unique, boolean masks, ...)
     counter = [0]
-    return _template(out, metas, before, counter), counter[0]
+    template = _template(out, metas, before, counter)
+    return template, counter[0], tuple(_mask(template))
+
+
+def _mask(template):
+    """For each tensor output in order: True if new, False if it is an input."""
+    kind = template[0]
+    if kind == _NEW:
+        yield True
+    elif kind == _ALIAS:
+        yield False
+    elif kind is not None:
+        for t in template[1]:
+            yield from _mask(t)
 
 
 def _template(o, metas, before, counter):

@@ -143,8 +143,14 @@ def _isolated():
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
-    with _disable_current_modes(), torch.no_grad():
-        yield
+    from ._capture import _in_worker
+
+    was, _in_worker.active = getattr(_in_worker, "active", False), True
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            yield
+    finally:
+        _in_worker.active = was
 
 
 class InProcessTransport(Transport):

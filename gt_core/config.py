@@ -32,6 +32,7 @@ class Options:
     config: str | None = None  # YAML file of named signals
     worker: str = "process"  # or "inprocess" (same executor, no second process)
     regression_samples: int = 5  # compiled runs timed before a revert is considered
+    background: bool = True  # compile off the critical path (eager runs meanwhile)
     signals: dict = field(default_factory=dict, compare=False)
 
     def replace(self, **changes) -> Options:
@@ -93,6 +94,7 @@ ENV = {
     "GT_INSTRUCTION_LOG": ("log", str, "a file path"),
     "GT_CONFIG": ("config", str, "a YAML file path"),
     "GT_WORKER": ("worker", str, "process or inprocess"),
+    "GT_BACKGROUND_COMPILE": ("background", _bool, "0/1, true/false"),
 }
 
 

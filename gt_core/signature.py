@@ -1,0 +1,267 @@
+"""Dependency-graph signatures: the canonical form of a block of instructions, and its hash.
+
+Ids are renumbered (external inputs ``in0, in1…`` in order of first use, produced values
+``t0, t1…``); the form keeps op overload names, non-tensor arguments, input metadata, which
+op consumes which value, and which values are freed inside the block. Two blocks with the
+same form compute the same thing on inputs of the same metadata, so the form's hash is the
+key of the compiled-block cache: our signature is the guard.
+
+``Canonical.to_data()`` is plain data (it travels in events); ``to_networkx``, ``diff`` and
+``diff_text`` read that plain data, so the client and offline logs can draw and compare
+signatures without the worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from ._instructions import FREE, OP, Ref
+
+__all__ = ["Canonical", "canonicalize", "Namer", "to_networkx", "diff", "diff_text", "signature_of"]
+
+# A value's metadata as the signature sees it: (shape, stride, dtype, device).
+Meta = tuple
+
+
+class Mismatch(Exception):
+    """An instruction does not fit the expected canonical form."""
+
+
+class Namer:
+    """Assigns canonical names to the ids of a block as its instructions go by."""
+
+    __slots__ = ("names", "inputs", "input_meta", "n_produced", "meta_of")
+
+    def __init__(self, meta_of):
+        self.names: dict[int, tuple] = {}  # actual id -> ("i", k) | ("t", j)
+        self.inputs: list[int] = []  # actual ids of inputs, in order of first use
+        self.input_meta: list[Meta] = []
+        self.n_produced = 0
+        self.meta_of = meta_of
+
+    def ref(self, vid: int) -> tuple:
+        name = self.names.get(vid)
+        if name is None:
+            meta = self.meta_of(vid)
+            if meta is None:
+                raise Mismatch(f"value {vid} is unknown")
+            name = self.names[vid] = ("i", len(self.inputs))
+            self.inputs.append(vid)
+            self.input_meta.append(meta)
+        return name
+
+    def arg(self, a):
+        t = type(a)
+        if t is Ref:
+            return self.ref(a.id)
+        if t is list or t is tuple:
+            return (t.__name__, *(self.arg(x) for x in a))
+        return a
+
+    def entry(self, ins, op_name) -> tuple:
+        """The canonical form of one OP or FREE instruction (binds its new outputs)."""
+        if ins[0] == FREE:
+            return ("free", self.ref(ins[1]))
+        _, idx, args, kwargs, outs = ins
+        cargs = tuple(self.arg(a) for a in args)
+        ckw = tuple((k, self.arg(v)) for k, v in kwargs.items())
+        couts = []
+        for o in outs:
+            if o is None:  # an input returned in place
+                couts.append(None)
+                continue
+            name = self.names[o] = ("t", self.n_produced)
+            self.n_produced += 1
+            couts.append(name)
+        return ("op", op_name(idx), cargs, ckw, tuple(couts))
+
+
+@dataclass(frozen=True)
+class Canonical:
+    """A block in canonical form; ``id`` is its signature."""
+
+    entries: tuple
+    input_meta: tuple
+    outputs: tuple  # produced names not freed inside the block, in order of production
+    id: str
+
+    @property
+    def ops(self) -> list[str]:
+        return [e[1] for e in self.entries if e[0] == "op"]
+
+    def to_data(self) -> dict:
+        """Plain data: what events carry and what drawing and diffing read."""
+        return {
+            "signature": self.id,
+            "inputs": [
+                {"name": f"in{k}", "shape": list(m[0]), "stride": list(m[1]), "dtype": _dtype(m[2]), "device": str(m[3])}
+                for k, m in enumerate(self.input_meta)
+            ],
+            "entries": [_entry_data(e) for e in self.entries],
+            "outputs": [_name(n) for n in self.outputs],
+        }
+
+
+def canonicalize(instrs, meta_of, op_name) -> tuple[Canonical, Namer]:
+    """The canonical form of OP/FREE instructions; ``meta_of(id)`` gives an input's metadata."""
+    namer = Namer(meta_of)
+    entries = tuple(namer.entry(ins, op_name) for ins in instrs)
+    return _finish(entries, namer), namer
+
+
+def _finish(entries: tuple, namer: Namer) -> Canonical:
+    freed = {e[1] for e in entries if e[0] == "free"}
+    outputs = tuple(n for e in entries if e[0] == "op" for n in e[4] if n is not None and n not in freed)
+    meta = tuple(namer.input_meta)
+    return Canonical(entries, meta, outputs, signature_of(entries, meta))
+
+
+def signature_of(entries, input_meta) -> str:
+    """A short stable id: the first 12 hex digits of a SHA-1 of the canonical form."""
+    return hashlib.sha1(repr((entries, input_meta)).encode()).hexdigest()[:12]
+
+
+# -- plain data ---------------------------------------------------------------------------
+def _dtype(d) -> str:
+    return str(d).removeprefix("torch.")
+
+
+def _name(n: tuple) -> str:
+    return ("in" if n[0] == "i" else "t") + str(n[1])
+
+
+def _arg_data(a):
+    if type(a) is tuple and len(a) == 2 and a[0] in ("i", "t") and type(a[1]) is int:
+        return "%" + _name(a)
+    if type(a) is tuple and a and a[0] in ("list", "tuple"):
+        return [_arg_data(x) for x in a[1:]]
+    if isinstance(a, (int, float, str, bool)) or a is None:
+        return a
+    return repr(a)
+
+
+def _entry_data(e: tuple) -> dict:
+    if e[0] == "free":
+        return {"kind": "free", "value": _name(e[1])}
+    return {
+        "kind": "op",
+        "op": e[1],
+        "args": [_arg_data(a) for a in e[2]],
+        "kwargs": {k: _arg_data(v) for k, v in e[3]},
+        "outs": [_name(n) for n in e[4] if n is not None],
+    }
+
+
+def _refs(x) -> list[str]:
+    if isinstance(x, str) and x.startswith("%"):
+        return [x[1:]]
+    if isinstance(x, list):
+        return [r for y in x for r in _refs(y)]
+    if isinstance(x, dict):
+        return [r for y in x.values() for r in _refs(y)]
+    return []
+
+
+def _consumed(entry: dict) -> list[str]:
+    return _refs(entry["args"]) + _refs(entry["kwargs"])
+
+
+def to_networkx(data: dict):
+    """A networkx DiGraph of a signature's plain data: inputs and ops as nodes, values as edges."""
+    import networkx as nx
+
+    g = nx.DiGraph(signature=data["signature"])
+    producer: dict[str, str] = {}
+    meta: dict[str, dict] = {}
+    for inp in data["inputs"]:
+        g.add_node(inp["name"], kind="input", label=inp["name"], op=None, shape=inp["shape"], dtype=inp["dtype"], freed=False)
+        producer[inp["name"]] = inp["name"]
+        meta[inp["name"]] = inp
+    freed = {e["value"] for e in data["entries"] if e["kind"] == "free"}
+    outputs = set(data["outputs"])
+    k = 0
+    for e in data["entries"]:
+        if e["kind"] != "op":
+            continue
+        node = f"op{k}"
+        k += 1
+        outs = e["outs"]
+        g.add_node(
+            node,
+            kind="op",
+            label=e["op"].removeprefix("aten.").removesuffix(".default"),
+            op=e["op"],
+            shape=None,
+            dtype=None,
+            outs=outs,
+            output=any(o in outputs for o in outs),
+            freed=bool(outs) and all(o in freed for o in outs),
+        )
+        for name in _consumed(e):
+            src = producer.get(name)
+            if src is not None:
+                g.add_edge(src, node, value=name)
+        for o in outs:
+            producer[o] = node
+    for inp in data["inputs"]:
+        if inp["name"] in freed:
+            g.nodes[inp["name"]]["freed"] = True
+    return g
+
+
+def diff(a: dict, b: dict) -> str | None:
+    """The first difference between two signatures' plain data, in words (None if equal)."""
+    if a["signature"] == b["signature"]:
+        return None
+    ea, eb = a["entries"], b["entries"]
+    ins_a = {i["name"]: i for i in a["inputs"]}
+    ins_b = {i["name"]: i for i in b["inputs"]}
+    k = -1
+    for pos, (x, y) in enumerate(zip(ea, eb, strict=False)):
+        if x["kind"] == "op":
+            k += 1
+        if x["kind"] != y["kind"]:
+            if "free" in (x["kind"], y["kind"]):
+                fx = x if x["kind"] == "free" else y
+                one, other = ("A", "B") if fx is x else ("B", "A")
+                return f"value {fx['value']} freed inside the block in {one}, not in {other} (instruction {pos})"
+            return f"instruction {pos}: {x['kind']} → {y['kind']}"
+        if x["kind"] == "free":
+            if x["value"] != y["value"]:
+                return f"instruction {pos}: frees {x['value']} in A, {y['value']} in B"
+            continue
+        if x["op"] != y["op"]:
+            return f"op {k}: {_short(x['op'])} → {_short(y['op'])}"
+        for j, (ra, rb) in enumerate(zip(_consumed(x), _consumed(y), strict=False)):
+            if ra != rb:
+                return f"op {k} ({_short(x['op'])}): input {j} is {ra} in A, {rb} in B (a different dependency)"
+            if ra in ins_a and rb in ins_b:
+                ia, ib = ins_a[ra], ins_b[rb]
+                for field in ("shape", "dtype", "device", "stride"):
+                    if ia[field] != ib[field]:
+                        return f"op {k} ({_short(x['op'])}): input {j} {field} {ia[field]} → {ib[field]}"
+        if x["args"] != y["args"] or x["kwargs"] != y["kwargs"]:
+            return f"op {k} ({_short(x['op'])}): arguments {_args(x)} → {_args(y)}"
+    if len(ea) != len(eb):
+        return f"block A has {len(ea)} instructions, block B {len(eb)}"
+    for ia, ib in zip(a["inputs"], b["inputs"], strict=False):
+        for field in ("shape", "dtype", "device", "stride"):
+            if ia[field] != ib[field]:
+                return f"input {ia['name']} {field} {ia[field]} → {ib[field]}"
+    return "the blocks differ in their outputs"
+
+
+def diff_text(a: dict, b: dict) -> str:
+    """``diff`` as one line for people: 'same signature' when equal."""
+    d = diff(a, b)
+    return f"{a['signature']} → {b['signature']}: {d}" if d else f"{a['signature']}: same signature"
+
+
+def _short(op: str) -> str:
+    return op.removesuffix(".default")
+
+
+def _args(e: dict) -> str:
+    parts = [str(x) for x in e["args"]] + [f"{k}={v}" for k, v in e["kwargs"].items()]
+    return "(" + ", ".join(parts) + ")"
