@@ -102,11 +102,4 @@ def compile_block(gm: fx.GraphModule, example_inputs: list, backend: str, mode: 
             fn = torch._TorchCompileInductorWrapper(mode, None, False)(gm, example_inputs)
         else:
             fn = torch._dynamo.lookup_backend(backend)(gm, example_inputs)
-    return _positional(fn), time.perf_counter() - t0
-
-
-def _positional(fn):
-    # Inductor's and AOTAutograd's callables may take their inputs boxed (as one list).
-    if getattr(fn, "_boxed_call", False):
-        return lambda *args: fn(list(args))
-    return fn
+    return fn, time.perf_counter() - t0

@@ -56,6 +56,23 @@ def _strip(a):
         return Ref
     if t is list or t is tuple:
         return tuple(_strip(x) for x in a)
+    if t is float:
+        # Python floats that change every step (Adam's bias corrections, LR schedules) must
+        # not hide the period; the canonical forms decide whether a segment really repeats.
+        return float
+    return a
+
+
+def _exact(ins):
+    return (ins[0], ins[1], repr(_strip_refs(ins[2])), repr(ins[3])) if ins[0] == OP else (ins[0],)
+
+
+def _strip_refs(a):
+    t = type(a)
+    if t is Ref:
+        return None
+    if t is list or t is tuple:
+        return tuple(_strip_refs(x) for x in a)
     return a
 
 
@@ -181,8 +198,8 @@ class Engine:
     def feed(self, instrs) -> None:
         for ins in instrs:
             self.step(ins)
-        if not self.trackers:
-            self._maybe_detect()
+            if self.gap < 0 and not self.trackers and len(self.history) >= self.next_detect:
+                self._maybe_detect()
         self.flush_events()
 
     def step(self, ins) -> None:
@@ -235,7 +252,7 @@ class Engine:
             self._signal(ins[1], ins[2])
         elif ins[0] == SYNC and self.options.compile_all:
             self._compile_segment()
-        if not self.trackers:
+        if self.gap < 0 and not self.trackers:
             self._maybe_detect()
 
     # -- matching hot occurrences -------------------------------------------------------
@@ -364,11 +381,13 @@ class Engine:
                 if self._detect_period(p):
                     return
                 break
-        self.next_detect = n + o.min_seq
+        self.next_detect = n + max(o.min_seq, 32)
 
     def _detect_period(self, p: int) -> bool:
         n, H = len(self.history), self.history
-        barriers = [i for i in range(n - p, n) if H[i][0] in BARRIERS]
+        # Cut at sync points, and at ops whose Python scalars change from one period to the
+        # next (they cannot be inside a block that must repeat exactly).
+        barriers = [i for i in range(n - p, n) if H[i][0] in BARRIERS or _exact(H[i]) != _exact(H[i - p])]
         if barriers:
             start, length = _longest_segment(barriers, n - p, p)
         else:
@@ -378,7 +397,8 @@ class Engine:
             return False
         # the most recent complete occurrences of [start, start + length), oldest first
         begin = start if start + length <= n else start - p
-        occ = [begin - k * p for k in range(self.options.threshold - 1, -1, -1) if begin - k * p >= 0]
+        verified = n - self.options.threshold * p  # the keys are periodic from here on
+        occ = [begin - k * p for k in range(self.options.threshold - 1, -1, -1) if begin - k * p >= verified]
         canons = []
         for b in occ:
             try:
@@ -404,7 +424,10 @@ class Engine:
     def _best_cut(self, p: int) -> int:
         """The rotation of the period where the fewest values cross the block boundary."""
         n, H = len(self.history), self.history
-        lo = max(0, n - 2 * p)
+        # Judge boundaries in a period with a whole period of context on each side, so
+        # lifetimes are seen entirely; fall back to the last period when there is no room.
+        lo = max(0, n - 3 * p)
+        mid = n - 2 * p if n - 3 * p >= 0 else n - p
         first: dict[int, int] = {}
         last: dict[int, int] = {}
         for i in range(lo, n):
@@ -416,12 +439,12 @@ class Engine:
             if last[vid] > f:
                 delta[f + 1 - lo] += 1
                 delta[last[vid] + 1 - lo] -= 1
-        best, best_at, live = None, n - p, 0
-        for i in range(lo, n):
+        best, best_at, live = None, mid, 0
+        for i in range(lo, mid + p):
             live += delta[i - lo]
-            if i >= n - p and (best is None or live < best):
+            if i >= mid and (best is None or live < best):
                 best, best_at = live, i
-        return best_at
+        return best_at + (n - p - mid)  # the same phase, in the last period
 
     def _ops_by_name(self) -> dict:
         return {self.op_name(i): op for i, op in self.ex.ops.items()}

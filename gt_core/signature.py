@@ -244,6 +244,10 @@ def diff(a: dict, b: dict) -> str | None:
         if x["args"] != y["args"] or x["kwargs"] != y["kwargs"]:
             return f"op {k} ({_short(x['op'])}): arguments {_args(x)} → {_args(y)}"
     if len(ea) != len(eb):
+        longer, one, other = (ea, "A", "B") if len(ea) > len(eb) else (eb, "B", "A")
+        extra = longer[min(len(ea), len(eb))]
+        if extra["kind"] == "free":
+            return f"value {extra['value']} freed inside the block in {one}, not in {other}"
         return f"block A has {len(ea)} instructions, block B {len(eb)}"
     for ia, ib in zip(a["inputs"], b["inputs"], strict=False):
         for field in ("shape", "dtype", "device", "stride"):

@@ -1,0 +1,295 @@
+"""Issue 3: hot-path detection, the compiled-block cache, fallbacks, reverts, signals, config."""
+
+import functools
+import json
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_close
+from models import Block, mlp, train
+
+import gt_core
+from gt_core import events as ev
+
+COMPILES: list = []
+
+
+@torch._dynamo.register_backend
+def gt_counting(gm, example_inputs):
+    COMPILES.append(len(gm.graph.nodes))
+    return gm.forward
+
+
+@torch._dynamo.register_backend
+def gt_raising(gm, example_inputs):
+    raise RuntimeError("this backend always fails")
+
+
+@torch._dynamo.register_backend
+def gt_slow(gm, example_inputs):
+    def slow(*args):
+        time.sleep(0.01)
+        return gm.forward(*args)
+
+    return slow
+
+
+@pytest.fixture
+def hot(inprocess):
+    COMPILES.clear()
+    gt_core.configure(auto_compile=True, backend="gt_counting", background=False, threshold=3)
+    yield
+    gt_core.configure(auto_compile=False, background=True, threshold=5, backend="eager", config=None)
+
+
+SGD = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
+
+
+def _data():
+    return torch.randn(16, 32), torch.randn(16, 4)
+
+
+def _paths():
+    return gt_core.report().to_data()["hot_paths"]
+
+
+def _check_against_eager(steps=12, make_opt=SGD, sync_every=0, **options):
+    ref, ref_losses = train(mlp, make_opt, _data, F.mse_loss, steps, False, sync_every=sync_every)
+    got, got_losses = train(mlp, make_opt, _data, F.mse_loss, steps, True, sync_every=sync_every, **options)
+    assert got_losses == pytest.approx(ref_losses, abs=1e-5)
+    for a, b in zip(got.parameters(), ref.parameters(), strict=True):
+        assert_close(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("sync_every", [0, 1], ids=["no-sync", "sync-every-step"])
+def test_training_step_is_detected_compiled_once_and_equal(hot, sync_every):
+    _check_against_eager(steps=14, sync_every=sync_every)
+    (p,) = _paths()
+    assert p["status"] == "compiled"
+    assert p["compiled_runs"] >= 5 and p["eager_runs"] == 2
+    assert len(COMPILES) == 1  # later iterations never recompile
+    # forward, backward and the optimizer step in one block
+    assert {"aten.addmm.default", "aten.mse_loss_backward.default", "aten.threshold_backward.default"} <= set(p["ops"])
+    assert any(op.startswith("aten.add_") for op in p["ops"])
+
+
+def test_adam_step_compiled_and_equal(hot):
+    _check_against_eager(steps=14, make_opt=functools.partial(torch.optim.Adam, lr=1e-2))
+    assert any(p["status"] == "compiled" and p["compiled_runs"] > 0 for p in _paths())
+
+
+def test_whole_mlp_step_with_aot_eager(hot):
+    gt_core.configure(backend="aot_eager")
+    _check_against_eager(steps=12)
+    assert _paths()[0]["status"] == "compiled"
+
+
+def test_transformer_block_step(hot):
+    gt_core.configure(backend="aot_eager")
+    kw = dict(
+        make_model=Block,
+        make_opt=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+        make_data=lambda: (torch.randint(0, 50, (4, 12)), torch.randint(0, 50, (4, 12))),
+        loss_fn=lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten()),
+        steps=10,
+    )
+    ref, ref_losses = train(on_worker=False, **kw)
+    got, got_losses = train(on_worker=True, **kw)
+    assert got_losses == pytest.approx(ref_losses, abs=1e-5)
+    for a, b in zip(got.parameters(), ref.parameters(), strict=True):
+        assert_close(a, b, atol=1e-5)
+    assert any(p["status"] == "compiled" and p["compiled_runs"] >= 3 for p in _paths())
+
+
+def test_mismatch_mid_block_runs_eagerly_and_is_recorded(hot):
+    def loop(extra_at):
+        torch.manual_seed(0)
+        model, x, y = mlp(), *_data()
+        opt = SGD(model.parameters())
+        for i in range(12):
+            h = model[0](x)
+            if i == extra_at:
+                h = h * 1.0  # one op more in the middle of this iteration
+            loss = F.mse_loss(model[2](model[1](h)), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        return model
+
+    ref = loop(8)
+    with gt_core.capture():
+        got = loop(8)
+    for a, b in zip(got.parameters(), ref.parameters(), strict=True):
+        assert_close(a, b)
+    events = gt_core.report().to_data()["events"]
+    (m,) = [e for e in events if e["type"] == ev.MISMATCH]
+    assert m["position"] > 0 and m["got"] == "aten.mul.Tensor"
+    assert _paths()[0]["compiled_runs"] >= 2
+
+
+def test_compile_failure_falls_back_to_eager_with_reason(hot):
+    gt_core.configure(backend="gt_raising")
+    _check_against_eager(steps=10)
+    (p,) = _paths()
+    assert p["status"] == "failed" and "this backend always fails" in p["fallback_reason"]
+    assert p["compiled_runs"] == 0 and p["eager_runs"] > 2
+
+
+def test_slower_compiled_block_is_reverted(hot):
+    gt_core.configure(backend="gt_slow", regression_samples=3)
+    _check_against_eager(steps=14)
+    (p,) = _paths()
+    assert p["status"] == "reverted" and p["compiled_runs"] == 3
+    assert "slower than eager" in p["fallback_reason"]
+    (e,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
+    assert e["compiled_ms"] > e["eager_ms"]
+
+
+def test_batch_size_change_is_a_recompile_with_the_shape_in_words(hot):
+    with gt_core.capture():
+        torch.manual_seed(0)
+        model = mlp()
+        opt = SGD(model.parameters())
+        for batch in (16, 8):
+            x, y = torch.randn(batch, 32), torch.randn(batch, 4)
+            for _ in range(8):
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+    paths = _paths()
+    assert len(paths) == 2 and len(COMPILES) == 2
+    (reason,) = paths[1]["recompile_reasons"]
+    assert "shape [16, 32] → [8, 32]" in reason or "[16," in reason, reason
+
+
+def test_signal_with_compile_true_compiles_on_second_occurrence(hot, tmp_path):
+    cfg = tmp_path / "gt.yaml"
+    cfg.write_text("training_step:\n  compile: true\n")
+    gt_core.configure(config=str(cfg), auto_compile=False)
+    with gt_core.capture():
+        torch.manual_seed(0)
+        model, (x, y) = mlp(), _data()
+        opt = SGD(model.parameters())
+        for _ in range(4):
+            with gt_core.signal.context("training_step"):
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+    (p,) = _paths()
+    assert p["status"] == "compiled" and p["compiled_runs"] == 2
+    assert any(e["type"] == ev.SIGNAL and e.get("phase") == "compile" for e in gt_core.report().events)
+
+
+def test_compile_every_flushed_block(hot):
+    gt_core.configure(compile_all=True, auto_compile=False)
+    try:
+        _check_against_eager(steps=6, sync_every=1)
+    finally:
+        gt_core.configure(compile_all=False)
+    assert any(p["compiled_runs"] >= 3 for p in _paths())
+
+
+@pytest.mark.parametrize(
+    "env,match",
+    [
+        ({"GT_HOTPATH_THRESHOLD": "abc"}, "GT_HOTPATH_THRESHOLD='abc'.*integer"),
+        ({"GT_HOTPATH_THRESHOLD": "1"}, "GT_HOTPATH_THRESHOLD=1"),
+        ({"GT_AUTO_COMPILE": "maybe"}, "GT_AUTO_COMPILE='maybe'.*true/false"),
+        ({"GT_COMPILE_MODE": "fast"}, "GT_COMPILE_MODE='fast'.*reduce-overhead"),
+        ({"GT_DEBUG_COMPILE": "7"}, "GT_DEBUG_COMPILE=7"),
+        ({"GT_WORKER": "gpu"}, "GT_WORKER='gpu'.*inprocess"),
+        ({"GT_CONFIG": "/nonexistent.yaml"}, "GT_CONFIG='/nonexistent.yaml'.*readable"),
+    ],
+)
+def test_bad_config_values_name_variable_value_and_accepted(env, match):
+    from gt_core.config import from_env
+
+    with pytest.raises(gt_core.ConfigError, match=match):
+        from_env(env)
+
+
+def test_env_config_is_read():
+    from gt_core.config import from_env
+
+    o = from_env({"GT_HOTPATH_THRESHOLD": "7", "GT_BACKEND": "aot_eager", "GT_AUTO_COMPILE": "off"})
+    assert (o.threshold, o.backend, o.auto_compile) == (7, "aot_eager", False)
+
+
+def test_bad_yaml_signal_is_a_clear_error(tmp_path):
+    from gt_core.config import load_signals
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("training_step:\n  compile: sometimes\n")
+    with pytest.raises(gt_core.ConfigError, match="training_step"):
+        load_signals(str(bad))
+
+
+def test_events_are_json_and_the_log_redraws_the_report(hot, tmp_path):
+    log = tmp_path / "events.jsonl"
+    gt_core.configure(log=str(log))
+    try:
+        _check_against_eager(steps=10)
+    finally:
+        gt_core.configure(log=None)
+    data = gt_core.report().to_data()
+    json.dumps(data)  # plain data throughout
+    (p,) = data["hot_paths"]
+    for key in ("signature", "status", "ops", "occurrences", "compiled_runs", "eager_runs", "compile_seconds",
+                "recompile_reasons", "fallback_reason", "timings"):
+        assert key in p
+    assert set(p["timings"]) == {"eager_ms", "compiled_ms"}
+    types = {e["type"] for e in data["events"]}
+    assert {ev.DETECTED, ev.COMPILE_STARTED, ev.COMPILE_FINISHED, ev.ITERATION} <= types
+    offline = gt_core.report.__self__ if False else None  # noqa: F841
+    from gt_core.report import summarize
+
+    again = summarize(gt_core.events.load_log(log))
+    assert again["hot_paths"][0]["signature"] == p["signature"]
+    assert again["hot_paths"][0]["compiled_runs"] == p["compiled_runs"]
+    assert "compiled" in str(gt_core.report()) and "<table>" in gt_core.report()._repr_html_()
+    gt_core.reset()
+    assert gt_core.report().to_data()["hot_paths"] == []
+
+
+def test_compile_runs_in_the_background_while_eager_continues(inprocess):
+    gt_core.configure(auto_compile=True, backend="gt_slow", background=True, threshold=3)
+    try:
+        _check_against_eager(steps=12)
+        gt_core._capture.session().request("engine", ("wait", 30))
+    finally:
+        gt_core.configure(auto_compile=False)
+    types = [e["type"] for e in gt_core.report().events]
+    assert ev.COMPILE_FINISHED in types
+
+
+@pytest.mark.inductor
+def test_inductor_mlp_step_equal_to_eager_and_alpha_kept(inprocess):
+    """The SGD update add(p, g, alpha=-lr) goes through the alpha rewrite (FINDINGS 1)."""
+    gt_core.configure(auto_compile=True, backend="inductor", background=False, threshold=3)
+    try:
+        _check_against_eager(steps=10, make_opt=functools.partial(torch.optim.SGD, lr=0.05))
+    finally:
+        gt_core.configure(auto_compile=False, backend="eager")
+    (p,) = _paths()
+    assert p["status"] == "compiled" and p["compiled_runs"] >= 3
+
+
+@pytest.mark.inductor
+def test_alpha_rewrite_is_needed_and_correct():
+    from torch import fx
+
+    from gt_core._compiler import compile_block, rewrite_alpha
+
+    def f(w, a, b):
+        return (torch.ops.aten.add.Tensor(w, torch.ops.aten.mm.default(a, b), alpha=-0.01),)
+
+    w, a, b = torch.randn(8, 6), torch.randn(8, 4), torch.randn(4, 6)
+    expected = f(w, a, b)[0]
+    gm = fx.symbolic_trace(f)
+    assert rewrite_alpha(gm) == 1
+    fn, _ = compile_block(gm, [w, a, b], "inductor", None, False)
+    assert_close(fn(w, a, b)[0], expected, atol=1e-5)
