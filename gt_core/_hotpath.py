@@ -147,6 +147,7 @@ class Engine:
         self.gap = -1  # instructions to run before the next occurrence; -1: none expected
         self.expect: Block | None = None
         self.after_barrier = True
+        self.speculative = False
         self.next_detect = 0
         self.signal_start: dict[str, int] = {}
         self.signal_seen: dict[str, str] = {}
@@ -213,7 +214,10 @@ class Engine:
             else:
                 self._track(ins)
                 return
-        elif self.gap == 0 or (self.gap < 0 and self.after_barrier and self.by_first):
+        elif self.gap <= 0 and self.by_first:
+            # Expected here (gap 0), or a speculative start: after a mismatch or a change the
+            # stream realigns with a known block as soon as one begins again.
+            self.speculative = self.gap < 0
             if code not in BARRIERS and self._start(ins):
                 return
             self.gap = -1
@@ -282,7 +286,7 @@ class Engine:
 
     def _flush_buffer(self, mismatch: bool, got=None) -> None:
         """Run buffered instructions eagerly: the occurrence did not complete."""
-        if mismatch and self.trackers and self.buf:
+        if mismatch and self.trackers and self.buf and not self.speculative:
             t = max(self.trackers, key=lambda t: t.pos)
             if t.pos > 0 or len(self.buf) > 1:
                 entries = t.block.canon.entries
@@ -478,7 +482,7 @@ class Engine:
                     reason=diff(other.canon.to_data(), data) or "same form",
                 )
                 break
-        if block.signal or (self.options.auto_compile and self.options.background):
+        if block.signal or self.options.compile_all or (self.options.auto_compile and self.options.background):
             self._compile(block)
         # Compiling on the critical path: first time a couple of eager occurrences, the
         # baseline that regression detection and the speedup compare against (see _run).
