@@ -1,7 +1,17 @@
 """gt: plain PyTorch on a worker process, its hot paths found and compiled."""
 
 from . import events, signal
-from ._capture import WorkerHandle, capture, config, configure, events_log, report, reset, to_worker, worker
+from ._capture import (
+    WorkerHandle,
+    capture,
+    config,
+    configure,
+    events_log,
+    report,
+    reset,
+    to_worker,
+    worker,
+)
 from ._proxy import Proxy, is_remote
 from .config import Options
 from .errors import ConfigError, GTError, UnsupportedOperation, WorkerDied, WorkerLost

@@ -32,7 +32,6 @@ def _device():
 
 
 def _make_executor(options, publish):
-    import torch
 
     from ._executor import Executor
     from ._hotpath import Engine
@@ -63,7 +62,7 @@ def _serve(ex, msg):
         if kind == "stats":
             return ("ok", ex.stats())
         if kind == "ping":
-            return ("ok", os.getpid())
+            return ("ok", (os.getpid(), str(ex.device)))
         if kind == "engine":
             return ("ok", ex.engine.control(*payload))
         return ("err", ValueError(f"gt worker: unknown request {kind!r}"))
@@ -203,7 +202,7 @@ class ProcessTransport(Transport):
         self._pump.start()
         self.cause: str | None = None
         self._lock = threading.Lock()
-        self.request("ping", timeout=start_timeout)
+        _, self.device = self.request("ping", timeout=start_timeout)
 
     def _read_events(self):
         while True:

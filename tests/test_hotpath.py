@@ -39,9 +39,11 @@ def gt_slow(gm, example_inputs):
 @pytest.fixture
 def hot(inprocess):
     COMPILES.clear()
-    gt_core.configure(auto_compile=True, backend="gt_counting", background=False, threshold=3)
+    # Regression detection is timing-based: logic tests keep it out of reach (the revert
+    # test sets its own sample count with a backend that is slow on purpose).
+    gt_core.configure(auto_compile=True, backend="gt_counting", background=False, threshold=3, regression_samples=10_000)
     yield
-    gt_core.configure(auto_compile=False, background=True, threshold=5, backend="eager", config=None)
+    gt_core.configure(auto_compile=False, background=True, threshold=5, backend="eager", config=None, regression_samples=5)
 
 
 SGD = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
@@ -271,11 +273,11 @@ def test_compile_runs_in_the_background_while_eager_continues(inprocess):
 @pytest.mark.inductor
 def test_inductor_mlp_step_equal_to_eager_and_alpha_kept(inprocess):
     """The SGD update add(p, g, alpha=-lr) goes through the alpha rewrite (FINDINGS 1)."""
-    gt_core.configure(auto_compile=True, backend="inductor", background=False, threshold=3)
+    gt_core.configure(auto_compile=True, backend="inductor", background=False, threshold=3, regression_samples=10_000)
     try:
         _check_against_eager(steps=10, make_opt=functools.partial(torch.optim.SGD, lr=0.05))
     finally:
-        gt_core.configure(auto_compile=False, backend="eager")
+        gt_core.configure(auto_compile=False, backend="eager", regression_samples=5)
     (p,) = _paths()
     assert p["status"] == "compiled" and p["compiled_runs"] >= 3
 
