@@ -360,17 +360,21 @@ def _described(d, session, by_id):
 class CaptureMode(TorchDispatchMode):
     """Inside capture, every aten op (factories included) is recorded for the worker."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if _has_proxy(args) or _has_proxy(kwargs.values()):
-            return record(func, args, kwargs)
-        if func in _LIFTS or (
-            _makes_tensors(func) and not _has_tensor(args) and not _has_tensor(kwargs.values())
-        ):
-            return record(func, args, kwargs)  # a factory: the new tensor lives on the worker
-        # Plain tensors from outside stay plain (numpy(), printing and torch internals use
-        # them), and so do bookkeeping ops such as profiler ranges.
-        return func(*args, **kwargs)
+
+def _capture_dispatch(self, func, types, args=(), kwargs=None):
+    kwargs = kwargs or {}
+    if _has_proxy(args) or _has_proxy(kwargs.values()):
+        return record(func, args, kwargs)
+    if func in _LIFTS or (_makes_tensors(func) and not _has_tensor(args) and not _has_tensor(kwargs.values())):
+        return record(func, args, kwargs)  # a factory: the new tensor lives on the worker
+    # Plain tensors from outside stay plain (numpy(), printing and torch internals use
+    # them), and so do bookkeeping ops such as profiler ranges.
+    return func(*args, **kwargs)
+
+
+# Assigned after the class is made: TorchDispatchMode.__init_subclass__ would wrap it in
+# torch._disable_dynamo, which costs several µs on every recorded op.
+CaptureMode.__torch_dispatch__ = _capture_dispatch
 
 
 # torch.tensor(data) builds a plain tensor, then lifts it: that is where it becomes ours.
