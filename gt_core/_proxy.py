@@ -28,20 +28,32 @@ def _meta_of(t: torch.Tensor) -> tuple:
     return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
 
 
+_meta_ids: dict[tuple, int] = {}
+
+
+def _meta_id(meta: tuple) -> int:
+    """A small int per distinct metadata: what cache keys hold for a tensor (cheap to hash)."""
+    mid = _meta_ids.get(meta)
+    if mid is None:
+        mid = _meta_ids[meta] = len(_meta_ids)
+    return mid
+
+
 class Proxy(torch.Tensor):
     """A tensor whose value lives on the gt worker; ops on it are recorded, not run here."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
     @staticmethod
-    def __new__(cls, session, vid: int, meta: tuple, requires_grad: bool = False):
+    def __new__(cls, session, vid: int, meta: tuple, mid: int | None = None):
         shape, stride, offset, dtype = meta
         r = torch.Tensor._make_wrapper_subclass(
-            cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device="cpu", requires_grad=requires_grad
+            cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device="cpu"
         )
         r._gt_id = vid
         r._gt_s = session
         r._gt_m = meta
+        r._gt_k = _meta_id(meta) if mid is None else mid
         return r
 
     def __del__(self):
@@ -109,7 +121,7 @@ def _rebind(p: Proxy, fresh: Proxy) -> None:
     """Make ``p`` refer to ``fresh``'s value and metadata (``fresh`` is consumed)."""
     torch._C.TensorBase.data.__set__(p, fresh)  # shallow-copies sizes/strides into p
     old = p._gt_id
-    p._gt_id, p._gt_m = fresh._gt_id, fresh._gt_m
+    p._gt_id, p._gt_m, p._gt_k = fresh._gt_id, fresh._gt_m, fresh._gt_k
     fresh.__dict__["_gt_s"] = None  # fresh's id now belongs to p
     s = p._gt_s
     if not s.closed:
@@ -177,7 +189,17 @@ class _Walk:
         self.plain: dict[int, torch.Tensor] = {}  # index in proxies -> plain tensor uploaded there
 
     def walk(self, a):
-        """-> (cache key part, the argument as sent)."""
+        """-> (cache key part, the argument as sent).
+
+        A tensor's key part is its metadata id (an int); a constant's is (type, value), so
+        1, 1.0 and True stay apart and never collide with a metadata id.
+        """
+        t = type(a)
+        if t is Proxy and a._gt_s is self.session:  # the common case, first
+            self.proxies.append(a)
+            return a._gt_k, Ref(a._gt_id)
+        if t is int or t is float or t is bool or a is None:
+            return (t, a), a
         if isinstance(a, torch.Tensor):
             if not isinstance(a, Proxy):
                 if self.session is None:
@@ -197,8 +219,7 @@ class _Walk:
                     )
                 self.session = s
             self.proxies.append(a)
-            return a._gt_m, Ref(a._gt_id)
-        t = type(a)
+            return a._gt_k, Ref(a._gt_id)
         if t is list or t is tuple:
             parts = [self.walk(x) for x in a]
             return (t, tuple(p[0] for p in parts)), t(p[1] for p in parts)
@@ -215,13 +236,18 @@ def record(func, args, kwargs):
     w = _Walk(func)
     walk = w.walk
     pa = [walk(a) for a in args]
-    pk = {k: walk(v) for k, v in kwargs.items()}
     session, proxies, plain = w.session, w.proxies, w.plain
+    if kwargs:
+        pk = {k: walk(v) for k, v in kwargs.items()}
+        session = w.session
+        key = (func, *[p[0] for p in pa], *[(k, v[0]) for k, v in pk.items()])
+        sent_kwargs = {k: v[1] for k, v in pk.items()}
+    else:
+        key = (func, *[p[0] for p in pa])
+        sent_kwargs = {}
     if session is None:  # a factory op (no tensor arguments) inside capture
         session = _current_session()
-    key = (func, tuple(p[0] for p in pa), tuple((k, v[0]) for k, v in pk.items()))
-    sent_args = tuple(p[1] for p in pa)
-    sent_kwargs = {k: v[1] for k, v in pk.items()}
+    sent_args = tuple([p[1] for p in pa])
     try:
         entry = _meta_cache.get(key)
     except TypeError:  # an unhashable argument: infer every time
@@ -255,7 +281,7 @@ def record(func, args, kwargs):
 def _build(template, session, ids, proxies):
     kind = template[0]
     if kind == _NEW:
-        return Proxy(session, next(ids), template[1])
+        return Proxy(session, next(ids), template[1], template[2])
     if kind == _ALIAS:
         p = proxies[template[1]]
         if template[2] is not None and template[2] != p._gt_m:  # in-place op changed metadata
@@ -270,7 +296,7 @@ def _restride(p: Proxy, meta: tuple) -> None:
     shape, stride, offset, _ = meta
     with torch._C._DisableTorchDispatch():
         torch._C.TensorBase.as_strided_(p, shape, stride, offset)
-    p._gt_m = meta
+    p._gt_m, p._gt_k = meta, _meta_id(meta)
 
 
 def _to_meta(a, metas: list):
@@ -330,7 +356,8 @@ def _template(o, metas, before, counter):
                 after = _meta_of(m)
                 return (_ALIAS, i, after if after != before[i] else None)
         counter[0] += 1
-        return (_NEW, _meta_of(o))
+        meta = _meta_of(o)
+        return (_NEW, meta, _meta_id(meta))
     if type(o) in (list, tuple):
         return (type(o), tuple(_template(x, metas, before, counter) for x in o))
     return (None, o)
