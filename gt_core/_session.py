@@ -35,6 +35,7 @@ class Session:
         self.next_id = 1
         self.op_index: dict = {}
         self.closed = False
+        self.flush_at = FLUSH_AT
         self.counters = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0}
 
     # -- ids and ops ---------------------------------------------------------------------
@@ -55,7 +56,7 @@ class Session:
     def emit(self, ins) -> None:
         buf = self.buf
         buf.append(ins)
-        if len(buf) >= FLUSH_AT:
+        if len(buf) >= self.flush_at:
             self.flush()
 
     def flush(self) -> None:
