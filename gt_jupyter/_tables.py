@@ -1,0 +1,439 @@
+"""Tables: compile status, reasons with what to do, a summary; as text and static HTML.
+
+Input is the plain dict of ``gt_core.report.summarize``. No torch import here.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+
+from . import _figures
+
+__all__ = [
+    "STATUS_COLUMNS",
+    "REASON_COLUMNS",
+    "USER_COLUMNS",
+    "figures_html",
+    "headline",
+    "primary",
+    "reasons_html",
+    "reason_rows",
+    "recompile_advice",
+    "status_rows",
+    "status_html",
+    "summary",
+    "tables_html",
+    "to_html",
+    "to_text",
+    "user_rows",
+]
+
+STATUS_COLUMNS = (
+    "signature",
+    "status",
+    "ops",
+    "runs",
+    "compile",
+    "recompiles",
+    "eager",
+    "compiled",
+    "speedup",
+)
+REASON_COLUMNS = ("where", "kind", "reason", "what to do")
+USER_COLUMNS = (
+    "function",
+    "compiles",
+    "recompiles",
+    "graph breaks",
+    "limit hit",
+    "cudagraph skips",
+)
+
+REVERT_ADVICE = (
+    "the compiled block was slower than eager, so gt runs it eagerly again. Small blocks are "
+    "launch-bound: try a larger batch, or --backend aot_eager, or --mode reduce-overhead on a GPU "
+    "(CUDA graphs)"
+)
+FAILURE_ADVICE = (
+    "the block runs eagerly (correct, not faster). Try --backend aot_eager to see whether the "
+    "inductor backend is at fault, or --backend eager to check the capture itself; to report it, "
+    "attach an instruction log (--log PATH) and this reason"
+)
+MISMATCH_ADVICE = (
+    "the loop body changed part-way through a block (a data-dependent branch or a sync such as "
+    ".item()); those occurrences ran eagerly. Keep every iteration's work the same"
+)
+
+
+# -- rows ------------------------------------------------------------------------------------
+def status_rows(data: dict) -> list[dict]:
+    """One row per hot path: its status, size, runs, compile time, recompiles and timings."""
+    return [
+        {
+            "signature": p["signature"],
+            "status": p["status"],
+            "ops": p.get("n_ops", 0),
+            "runs": p.get("occurrences", 0),
+            "compile_s": p.get("compile_seconds"),
+            "recompiles": len(p.get("recompile_reasons", [])),
+            "eager_ms": p.get("eager_median_ms"),
+            "compiled_ms": p.get("compiled_median_ms"),
+            "speedup": p.get("speedup"),
+        }
+        for p in data.get("hot_paths", [])
+    ]
+
+
+_BATCH = re.compile(r"shape \[(\d+)((?:, \d+)*)\] → \[(\d+)((?:, \d+)*)\]")
+
+
+def recompile_advice(reason: str) -> str:
+    """What usually fixes a recompile, from the difference between the two signatures."""
+    m = _BATCH.search(reason)
+    if m and m.group(2) == m.group(4) and m.group(1) != m.group(3):
+        return (
+            f"the batch size changed ({m.group(1)} → {m.group(3)}): use a fixed batch size "
+            "(DataLoader(..., drop_last=True)) or --dynamic"
+        )
+    if " shape " in reason:
+        return "an input shape changed: pad or bucket to a few fixed shapes, or --dynamic"
+    if " dtype " in reason:
+        return "an input dtype changed: cast once before the loop and use autocast the same way every step"
+    if " stride " in reason:
+        return "an input's memory layout changed (a transposed or sliced tensor): call .contiguous() on it"
+    if " device " in reason:
+        return "an input moved to another device: move the model and data once, before the loop"
+    if "arguments" in reason:
+        return (
+            "a Python number changed between iterations (a step counter, a learning-rate schedule): "
+            "pass it as a tensor (torch.tensor(lr)), or use the optimizer's capturable=True"
+        )
+    if "freed" in reason:
+        return (
+            "a value is kept in one iteration and not the next (e.g. losses.append(loss)): keep "
+            "what the loop holds on to the same every step (losses.append(loss.item()))"
+        )
+    if "instructions" in reason or re.search(r"op \d+: \S+ → \S+", reason):
+        return (
+            "the loop did different work (a Python branch, e.g. every N steps): move the branch out "
+            "of the loop, or accept one compiled variant per branch"
+        )
+    return "run %gt diff on the two signatures to see where they differ"
+
+
+def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
+    sig = p["signature"]
+    rows = [
+        {"where": sig, "kind": "recompile", "reason": r, "what to do": recompile_advice(r)}
+        for r in p.get("recompile_reasons", [])
+    ]
+    if p.get("status") == "reverted":
+        rows.append(
+            {
+                "where": sig,
+                "kind": "revert",
+                "reason": p.get("fallback_reason") or "slower than eager",
+                "what to do": REVERT_ADVICE,
+            }
+        )
+    elif p.get("status") == "failed":
+        kind = failure.get(sig, "compile failed")
+        rows.append(
+            {
+                "where": sig,
+                "kind": kind,
+                "reason": p.get("fallback_reason") or "unknown",
+                "what to do": FAILURE_ADVICE,
+            }
+        )
+    if p.get("mismatches"):
+        rows.append(
+            {
+                "where": sig,
+                "kind": "mismatch",
+                "reason": f"{p['mismatches']} occurrence(s) diverged",
+                "what to do": MISMATCH_ADVICE,
+            }
+        )
+    return rows
+
+
+def _user_reason_rows(u: dict) -> list[dict]:
+    fn = f"torch.compile {u.get('function', '?')}"
+    rows = [
+        {
+            "where": fn,
+            "kind": "explanation",
+            "reason": x.get("cause", ""),
+            "what to do": x.get("fix", ""),
+        }
+        for x in u.get("explanations", [])
+    ]
+    if rows:
+        return rows
+    # No explanations folded in: list the raw diagnostics with the general fixes.
+    for r in u.get("recompile_reasons", []):
+        rows.append(
+            {
+                "where": fn,
+                "kind": "recompile",
+                "reason": str(r),
+                "what to do": recompile_advice(str(r)),
+            }
+        )
+    for b in u.get("graph_breaks", []):
+        where = f" at {b['where']}" if b.get("where") else ""
+        rows.append(
+            {
+                "where": fn,
+                "kind": "graph break",
+                "reason": f"{b.get('reason', '')}{where}",
+                "what to do": "rewrite that line without the unsupported call, or move it out of the compiled function",
+            }
+        )
+    if u.get("limit_hit"):
+        rows.append(
+            {
+                "where": fn,
+                "kind": "recompile limit",
+                "reason": "the recompile limit was hit; later calls run eagerly",
+                "what to do": "remove the cause of the recompiles above, or mark the changing dimension dynamic",
+            }
+        )
+    for s in u.get("cudagraph_skips", []):
+        rows.append(
+            {
+                "where": fn,
+                "kind": "cudagraph skip",
+                "reason": str(s),
+                "what to do": "avoid mutating inputs in the compiled function (return new tensors instead)",
+            }
+        )
+    return rows
+
+
+def reason_rows(data: dict) -> list[dict]:
+    """Recompiles, fallbacks, reverts, mismatches and the user's compile diagnostics, each with a fix."""
+    failure = {
+        e.get("signature"): (
+            "compiled run failed" if e.get("type") == "fallback" else "compile failed"
+        )
+        for e in data.get("events", [])
+        if e.get("type") in ("fallback", "compile.failed")
+    }
+    rows = [r for p in data.get("hot_paths", []) for r in _path_reason_rows(p, failure)]
+    return rows + [r for u in data.get("user_compiles", []) for r in _user_reason_rows(u)]
+
+
+def user_rows(data: dict) -> list[dict]:
+    """One row per function the user compiled with torch.compile inside the cell."""
+    return [
+        {
+            "function": u.get("function", "?"),
+            "compiles": u.get("compiles", 0),
+            "recompiles": len(u.get("recompile_reasons", [])),
+            "graph breaks": len(u.get("graph_breaks", [])),
+            "limit hit": bool(u.get("limit_hit")),
+            "cudagraph skips": len(u.get("cudagraph_skips", [])),
+        }
+        for u in data.get("user_compiles", [])
+    ]
+
+
+def summary(data: dict) -> dict:
+    """Counters for the headline: ops, hot paths by status, time saved so far."""
+    paths = data.get("hot_paths", [])
+    by = {
+        s: sum(p["status"] == s for p in paths)
+        for s in ("compiled", "compiling", "failed", "reverted")
+    }
+    return {
+        "ops": data.get("stats", {}).get("ops", 0),
+        "hot_paths": len(paths),
+        **by,
+        "iterations": sum(p.get("occurrences", 0) for p in paths),
+        "saved_ms": sum(p.get("saved_ms") or 0.0 for p in paths),
+        "user_compiles": len(data.get("user_compiles", [])),
+        "worker": data.get("worker", {}),
+    }
+
+
+def primary(data: dict) -> str | None:
+    """The hot path to show first: the one detected last (else the one run most)."""
+    paths = data.get("hot_paths", [])
+    if not paths:
+        return None
+    detected = [p for p in paths if p.get("detected_at") is not None]
+    if detected:
+        return max(detected, key=lambda p: p["detected_at"])["signature"]
+    return max(paths, key=lambda p: p.get("occurrences", 0))["signature"]
+
+
+# -- text ------------------------------------------------------------------------------------
+def _fmt(x, unit: str = "") -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        return f"{x:.3g}{unit}"
+    return f"{x}{unit}"
+
+
+def _ms(ms: float) -> str:
+    return f"{ms / 1000:.3g} s" if abs(ms) >= 1000 else f"{ms:.3g} ms"
+
+
+def headline(data: dict) -> str:
+    """One line: what gt did in this cell."""
+    s = summary(data)
+    parts = [
+        f"{s['ops']} ops recorded",
+        f"{s['hot_paths']} hot path{'s' if s['hot_paths'] != 1 else ''}",
+    ]
+    states = [f"{s[k]} {k}" for k in ("compiled", "compiling", "failed", "reverted") if s[k]]
+    if states:
+        parts[-1] += f" ({', '.join(states)})"
+    if s["saved_ms"]:
+        parts.append(
+            f"saved {_ms(s['saved_ms'])} so far"
+            if s["saved_ms"] > 0
+            else f"lost {_ms(-s['saved_ms'])} so far"
+        )
+    if s["user_compiles"]:
+        parts.append(f"{s['user_compiles']} torch.compile function(s)")
+    return "gt: " + ", ".join(parts)
+
+
+def to_text(data: dict) -> str:
+    """A plain-text summary: headline, one line per hot path, reasons with what to do."""
+    lines = [headline(data)]
+    events = data.get("events", [])
+    for r in status_rows(data):
+        line = (
+            f"  {r['signature']} [{r['status']}] {r['ops']} ops, {r['runs']} runs, "
+            f"compile {_fmt(r['compile_s'], ' s')}, eager {_fmt(r['eager_ms'], ' ms')} → "
+            f"compiled {_fmt(r['compiled_ms'], ' ms')}"
+        )
+        if r["speedup"]:
+            line += f" ({r['speedup']:.2f}x)"
+        be = _figures.timeline_data(events, r["signature"])["break_even"] if events else None
+        if be is not None:
+            line += f", break-even at iteration {be}"
+        lines.append(line)
+    for u in user_rows(data):
+        lines.append(
+            f"  torch.compile {u['function']}: {u['compiles']} compile(s), {u['recompiles']} recompile(s), "
+            f"{u['graph breaks']} graph break(s)"
+            + (", recompile limit hit" if u["limit hit"] else "")
+        )
+    reasons = reason_rows(data)
+    if reasons:
+        lines.append("reasons:")
+        for r in reasons:
+            lines.append(f"  {r['where']} {r['kind']}: {r['reason']}")
+            lines.append(f"    → {r['what to do']}")
+    return "\n".join(lines)
+
+
+# -- HTML ------------------------------------------------------------------------------------
+# Colours that read on light and dark themes: inherited ink, translucent fills.
+STYLE = """<style>
+.gt-dash{color:inherit;font-size:13px;line-height:1.4}
+.gt-dash table{border-collapse:collapse;margin:4px 0 10px 0;color:inherit;background:transparent}
+.gt-dash th,.gt-dash td{padding:2px 8px;text-align:left;vertical-align:top;
+ border-bottom:1px solid rgba(128,128,128,.3);color:inherit;background:transparent}
+.gt-dash th{font-weight:600;border-bottom:1px solid rgba(128,128,128,.6)}
+.gt-dash code{color:inherit;background:rgba(128,128,128,.15);padding:0 3px;border-radius:3px}
+.gt-chip{padding:0 6px;border-radius:8px;background:rgba(128,128,128,.2)}
+.gt-compiled{background:rgba(40,170,70,.25)}.gt-compiling,.gt-hot{background:rgba(60,130,240,.25)}
+.gt-failed{background:rgba(230,60,60,.28)}.gt-reverted{background:rgba(240,150,30,.28)}
+</style>"""
+
+
+def _cell(col: str, v) -> str:
+    if col == "status":
+        return f"<span class='gt-chip gt-{html.escape(str(v))}'>{html.escape(str(v))}</span>"
+    if col == "signature":
+        return f"<code>{html.escape(str(v))}</code>"
+    return html.escape(_fmt(v))
+
+
+def _table(rows: list[dict], columns: tuple[str, ...], keys: tuple[str, ...] | None = None) -> str:
+    keys = keys or columns
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{_cell(k, r.get(k))}</td>" for k in keys) + "</tr>" for r in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def status_html(data: dict) -> str:
+    """The compile-status table (one row per hot path) as HTML."""
+    keys = (
+        "signature",
+        "status",
+        "ops",
+        "runs",
+        "compile_s",
+        "recompiles",
+        "eager_ms",
+        "compiled_ms",
+        "speedup",
+    )
+    cols = (
+        "signature",
+        "status",
+        "ops",
+        "runs",
+        "compile s",
+        "recompiles",
+        "eager ms",
+        "compiled ms",
+        "speedup",
+    )
+    return (
+        _table(status_rows(data), cols, keys) if data.get("hot_paths") else "<i>no hot path yet</i>"
+    )
+
+
+def reasons_html(data: dict) -> str:
+    """The reasons table (recompiles, fallbacks, reverts, user diagnostics) as HTML; '' if none."""
+    rows = reason_rows(data)
+    return "<b>reasons</b>" + _table(rows, REASON_COLUMNS) if rows else ""
+
+
+def tables_html(data: dict, status: bool = True) -> str:
+    """Status, user-compile and reasons tables in one block."""
+    parts = [status_html(data)] if status else []
+    if data.get("user_compiles"):
+        parts.append("<b>torch.compile in this cell</b>" + _table(user_rows(data), USER_COLUMNS))
+    parts.append(reasons_html(data))
+    return "".join(parts)
+
+
+def figures_html(data: dict, signature: str | None = None) -> str:
+    """The timeline and dependency graph of ``signature`` (default: the primary hot path)."""
+    sig = signature or primary(data)
+    if sig is None:
+        return ""
+    events = data.get("events", [])
+    figs = [_figures.timeline(_figures.timeline_data(events, sig))]
+    g = _figures.graph_of(events, sig)
+    if g:
+        figs.append(_figures.graph(g, title=f"dependency graph {sig}"))
+    config = {"displaylogo": False, "responsive": True}
+    return "".join(
+        f.to_html(full_html=False, include_plotlyjs="cdn" if k == 0 else False, config=config)
+        for k, f in enumerate(figs)
+    )
+
+
+def to_html(data: dict, signature: str | None = None, figures: bool = True) -> str:
+    """A static HTML dashboard: headline, figures (plotly, from the CDN) and tables."""
+    body = f"<div><b>{html.escape(headline(data))}</b></div>"
+    if figures:
+        body += figures_html(data, signature)
+    body += tables_html(data)
+    return f"{STYLE}<div class='gt-dash'>{body}</div>"
