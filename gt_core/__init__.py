@@ -10,6 +10,7 @@ from ._capture import (
     report,
     reset,
     to_worker,
+    wait,
     worker,
 )
 from ._proxy import Proxy, is_remote
@@ -24,6 +25,7 @@ __all__ = [
     "is_remote",
     "report",
     "reset",
+    "wait",
     "configure",
     "config",
     "events_log",

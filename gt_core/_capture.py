@@ -16,7 +16,18 @@ from ._proxy import CaptureMode, Proxy, upload
 from .config import Options, from_env
 from .report import Report
 
-__all__ = ["capture", "worker", "to_worker", "report", "reset", "configure", "config", "events_log", "session"]
+__all__ = [
+    "capture",
+    "worker",
+    "to_worker",
+    "report",
+    "reset",
+    "wait",
+    "configure",
+    "config",
+    "events_log",
+    "session",
+]
 
 _lock = threading.RLock()
 _in_worker = threading.local()  # set while in-process worker code runs
@@ -173,7 +184,11 @@ def to_worker(obj):
         p = upload(s, obj, cache=False)
         if obj.requires_grad:
             p = p.detach().requires_grad_(True)
-        return torch.nn.Parameter(p, requires_grad=obj.requires_grad) if isinstance(obj, torch.nn.Parameter) else p
+        return (
+            torch.nn.Parameter(p, requires_grad=obj.requires_grad)
+            if isinstance(obj, torch.nn.Parameter)
+            else p
+        )
     if isinstance(obj, torch.nn.Module):
         for t in [*obj.parameters(), *obj.buffers()]:
             if not isinstance(t, Proxy):
@@ -186,7 +201,21 @@ def to_worker(obj):
                 if isinstance(v, torch.Tensor) and not isinstance(v, Proxy):
                     state[k] = to_worker(v)
         return obj
-    raise TypeError(f"gt_core.to_worker: expected a Tensor, nn.Module or Optimizer, got {type(obj).__name__}")
+    raise TypeError(
+        f"gt_core.to_worker: expected a Tensor, nn.Module or Optimizer, got {type(obj).__name__}"
+    )
+
+
+def wait(compiles: bool = False, timeout: float | None = None) -> None:
+    """Wait until the worker has run the work sent so far and its events have arrived.
+
+    ``compiles=True`` also waits (up to ``timeout`` seconds each) for background compiles.
+    """
+    s = _state["session"]
+    if s is None or s.closed:
+        return
+    s.request("engine", ("wait", timeout if compiles else 0))
+    s.transport.drain()
 
 
 def report() -> Report:

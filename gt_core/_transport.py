@@ -65,9 +65,14 @@ def _serve(ex, msg):
             return ("ok", (os.getpid(), str(ex.device)))
         if kind == "engine":
             return ("ok", ex.engine.control(*payload))
+        if kind == "events_sent":
+            return ("ok", _sent[0])
         return ("err", ValueError(f"gt worker: unknown request {kind!r}"))
     except Exception as exc:
         return ("err", exc)
+
+
+_sent = [0]  # event batches this worker process has published (see ProcessTransport.drain)
 
 
 def worker_main(conn, event_conn, options) -> None:
@@ -77,6 +82,7 @@ def worker_main(conn, event_conn, options) -> None:
     def publish(events):
         with lock:
             event_conn.send(events)
+            _sent[0] += 1
 
     import torch
 
@@ -128,6 +134,9 @@ class Transport:
     def alive(self) -> bool: ...
     def stop(self) -> None: ...
 
+    def drain(self, timeout: float = 10.0) -> None:
+        """Return once the worker's events so far are in the client's log (here: at once)."""
+
 
 def _no_modes():
     """Pickling and unpickling tensors makes tensors: never inside the capture mode."""
@@ -159,7 +168,9 @@ class InProcessTransport(Transport):
         self._on_events = on_events
         self.ex = _make_executor(options, on_events)
         self.pid, self.device = os.getpid(), str(self.ex.device)
-        on_events([ev.event(ev.WORKER, state="started", pid=self.pid, device=self.device, inprocess=True)])
+        on_events(
+            [ev.event(ev.WORKER, state="started", pid=self.pid, device=self.device, inprocess=True)]
+        )
         self._alive = True
 
     def send(self, batch):
@@ -189,7 +200,9 @@ class ProcessTransport(Transport):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._events_conn, child_events = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=worker_main, args=(child, child_events, options), daemon=True, name="gt-worker")
+        self.proc = ctx.Process(
+            target=worker_main, args=(child, child_events, options), daemon=True, name="gt-worker"
+        )
         with _without_main():
             self.proc.start()
         child.close()
@@ -198,6 +211,8 @@ class ProcessTransport(Transport):
         self._on_events = on_events
         self._started = threading.Event()
         self.device = "?"
+        self._seen = 0  # event batches received
+        self._seen_changed = threading.Condition()
         self._pump = threading.Thread(target=self._read_events, name="gt-events", daemon=True)
         self._pump.start()
         self.cause: str | None = None
@@ -214,6 +229,15 @@ class ProcessTransport(Transport):
                 if e.get("type") == ev.WORKER and e.get("state") == "started":
                     self.device = e.get("device", "?")
             self._on_events(events)
+            with self._seen_changed:
+                self._seen += 1
+                self._seen_changed.notify_all()
+
+    def drain(self, timeout: float = 10.0) -> None:
+        """Return once every event the worker has published so far is in the client's log."""
+        sent = self.request("events_sent")
+        with self._seen_changed:
+            self._seen_changed.wait_for(lambda: self._seen >= sent, timeout)
 
     def alive(self) -> bool:
         return self.cause is None and self.proc.is_alive()
@@ -233,7 +257,9 @@ class ProcessTransport(Transport):
         if code is not None and -code == signal.SIGKILL:
             why += " (out of memory, or killed from outside)"
         self.cause = why
-        self._on_events([ev.event(ev.WORKER, state="died", pid=self.pid, device=self.device, cause=why)])
+        self._on_events(
+            [ev.event(ev.WORKER, state="died", pid=self.pid, device=self.device, cause=why)]
+        )
         return WorkerDied(
             f"gt worker (pid {self.pid}) died: {why}, while {doing}. Its tensors are lost; "
             "call gt_core.worker().restart() and re-run the cell that creates them."
@@ -241,7 +267,9 @@ class ProcessTransport(Transport):
 
     def send(self, batch) -> None:
         if self.cause is not None:
-            raise WorkerDied(f"gt worker (pid {self.pid}) is dead ({self.cause}); call gt_core.worker().restart()")
+            raise WorkerDied(
+                f"gt worker (pid {self.pid}) is dead ({self.cause}); call gt_core.worker().restart()"
+            )
         try:
             with self._lock, _no_modes():
                 self._conn.send(("batch", batch))
@@ -250,7 +278,9 @@ class ProcessTransport(Transport):
 
     def request(self, kind, payload=None, timeout: float | None = None):
         if self.cause is not None:
-            raise WorkerDied(f"gt worker (pid {self.pid}) is dead ({self.cause}); call gt_core.worker().restart()")
+            raise WorkerDied(
+                f"gt worker (pid {self.pid}) is dead ({self.cause}); call gt_core.worker().restart()"
+            )
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock, _no_modes():
             try:
@@ -259,7 +289,9 @@ class ProcessTransport(Transport):
                     if not self.proc.is_alive():
                         raise self._death(f"waiting for {kind}")
                     if deadline is not None and time.monotonic() > deadline:
-                        raise WorkerDied(f"gt worker (pid {self.pid}) did not answer {kind} within {timeout:.0f} s")
+                        raise WorkerDied(
+                            f"gt worker (pid {self.pid}) did not answer {kind} within {timeout:.0f} s"
+                        )
                 status, value = self._conn.recv()
             except (BrokenPipeError, EOFError, ConnectionResetError):
                 raise self._death(f"waiting for {kind}") from None

@@ -49,20 +49,37 @@ def _new_path(signature: str) -> dict:
     }
 
 
-def summarize(events: list[dict]) -> dict:
-    """Fold events into the report data: hot paths, user compiles, counters, the events."""
+# What happened before a cell still decides a hot path's state; its runs and counters do not.
+_RUNS = frozenset({ev.ITERATION, ev.MISMATCH, ev.STATS})
+
+
+def summarize(events: list[dict], since: int = 0) -> dict:
+    """Fold events into the report data: hot paths, user compiles, counters, the events.
+
+    ``since``: the view of one cell, whose events start at that index. Earlier events still
+    give each hot path its status, ops and graph; runs, timings, counters and the user's
+    compiles count from ``since`` on, and only hot paths active since then are listed.
+    """
     paths: dict[str, dict] = {}
     stats = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0}
+    base = dict(stats)  # the counters when the view starts
     worker: dict = {}
+    active: set[str] = set()
 
     def path(sig: str) -> dict:
         if sig not in paths:
             paths[sig] = _new_path(sig)
         return paths[sig]
 
-    for e in events:
+    for i, e in enumerate(events):
         t = e.get("type")
         sig = e.get("signature")
+        if i < since and t in _RUNS:
+            if t == ev.STATS:
+                base.update({k: e[k] for k in base if k in e})
+            continue
+        if i >= since and sig is not None:
+            active.add(sig)
         if t == ev.DETECTED:
             p = path(sig)
             p.update(status=Status.HOT, ops=list(e.get("ops", [])), n_ops=e.get("n_ops", 0))
@@ -72,7 +89,9 @@ def summarize(events: list[dict]) -> dict:
             path(sig)["status"] = Status.COMPILING
         elif t == ev.COMPILE_FINISHED:
             p = path(sig)
-            p.update(status=Status.COMPILED, compile_seconds=e.get("seconds"), compiled_at=e.get("t"))
+            p.update(
+                status=Status.COMPILED, compile_seconds=e.get("seconds"), compiled_at=e.get("t")
+            )
         elif t == ev.COMPILE_FAILED:
             p = path(sig)
             p.update(status=Status.FAILED, fallback_reason=e.get("reason"))
@@ -100,7 +119,9 @@ def summarize(events: list[dict]) -> dict:
         elif t == ev.WORKER:
             worker = {k: v for k, v in e.items() if k not in ("type", "t")}
 
-    hot_paths = list(paths.values())
+    hot_paths = [p for p in paths.values() if not since or p["signature"] in active]
+    if since:
+        stats = {k: max(stats[k] - base[k], 0) if stats[k] else 0 for k in stats}
     for p in hot_paths:
         eager, comp = p["timings"]["eager_ms"], p["timings"]["compiled_ms"]
         p["eager_median_ms"] = _median(eager)
@@ -117,12 +138,19 @@ def summarize(events: list[dict]) -> dict:
 
     from .user_compiles import summarize_user_compiles  # noqa: PLC0415 (cycle-free, lazy)
 
+    shown = list(events[since:])
+    if since:  # the graphs of listed hot paths come from their detection, maybe earlier
+        shown = [
+            e
+            for e in events[:since]
+            if e.get("type") == ev.DETECTED and e.get("signature") in active
+        ] + shown
     return {
         "hot_paths": hot_paths,
-        "user_compiles": summarize_user_compiles(events),
+        "user_compiles": summarize_user_compiles(events[since:]),
         "stats": stats,
         "worker": worker,
-        "events": list(events),
+        "events": shown,
     }
 
 
@@ -180,7 +208,16 @@ class Report:
         )
         head = "".join(
             f"<th>{h}</th>"
-            for h in ("signature", "status", "ops", "runs", "compile", "recompiles", "eager", "compiled")
+            for h in (
+                "signature",
+                "status",
+                "ops",
+                "runs",
+                "compile",
+                "recompiles",
+                "eager",
+                "compiled",
+            )
         )
         return (
             f"<div class='gt-report'><b>gt report</b>: {d['stats']['ops']} ops recorded"

@@ -1,0 +1,474 @@
+"""``%%gt`` (run a cell through the gt worker, with a live dashboard) and ``%gt`` commands.
+
+In [1]: %load_ext gt_jupyter
+In [2]: %%gt --threshold 3
+   ...: for _ in range(20):
+   ...:     loss = model(x).sum(); loss.backward(); opt.step(); opt.zero_grad()
+In [3]: %gt status
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import hashlib
+import importlib
+import shlex
+import time
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import Bool, Enum, Int, Unicode
+from traitlets.config import Configurable
+
+from .dashboard import SHOW, Dashboard, LiveUpdater
+from .views import Text, graph_view, status_view
+
+__all__ = ["GTMagics", "GT", "load", "unload"]
+
+COMMANDS = (
+    "status",
+    "config",
+    "reset",
+    "restart",
+    "stop",
+    "graph",
+    "diff",
+    "log",
+    "dashboard",
+    "explain",
+)
+USAGE = (
+    "%gt status | config [key=value ...] | reset | restart | stop | graph [SIGNATURE] | "
+    "diff SIG_A SIG_B | log PATH | dashboard | explain FUNCTION"
+)
+
+
+def _core():
+    """gt_core, imported on first use (it imports torch)."""
+    return importlib.import_module("gt_core")
+
+
+def _diagnostics():
+    """The diagnostics module (not the function of the same name exported by gt_core)."""
+    return importlib.import_module("gt_core.diagnostics")
+
+
+class GT(Configurable):
+    """gt's options, also settable with ``%config GT.threshold = 3`` (same as ``%gt config``)."""
+
+    auto_compile = Bool(True, help="compile hot paths (GT_AUTO_COMPILE)").tag(config=True)
+    compile_all = Bool(False, help="compile every block on first sight (GT_COMPILE)").tag(
+        config=True
+    )
+    threshold = Int(5, help="repeats before a block is hot (GT_HOTPATH_THRESHOLD)").tag(config=True)
+    min_seq = Int(8, help="fewest instructions in a hot block (GT_HOTPATH_MIN_SEQ)").tag(
+        config=True
+    )
+    window = Int(8192, help="instructions searched for a repeat (GT_HOTPATH_WINDOW)").tag(
+        config=True
+    )
+    backend = Unicode("inductor", help="torch.compile backend (GT_BACKEND)").tag(config=True)
+    mode = Unicode(None, allow_none=True, help="torch.compile mode (GT_COMPILE_MODE)").tag(
+        config=True
+    )
+    dynamic = Bool(False, help="compile with dynamic shapes").tag(config=True)
+    debug = Bool(False, help="one line per detection, compile, fallback (GT_DEBUG_COMPILE)").tag(
+        config=True
+    )
+    log = Unicode(None, allow_none=True, help="events as JSON lines (GT_INSTRUCTION_LOG)").tag(
+        config=True
+    )
+    worker = Enum(["process", "inprocess"], "process", help="where tensors live").tag(config=True)
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self._syncing = False
+        self.observe(self._changed, names=self.option_names())
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return [n for n in cls.class_trait_names() if cls.class_traits()[n].metadata.get("config")]
+
+    def _changed(self, change) -> None:
+        if self._syncing:
+            return
+        try:
+            _core().configure(**{change["name"]: change["new"]})
+        except Exception as exc:
+            self._syncing = True
+            try:
+                setattr(self, change["name"], change["old"])
+            finally:
+                self._syncing = False
+            raise UsageError(str(exc)) from None
+
+    def sync(self, values: dict) -> None:
+        """Show gt's current options (without re-applying them)."""
+        self._syncing = True
+        try:
+            for k in self.option_names():
+                if k in values:
+                    setattr(self, k, values[k])
+        finally:
+            self._syncing = False
+
+
+@magics_class
+class GTMagics(Magics):
+    """The ``%%gt`` cell magic and the ``%gt`` line magic."""
+
+    def __init__(self, shell):
+        super().__init__(shell)
+        self.dashboard: Dashboard | None = None  # the last cell's
+        self._follower: _Follower | None = None
+        self.options = GT(parent=shell)
+
+    # -- %%gt ------------------------------------------------------------------------------
+    @magic_arguments()
+    @argument(
+        "--no-compile", action="store_true", help="record and run on the worker, compile nothing"
+    )
+    @argument("--compile", action="store_true", help="compile every block on first sight")
+    @argument("--threshold", type=int, metavar="N", help="repeats before a block is hot")
+    @argument("--min-seq", type=int, metavar="N", help="fewest instructions in a hot block")
+    @argument(
+        "--backend", metavar="NAME", help="torch.compile backend (inductor, aot_eager, eager)"
+    )
+    @argument("--mode", metavar="NAME", help="torch.compile mode (e.g. reduce-overhead)")
+    @argument("--dynamic", action="store_true", help="compile with dynamic shapes")
+    @argument(
+        "--show", choices=SHOW, default="all", help="dashboard: all (default), status tables, none"
+    )
+    @argument("--log", metavar="PATH", help="append every event to PATH as JSON lines")
+    @argument(
+        "--local",
+        action="store_true",
+        help="run in the kernel on ordinary tensors; only explain the cell's own torch.compile calls",
+    )
+    @cell_magic
+    def gt(self, line: str, cell: str):
+        """Run the cell through gt: tensors on the worker, hot paths compiled, a live dashboard.
+
+        In [1]: %%gt --threshold 3 --backend aot_eager
+           ...: for _ in range(20):
+           ...:     loss = model(x).sum(); loss.backward(); opt.step(); opt.zero_grad()
+        """
+        __tracebackhide__ = True  # noqa: F841 (IPython hides this frame in tracebacks)
+        args = _parse(self.gt, line)
+        options = _options(args)
+        core = _core()
+        if args.local:
+            run_in = _diagnostics().diagnostics()
+        else:
+            _check(core, options)
+            run_in = _both(core.capture(**options), _diagnostics().diagnostics())
+        code, last = _compile(self.shell, cell)
+        log = core.events_log()
+        start = len(log)
+        if self._follower is not None:  # the previous cell's dashboard stops following
+            self._follower.stop()
+        dash = self.dashboard = Dashboard(show=args.show)
+        dash.display(display_id=_cell_id(self.shell, cell))
+        live = LiveUpdater(dash, lambda: _cell_data(core, start), count=lambda: len(log))
+        if dash.live:
+            live.start()
+        try:
+            with run_in:
+                exec(code, self.shell.user_ns)  # noqa: S102 (running the user's cell is the point)
+                value = eval(last, self.shell.user_ns) if last is not None else None  # noqa: S307
+        finally:
+            with contextlib.suppress(Exception):  # a dead worker has already raised in the cell
+                core.wait()
+            data = live.stop() or _cell_data(core, start)
+            if dash.live and _compiling(data):
+                # A compile the cell started is still running: keep the view live until it ends.
+                self._follower = _Follower(
+                    dash, lambda: _cell_data(core, start), count=lambda: len(log)
+                )
+                self._follower.start()
+            else:
+                dash.finalize(data)
+        return value
+
+    # -- %gt -------------------------------------------------------------------------------
+    @line_magic("gt")
+    def gt_line(self, line: str):
+        """gt commands: status, config, reset, restart, stop, graph, diff, log, dashboard, explain.
+
+        In [1]: %gt status
+        In [2]: %gt config threshold=3 backend=aot_eager
+        In [3]: %gt diff 3f2a9c0d1e2b 9b1c2d3e4f5a
+        """
+        words = shlex.split(line)
+        if not words:
+            raise UsageError(f"usage: {USAGE}")
+        cmd, rest = words[0], words[1:]
+        if cmd not in COMMANDS:
+            raise UsageError(f"%gt: unknown command {cmd!r}; usage: {USAGE}")
+        return getattr(self, f"_cmd_{cmd}")(rest)
+
+    def _cmd_status(self, rest):
+        _no_args("status", rest)
+        core = _core()
+        return status_view(core.report().to_data(), core.worker())
+
+    def _cmd_config(self, rest):
+        core = _core()
+        if rest:
+            updates = {}
+            for word in rest:
+                key, sep, value = word.partition("=")
+                if not sep:
+                    raise UsageError(
+                        f"%gt config: expected key=value, got {word!r}; usage: {USAGE}"
+                    )
+                updates[key.replace("-", "_")] = value
+            try:
+                core.configure(**_typed(updates))
+            except Exception as exc:
+                raise UsageError(f"%gt config: {exc}") from None
+        values = core.config()
+        self.options.sync(values)
+        return Text("gt config\n" + "\n".join(f"  {k} = {v!r}" for k, v in values.items()))
+
+    def _cmd_reset(self, rest):
+        _no_args("reset", rest)
+        _core().reset()
+        return Text("gt: event history cleared (the worker and its tensors stay)")
+
+    def _cmd_restart(self, rest):
+        _no_args("restart", rest)
+        w = _core().worker().restart()
+        return Text(f"gt: fresh worker pid={w.pid} on {w.device} (tensors of the old one are gone)")
+
+    def _cmd_stop(self, rest):
+        _no_args("stop", rest)
+        _core().worker().stop()
+        return Text("gt: worker stopped (the next %%gt cell starts a fresh one)")
+
+    def _cmd_graph(self, rest):
+        if len(rest) > 1:
+            raise UsageError(f"%gt graph: expected at most one signature, got {len(rest)}")
+        data = _core().report().to_data()
+        sig = _find_signature(data, rest[0] if rest else None)
+        return graph_view(data, sig)
+
+    def _cmd_diff(self, rest):
+        if len(rest) != 2:
+            raise UsageError(
+                f"%gt diff: expected two signatures, got {len(rest)}; usage: %gt diff SIG_A SIG_B"
+            )
+        data = _core().report().to_data()
+        a, b = (_canonical(data, _find_signature(data, s)) for s in rest)
+        from gt_core.signature import diff_text  # noqa: PLC0415
+
+        return Text(f"{rest[0]} → {rest[1]}: {diff_text(a, b)}")
+
+    def _cmd_log(self, rest):
+        if len(rest) != 1:
+            raise UsageError("%gt log: expected one PATH (an instruction log written with --log)")
+        from gt_core.events import load_log  # noqa: PLC0415
+        from gt_core.report import summarize  # noqa: PLC0415
+
+        try:
+            events = load_log(rest[0])
+        except OSError as exc:
+            raise UsageError(f"%gt log: cannot read {rest[0]!r}: {exc.strerror or exc}") from None
+        dash = self.dashboard = Dashboard(summarize(events))
+        dash.final = True
+        return dash
+
+    def _cmd_dashboard(self, rest):
+        _no_args("dashboard", rest)
+        if self.dashboard is None:
+            raise UsageError("%gt dashboard: no %%gt cell has run yet")
+        return self.dashboard
+
+    def _cmd_explain(self, rest):
+        if len(rest) != 1:
+            raise UsageError(
+                "%gt explain: expected one FUNCTION (a torch.compile'd function in this namespace)"
+            )
+        name = rest[0]
+        try:
+            fn = eval(name, self.shell.user_ns)  # noqa: S307 (a name or attribute the user typed)
+        except Exception:
+            raise UsageError(f"%gt explain: no function named {name!r} in this namespace") from None
+        return Text(_diagnostics().explain(fn))
+
+
+# -- parsing -------------------------------------------------------------------------------
+def _parse(magic, line: str):
+    """Parse ``%%gt`` options; a mistake is a one-line UsageError carrying the usage."""
+    try:
+        return parse_argstring(magic, line)
+    except UsageError as exc:
+        usage = " ".join(magic.parser.format_usage().split())
+        raise UsageError(f"%%gt: {exc}. {usage}") from None
+
+
+def _options(args) -> dict:
+    """The capture() options the parsed flags ask for (only those given)."""
+    o: dict = {}
+    if args.no_compile:
+        o["auto_compile"] = False
+    if args.compile:
+        o["compile_all"] = True
+    for flag, key in (
+        ("threshold", "threshold"),
+        ("min_seq", "min_seq"),
+        ("backend", "backend"),
+        ("mode", "mode"),
+    ):
+        if getattr(args, flag) is not None:
+            o[key] = getattr(args, flag)
+    if args.dynamic:
+        o["dynamic"] = True
+    if args.log:
+        o["log"] = args.log
+    return o
+
+
+def _check(core, options: dict) -> None:
+    """Validate the options before the cell runs (a bad value never runs the cell)."""
+    try:
+        core.Options(**core.config()).replace(**options)
+    except Exception as exc:
+        raise UsageError(f"%%gt: {exc}") from None
+
+
+def _typed(updates: dict) -> dict:
+    """``key=value`` strings to option values: ints, booleans and None where they parse."""
+    out = {}
+    for k, v in updates.items():
+        low = v.lower()
+        if low in ("true", "yes", "on"):
+            out[k] = True
+        elif low in ("false", "no", "off"):
+            out[k] = False
+        elif low in ("none", "null", ""):
+            out[k] = None
+        else:
+            try:
+                out[k] = int(v)
+            except ValueError:
+                out[k] = v
+    return out
+
+
+def _no_args(cmd: str, rest: list) -> None:
+    if rest:
+        raise UsageError(f"%gt {cmd}: takes no arguments, got {' '.join(rest)!r}")
+
+
+# -- running a cell ------------------------------------------------------------------------
+def _compile(shell, cell: str):
+    """The cell as code objects: its body, and its last expression (shown as the cell's value)."""
+    source = shell.transform_cell(cell)
+    name = shell.compile.cache(source, shell.execution_count)  # tracebacks show the cell's lines
+    tree = ast.parse(source, filename=name)
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = compile(ast.Expression(tree.body.pop().value), name, "eval")
+    return compile(tree, name, "exec"), last
+
+
+@contextlib.contextmanager
+def _both(*managers):
+    with contextlib.ExitStack() as stack:
+        for m in managers:
+            stack.enter_context(m)
+        yield
+
+
+def _compiling(data: dict) -> bool:
+    return any(p["status"] == "compiling" for p in data["hot_paths"])
+
+
+class _Follower(LiveUpdater):
+    """After the cell: redraw until no compile of the cell is in flight, then finalize."""
+
+    LIMIT_S = 900.0
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self.LIMIT_S
+        while not self._stop.wait(self.interval) and time.monotonic() < deadline:
+            self.poll()
+            if self.data is not None and not _compiling(self.data):
+                break
+        self.dashboard.finalize(self.data)
+
+    def stop(self):
+        self._stop.set()
+        return self.data
+
+
+def _cell_data(core, start: int) -> dict:
+    from gt_core.report import summarize  # noqa: PLC0415
+
+    return summarize(core.report().events, since=start)
+
+
+def _cell_id(shell, cell: str) -> str:
+    """A display id stable across re-runs of one cell, so its dashboard is replaced."""
+    header = getattr(getattr(shell, "kernel", None), "get_parent", lambda *a: None)("shell")
+    cell_id = ((header or {}).get("metadata") or {}).get("cellId")
+    key = cell_id or cell
+    return "gt-" + hashlib.sha1(key.encode()).hexdigest()[:16]
+
+
+# -- signatures ----------------------------------------------------------------------------
+def _find_signature(data: dict, prefix: str | None) -> str:
+    sigs = [p["signature"] for p in data["hot_paths"]]
+    if not sigs:
+        raise UsageError("%gt: no hot path yet (run a %%gt cell with a loop first)")
+    if prefix is None:
+        from ._tables import primary  # noqa: PLC0415
+
+        return primary(data)
+    hits = [s for s in sigs if s.startswith(prefix)]
+    if len(hits) != 1:
+        what = "no" if not hits else "several"
+        raise UsageError(
+            f"%gt: {what} hot path signature matches {prefix!r}; known: {', '.join(sigs)}"
+        )
+    return hits[0]
+
+
+def _canonical(data: dict, sig: str) -> dict:
+    for e in reversed(data["events"]):
+        if e.get("type") == "hotpath.detected" and e.get("signature") == sig and e.get("canonical"):
+            return e["canonical"]
+    raise UsageError(f"%gt diff: the event log has no canonical form for {sig} (was it reset?)")
+
+
+# -- the extension -------------------------------------------------------------------------
+_loaded: dict = {}
+
+
+def load(ip) -> None:
+    """Register the magics and ``%config GT`` (a second load is harmless)."""
+    if ip in _loaded:
+        return
+    magics = GTMagics(ip)
+    ip.register_magics(magics)
+    ip.configurables.append(magics.options)
+    _loaded[ip] = magics
+
+
+def unload(ip) -> None:
+    """Remove the magics and ``%config GT``; stop the worker if one runs."""
+    magics = _loaded.pop(ip, None)
+    if magics is None:
+        return
+    for kind in ("line", "cell"):
+        ip.magics_manager.magics[kind].pop("gt", None)
+    with contextlib.suppress(ValueError):
+        ip.configurables.remove(magics.options)
+    import sys  # noqa: PLC0415
+
+    core = sys.modules.get("gt_core")
+    if core is not None:
+        core.worker().stop()
