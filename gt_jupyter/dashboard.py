@@ -213,9 +213,12 @@ class _View:
         self._labels: list = []
         self._graph_key = None
         self._setting = False
+        self.graph_box = w.Box(
+            [self.graph]
+        )  # a FigureWidget's own layout is plotly's: hide the box
         children = [self.headline]
         if dash.show == "all":
-            children += [w.HBox([self.selector, self.filter]), self.timeline, self.graph]
+            children += [w.HBox([self.selector, self.filter]), self.timeline, self.graph_box]
         self.root = w.VBox(children + [self.tables])
         self.selector.observe(self._on_select, "value")
         self.filter.observe(self._on_filter, "value")
@@ -262,7 +265,7 @@ class _View:
             self._graph_key = key
             hide = GRAPH_FILTERS[self.dash.graph_filter]
             _replace(self.graph, _figures.graph(g, title=f"dependency graph {sig}", hide_ops=hide))
-        self.graph.layout.visible = g is not None
+        self.graph_box.layout.display = None if g is not None else "none"
         self.filter.layout.display = None if g is not None else "none"
 
 

@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import importlib
 import shlex
+import sys
 import time
 
 from IPython.core.error import UsageError
@@ -170,7 +171,7 @@ class GTMagics(Magics):
         if self._follower is not None:  # the previous cell's dashboard stops following
             self._follower.stop()
         dash = self.dashboard = Dashboard(show=args.show)
-        dash.display(display_id=_cell_id(self.shell, cell))
+        _safely(dash.display, display_id=_cell_id(self.shell, cell))
         live = LiveUpdater(dash, lambda: _cell_data(core, start), count=lambda: len(log))
         if dash.live:
             live.start()
@@ -189,8 +190,15 @@ class GTMagics(Magics):
                 )
                 self._follower.start()
             else:
-                dash.finalize(data)
+                _safely(dash.finalize, data)
+            if live.error is not None:
+                _warn(live.error)
         return value
+
+    def settle(self, result=None) -> None:
+        """After every cell: a dashboard still following a compile is finalized once it ends."""
+        if self._follower is not None and self._follower.settle():
+            self._follower = None
 
     # -- %gt -------------------------------------------------------------------------------
     @line_magic("gt")
@@ -264,7 +272,7 @@ class GTMagics(Magics):
         a, b = (_canonical(data, _find_signature(data, s)) for s in rest)
         from gt_core.signature import diff_text  # noqa: PLC0415
 
-        return Text(f"{rest[0]} → {rest[1]}: {diff_text(a, b)}")
+        return Text(diff_text(a, b))
 
     def _cmd_log(self, rest):
         if len(rest) != 1:
@@ -383,6 +391,22 @@ def _both(*managers):
         yield
 
 
+def _safely(fn, *args, **kwargs) -> None:
+    """Run a dashboard step; a failure there never breaks the user's cell, and is reported."""
+    try:
+        fn(*args, **kwargs)
+    except Exception as exc:
+        _warn(exc)
+
+
+def _warn(exc: BaseException) -> None:
+    print(
+        f"gt: the dashboard failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
+        "the cell's work is unaffected, `%gt status` shows gt's state",
+        file=sys.stderr,
+    )
+
+
 def _compiling(data: dict) -> bool:
     return any(p["status"] == "compiling" for p in data["hot_paths"])
 
@@ -398,11 +422,25 @@ class _Follower(LiveUpdater):
             self.poll()
             if self.data is not None and not _compiling(self.data):
                 break
-        self.dashboard.finalize(self.data)
+        self.poll(force=True)
+        _safely(self.dashboard.finalize, self.data)
 
     def stop(self):
+        """Stop following; the thread finalizes the dashboard with the latest data."""
         self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
         return self.data
+
+    def settle(self) -> bool:
+        """Finalize now if the compile is over (after each cell); True when it has ended."""
+        if self._thread is None or not self._thread.is_alive():
+            return True
+        self.poll(force=True)
+        if self.data is not None and not _compiling(self.data):
+            self.stop()
+            return True
+        return False
 
 
 def _cell_data(core, start: int) -> dict:
@@ -455,6 +493,7 @@ def load(ip) -> None:
     magics = GTMagics(ip)
     ip.register_magics(magics)
     ip.configurables.append(magics.options)
+    ip.events.register("post_run_cell", magics.settle)
     _loaded[ip] = magics
 
 
@@ -467,6 +506,9 @@ def unload(ip) -> None:
         ip.magics_manager.magics[kind].pop("gt", None)
     with contextlib.suppress(ValueError):
         ip.configurables.remove(magics.options)
+        ip.events.unregister("post_run_cell", magics.settle)
+    if magics._follower is not None:
+        magics._follower.stop()
     import sys  # noqa: PLC0415
 
     core = sys.modules.get("gt_core")

@@ -330,3 +330,30 @@ def test_report_data_is_plain_json(ip):
     run(ip, "%%gt\n" + TRAIN.replace("STEPS", "8"))
     json.dumps(gt_core.report().to_data())
     assert torch.is_tensor(ip.user_ns["loss"])
+
+
+def test_widget_view_updates_in_place():
+    dash = Dashboard(summarize([]), mode="widget")
+    root = dash.widget
+    dash.update(summarize(_events(2, 0)))
+    view = dash._view
+    timeline, graph = view.timeline, view.graph
+    dash.update(summarize(_events()))
+    assert dash.widget is root and view.timeline is timeline and view.graph is graph  # not rebuilt
+    assert "1 compiled" in view.headline.value
+    xs = [len(tr.x or ()) for tr in view.timeline.data]
+    assert max(xs) == 10  # ten iterations drawn
+    assert {tr.name for tr in view.graph.data} >= {"inputs", "ops", "outputs"}
+    bundle = dash._repr_mimebundle_()
+    assert {"text/plain", "text/html", "application/vnd.jupyter.widget-view+json"} <= set(bundle)
+
+
+def test_a_failing_dashboard_never_breaks_the_cell(ip, monkeypatch, capsys):
+    def boom(self, data=None):
+        raise ValueError("drawing went wrong")
+
+    monkeypatch.setattr(Dashboard, "finalize", boom)
+    r = run(ip, "%%gt\nimport torch\nfine = torch.ones(2).sum().item()")
+    assert r.success and ip.user_ns["fine"] == 2.0
+    err = capsys.readouterr().err
+    assert "dashboard failed (ValueError: drawing went wrong)" in err
