@@ -46,10 +46,13 @@ def _new_path(signature: str) -> dict:
         # Eager runs while a compile shared the worker's CPU: slower, kept out of the baseline.
         "compiling_ms": [],
         "mismatches": 0,
+        "sync_cuts": 0,  # mismatches where a sync point (or the stream's end) cut a run short
         "detected_at": None,
         "compiled_at": None,
     }
 
+
+_SYNC_CUTS = frozenset({"sync point", "end of stream"})
 
 # What happened before a cell still decides a hot path's state; its runs and counters do not.
 _RUNS = frozenset({ev.ITERATION, ev.MISMATCH, ev.STATS})
@@ -109,7 +112,10 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         elif t == ev.RECOMPILE:
             path(sig)["recompile_reasons"].append(e.get("reason", ""))
         elif t == ev.MISMATCH:
-            path(sig)["mismatches"] += 1
+            p = path(sig)
+            p["mismatches"] += 1
+            if e.get("got") in _SYNC_CUTS:
+                p["sync_cuts"] += 1
         elif t == ev.ITERATION:
             p = path(sig)
             p["occurrences"] += 1

@@ -60,6 +60,11 @@ FAILURE_ADVICE = (
     "inductor backend is at fault, or --backend eager to check the capture itself; to report it, "
     "attach an instruction log (--log PATH) and this reason"
 )
+SYNC_ADVICE = (
+    "those occurrences ran eagerly (correct, not faster). Once at the end of a loop or now and "
+    "then for logging costs little; a sync in every iteration keeps the block from running "
+    "compiled: log every k steps, or keep running values on the worker and read them once"
+)
 MISMATCH_ADVICE = (
     "the loop body changed part-way through a block (a data-dependent branch or a sync such as "
     ".item()); those occurrences ran eagerly. Keep every iteration's work the same"
@@ -149,13 +154,24 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "what to do": FAILURE_ADVICE,
             }
         )
-    if p.get("mismatches"):
+    cuts = p.get("sync_cuts", 0)
+    diverged = p.get("mismatches", 0) - cuts
+    if diverged:
         rows.append(
             {
                 "where": sig,
                 "kind": "mismatch",
-                "reason": f"{p['mismatches']} occurrence(s) diverged",
+                "reason": f"{diverged} occurrence(s) diverged",
                 "what to do": MISMATCH_ADVICE,
+            }
+        )
+    if cuts:
+        rows.append(
+            {
+                "where": sig,
+                "kind": "sync",
+                "reason": f"{cuts} occurrence(s) cut short by a sync point (.item(), print, .cpu())",
+                "what to do": SYNC_ADVICE,
             }
         )
     return rows

@@ -357,3 +357,28 @@ def test_a_failing_dashboard_never_breaks_the_cell(ip, monkeypatch, capsys):
     assert r.success and ip.user_ns["fine"] == 2.0
     err = capsys.readouterr().err
     assert "dashboard failed (ValueError: drawing went wrong)" in err
+
+
+def test_reasons_tell_a_sync_cut_from_a_divergence():
+    events = _events() + [
+        {
+            "type": "mismatch",
+            "t": 99.0,
+            "signature": "abc",
+            "position": 3,
+            "expected": "aten.mm.default",
+            "got": "sync point",
+        },
+        {
+            "type": "mismatch",
+            "t": 99.5,
+            "signature": "abc",
+            "position": 1,
+            "expected": "aten.mm.default",
+            "got": "aten.gelu.default",
+        },
+    ]
+    rows = {r["kind"]: r for r in _tables.reason_rows(summarize(events))}
+    assert rows["sync"]["reason"].startswith("1 occurrence(s) cut short by a sync point")
+    assert "log every k steps" in rows["sync"]["what to do"]
+    assert rows["mismatch"]["reason"] == "1 occurrence(s) diverged"
