@@ -15,10 +15,12 @@ from ._capture import (
 )
 from ._proxy import Proxy, is_remote
 from .config import Options
+from .diagnostics import diagnostics
 from .errors import ConfigError, GTError, UnsupportedOperation, WorkerDied, WorkerLost
 
 __all__ = [
     "capture",
+    "diagnostics",
     "worker",
     "WorkerHandle",
     "to_worker",

@@ -13,6 +13,7 @@ import torch
 from . import events as ev
 from ._instructions import SEED
 from ._proxy import CaptureMode, Proxy, upload
+from ._stance import routing
 from .config import Options, from_env
 from .report import Report
 
@@ -160,7 +161,10 @@ def capture(**options):
 
     torch.manual_seed = torch.random.manual_seed = manual_seed
     try:
-        with CaptureMode():
+        # The user's torch.compile'd functions run eagerly here: their ops join the stream
+        # and gt's hot path compiles them (see gt_core.diagnostics). Before CaptureMode: the
+        # hook imports torch._dynamo, whose import must not be recorded.
+        with routing(_on_routed(), lambda: _in_worker.active), CaptureMode():
             yield s
     finally:
         with _lock:
@@ -173,6 +177,23 @@ def capture(**options):
             except Exception:
                 pass
             s.publish_stats()
+
+
+def _on_routed():
+    """One user.routed event per compiled function and capture."""
+    seen: set[str] = set()
+
+    def on_routed(name: str) -> None:
+        if name not in seen:
+            seen.add(name)
+            events_log().emit(
+                ev.USER_ROUTED,
+                function=name,
+                message=f"torch.compile({name}) was called with worker tensors: Dynamo does not "
+                "trace them; its ops ran through gt's hot path instead",
+            )
+
+    return on_routed
 
 
 def to_worker(obj):

@@ -36,7 +36,9 @@ USER_RECOMPILE = "user.recompile"
 USER_GRAPH_BREAK = "user.graph_break"
 USER_LIMIT_HIT = "user.limit_hit"
 USER_CUDAGRAPH_SKIP = "user.cudagraph_skip"
-USER_FAILURE = "user.failure"
+USER_FAILURE = "user.failure"  # function, kind ("fail_on_recompile", "unavailable", ...), reason
+USER_BUDGET = "user.budget"  # function, used, limit, message ("kv_step: 6 of 8 recompiles used")
+USER_ROUTED = "user.routed"  # function, message (called inside capture: ran through gt's stream)
 
 TYPES = frozenset(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))
 

@@ -1,7 +1,145 @@
-"""Placeholder replaced by the diagnostics work (issue 5): folds user.* events per function."""
+"""The user's own torch.compile calls, folded per function from ``user.*`` events.
+
+``summarize_user_compiles(events)`` is pure (no torch), like ``report.summarize`` that
+calls it: a live session, a saved log and the dashboard read the same data.
+"""
 
 from __future__ import annotations
 
+from . import events as ev
+from .causes import explain
+
+__all__ = ["summarize_user_compiles"]
+
+_KIND = {
+    ev.USER_RECOMPILE: "recompile",
+    ev.USER_GRAPH_BREAK: "graph_break",
+    ev.USER_LIMIT_HIT: "limit_hit",
+    ev.USER_CUDAGRAPH_SKIP: "cudagraph_skip",
+    ev.USER_FAILURE: "failure",
+    ev.USER_BUDGET: "budget",
+    ev.USER_ROUTED: "routed",
+}
+
+
+def _new(function: str) -> dict:
+    return {
+        "function": function,
+        "compiles": 0,  # compiles of the function itself (its first compile and recompiles)
+        "graphs": 0,  # graphs made, graph-break resumes included
+        "ops": 0,
+        "compile_seconds": 0.0,
+        "time_split": {"dynamo_s": 0.0, "aot_s": 0.0, "inductor_s": 0.0},
+        "compile_ids": [],
+        "recompile_reasons": [],
+        "recompiles": [],
+        "graph_breaks": [],
+        "limit_hit": False,
+        "limit": None,
+        "cudagraph_skips": [],
+        "failures": [],
+        "budget": None,
+        "routed": False,
+        "explanations": [],
+    }
+
+
+def _recompile_text(e: dict) -> str:
+    reason = e.get("reason", "")
+    where = e.get("where")
+    if where and e.get("source"):
+        return f"{reason}  ({where}: {e['source']})"
+    return f"{reason}  ({where})" if where else reason
+
+
+def _explain_event(e: dict) -> tuple[str, str]:
+    """(kind, the text a cause is matched against) of one diagnostics event."""
+    kind = _KIND[e["type"]]
+    if kind == "graph_break":
+        return kind, e.get("detail") or e.get("reason", "")
+    if kind == "budget":
+        return kind, e.get("message", "")
+    if kind == "limit_hit":
+        return kind, f"hit config.{e.get('limit_type', 'recompile_limit')} ({e.get('limit')})"
+    if kind == "failure":
+        return kind, e.get("reason", "")
+    return kind, e.get("reason", "")
+
 
 def summarize_user_compiles(events: list[dict]) -> list[dict]:
-    return []
+    """One entry per compiled function, in order of first appearance (see the issue 5 shape)."""
+    fns: dict[str, dict] = {}
+    seen: dict[str, set] = {}
+
+    def entry(name: str) -> dict:
+        if name not in fns:
+            fns[name] = _new(name)
+            seen[name] = set()
+        return fns[name]
+
+    for e in events:
+        t = e.get("type")
+        if t not in _KIND and t != ev.USER_COMPILE:
+            continue
+        u = entry(e.get("function") or "?")
+        if t == ev.USER_COMPILE:
+            if not e.get("resume"):
+                u["compiles"] += 1
+            u["graphs"] += e.get("graphs", 0) or 0
+            u["ops"] += e.get("ops", 0) or 0
+            u["compile_seconds"] += e.get("seconds") or 0.0
+            for k in u["time_split"]:
+                u["time_split"][k] += e.get(k) or 0.0
+            u["compile_ids"].append(e.get("compile_id"))
+            continue
+        if t == ev.USER_RECOMPILE:
+            u["recompile_reasons"].append(_recompile_text(e))
+            u["recompiles"].append(
+                {k: e.get(k, "") for k in ("compile_id", "reason", "where", "source")}
+            )
+        elif t == ev.USER_GRAPH_BREAK:
+            key = (e.get("reason"), e.get("where"))
+            same = next((b for b in u["graph_breaks"] if (b["reason"], b["where"]) == key), None)
+            if same is not None:
+                same["count"] += 1
+            else:
+                u["graph_breaks"].append(
+                    {"reason": e.get("reason", ""), "where": e.get("where", ""), "count": 1}
+                )
+        elif t == ev.USER_LIMIT_HIT:
+            u["limit_hit"], u["limit"] = True, e.get("limit")
+        elif t == ev.USER_CUDAGRAPH_SKIP:
+            u["cudagraph_skips"].append(e.get("reason", ""))
+        elif t == ev.USER_FAILURE:
+            u["failures"].append(f"{e.get('kind', 'failure')}: {e.get('reason', '')}")
+        elif t == ev.USER_BUDGET:
+            u["budget"] = {k: e.get(k) for k in ("used", "limit", "message")}
+        elif t == ev.USER_ROUTED:
+            u["routed"] = True
+        kind, text = _explain_event(e)
+        x = explain(kind, text, fn=u["function"], limit=e.get("limit"))
+        # One line per cause: the first occurrence words it, later ones count.
+        key = (kind, x["id"] if x["id"] != "unknown" else x["cause"])
+        if key in seen[u["function"]]:
+            old = next(y for y in u["explanations"] if (y["kind"], y["key"]) == key)
+            if kind == "budget":  # the latest budget is the one that matters
+                old["cause"] = x["cause"]
+            old["count"] += 1
+            continue
+        seen[u["function"]].add(key)
+        u["explanations"].append(
+            {
+                "cause": x["cause"],
+                "fix": x["fix"],
+                "kind": kind,
+                "id": x["id"],
+                "count": 1,
+                "key": key[1],
+            }
+        )
+    for u in fns.values():
+        for x in u["explanations"]:
+            del x["key"]
+        u["compile_seconds"] = round(u["compile_seconds"], 6)
+        u["time_split"] = {k: round(v, 6) for k, v in u["time_split"].items()}
+    return list(fns.values())

@@ -1,0 +1,148 @@
+"""``explain(fn)``: a torch.compile'd function's cache entries and their guards, as text.
+
+Dynamo keeps one cache entry per compile on the code object it compiled (and on the resume
+functions it made at graph breaks); each entry holds the guards that decide whether a call
+may reuse it. This module reads them with ``_debug_get_cache_entry_list`` (torch 2.13).
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["explain"]
+
+# Guard-tree lines that only give structure (which object a guard reads), not a check.
+_STRUCTURE = re.compile(r"^\s*(?:\|\s*)*\+- (?:\w*GuardManager|GuardManager)\b")
+
+
+def _resolve(fn_or_name, frame):
+    if not isinstance(fn_or_name, str):
+        return fn_or_name
+    for scope in (frame.f_locals, frame.f_globals, __import__("__main__").__dict__):
+        obj = scope
+        for i, part in enumerate(fn_or_name.split(".")):
+            obj = obj.get(part) if i == 0 and isinstance(obj, dict) else getattr(obj, part, None)
+            if obj is None:
+                break
+        if obj is not None:
+            return obj
+    raise NameError(f"gt_core.diagnostics.explain: no function named {fn_or_name!r} in scope")
+
+
+def _codes(obj) -> tuple[str, list]:
+    """(name, the code objects Dynamo may have compiled for ``obj``)."""
+    from torch._dynamo.eval_frame import innermost_fn
+
+    from ._stance import display_name
+
+    mod = getattr(obj, "_orig_mod", None)
+    if mod is not None:  # torch.compile(module)
+        codes = [type(mod).forward.__code__]
+        wrapper = innermost_fn(getattr(obj, "forward", None) or obj)
+        if getattr(wrapper, "__code__", None) is not None:
+            codes.append(wrapper.__code__)  # Dynamo's frame around torch.nn modules
+        return type(mod).__name__, codes
+    if hasattr(obj, "forward") and hasattr(obj, "_modules"):  # a module compiled in place
+        return type(obj).__name__, [type(obj).forward.__code__]
+    inner = innermost_fn(obj)
+    inner = getattr(inner, "__func__", inner)
+    code = getattr(inner, "__code__", None)
+    if code is None:
+        raise TypeError(
+            f"gt_core.diagnostics.explain: expected a function or module compiled with "
+            f"torch.compile, got {type(obj).__name__}"
+        )
+    return display_name(obj if not hasattr(obj, "_torchdynamo_orig_callable") else inner), [code]
+
+
+def _with_resumes(codes: list) -> list:
+    """The codes and every resume function Dynamo generated from them (graph breaks)."""
+    try:
+        from torch._dynamo.resume_execution import ContinueExecutionCache
+
+        cache = ContinueExecutionCache.cache
+    except Exception:
+        return codes
+    out, todo = [], list(codes)
+    while todo:
+        code = todo.pop(0)
+        if code in out:
+            continue
+        out.append(code)
+        try:
+            todo.extend((cache[code] if code in cache else {}).values())
+        except Exception:
+            pass
+    return out
+
+
+# Guards every compile has (grad mode, autocast, dynamic-dim markers): counted, not listed.
+_AMBIENT = re.compile(
+    r"^(?:LAMBDA_GUARD: torch\._functorch|GLOBAL_STATE|TORCH_FUNCTION_MODE_STACK|DEFAULT_DEVICE|"
+    r"DIMENSION_DYNAMIC_MARKING_GUARD|NO_TENSOR_ALIASING)"
+)
+_WIDTH = 160
+
+
+def _guards(entry) -> list[str]:
+    text = str(entry.guard_manager)
+    lines = [ln for ln in text.splitlines() if "+- " in ln and not _STRUCTURE.match(ln)]
+    return [re.sub(r"^[\s|]*\+- ", "", ln).rstrip() for ln in lines]
+
+
+def _short(guard: str) -> str:
+    guard = re.sub(r"\s{2,}#", "  #", guard)
+    return guard if len(guard) <= _WIDTH else guard[: _WIDTH - 1] + "…"
+
+
+def _entry_lines(entries) -> list[str]:
+    """Guards all entries share (listed once), then what each entry checks on its own."""
+    guards = [_guards(e) for e in entries]
+    shared = set(guards[0]).intersection(*guards[1:]) if len(guards) > 1 else set()
+    common = [g for g in guards[0] if g in shared and not _AMBIENT.match(g)]
+    lines = []
+    if common:
+        lines.append(f"  guards shared by all {len(entries)} entries:")
+        lines.extend(f"    {_short(g)}" for g in common)
+    for entry, gs in zip(entries, guards, strict=True):
+        own = [g for g in gs if g not in shared and not _AMBIENT.match(g)]
+        ambient = sum(1 for g in gs if _AMBIENT.match(g))
+        label = "its own guards" if shared else "guards"
+        lines.append(
+            f"  entry {entry.compile_id}: {len(gs)} guards ({ambient} on global state and "
+            f"dimension markers){f', {label}:' if own else ''}"
+        )
+        lines.extend(f"    {_short(g)}" for g in own)
+    return lines
+
+
+def explain(fn_or_name, frame) -> str:
+    """The text of ``gt_core.diagnostics.explain`` (``frame``: where a name is looked up)."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    from .diagnostics import recompile_limit
+
+    obj = _resolve(fn_or_name, frame)
+    name, codes = _codes(obj)
+    lines, total = [], 0
+    for code in _with_resumes(codes):
+        entries = _debug_get_cache_entry_list(code)
+        if not entries:
+            continue
+        total += len(entries)
+        n = len(entries)
+        lines.append(
+            f"{code.co_name} ({code.co_filename}:{code.co_firstlineno}): "
+            f"{n} cache entr{'y' if n == 1 else 'ies'}, newest first"
+        )
+        lines.extend(_entry_lines(entries))
+    if not total:
+        return (
+            f"{name}: no cache entries (not called since it was compiled, compiled functions were "
+            "reset, or not a torch.compile'd function)"
+        )
+    head = (
+        f"{name}: {total} cache entr{'y' if total == 1 else 'ies'}; Dynamo falls back to eager "
+        f"after {recompile_limit()} per code object (torch._dynamo.config.recompile_limit)"
+    )
+    return "\n".join([head, *lines])

@@ -1,0 +1,110 @@
+"""Our hook on Dynamo's per-call stance: it names the compiled function being entered, and
+runs compiled functions eagerly on threads that gt is capturing.
+
+Every call of a ``torch.compile``'d function asks ``torch._dynamo.eval_frame.
+_callback_from_stance(callback)`` which frame callback to run under; ``None`` means "run the
+Python as it is". While :func:`hooked` is active (diagnostics, or a capture), our wrapper
+sits in front of it. It is installed once however many users there are, and the original is
+put back when the last one leaves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from collections.abc import Callable
+
+__all__ = ["hooked", "routing", "entry_name", "display_name"]
+
+_lock = threading.Lock()
+_state = {"users": 0, "original": None, "module": None}
+_local = threading.local()  # .entry: the name of the compiled function entered last
+# thread id -> (on_routed(name), skip()) while that thread is inside gt_core.capture()
+_routes: dict[int, list] = {}
+
+
+def display_name(fn) -> str:
+    """A readable name of what torch.compile wrapped: function, method or module class."""
+    fn = getattr(fn, "__wrapped__", fn)  # external_utils.wrap_inline keeps the module here
+    owner = getattr(fn, "__self__", None)
+    if owner is not None and fn.__name__ in ("__call__", "_call_impl", "_wrapped_call_impl"):
+        return type(owner).__name__
+    if not hasattr(fn, "__qualname__") and hasattr(fn, "forward"):
+        return type(fn).__name__
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def entry_name() -> str | None:
+    """The compiled function this thread entered last (None if none since the hook went in)."""
+    return getattr(_local, "entry", None)
+
+
+def _hook(callback):
+    original = _state["original"]
+    if callback is None or callback is False:
+        return original(callback)
+    name = None
+    try:
+        caller = sys._getframe(1)  # Dynamo's wrapper of the compiled function; its `fn`
+        fn = caller.f_locals.get("fn")
+        name = display_name(fn) if fn is not None else None
+        _local.entry = name
+    except Exception:  # naming is a nicety; never let it break the call
+        pass
+    route = _routes.get(threading.get_ident())
+    if route and route[-1][0] is not None and not route[-1][1]():
+        route[-1][0](name or "?")
+        return None  # run the function's Python eagerly: its ops reach gt's stream
+    return original(callback)
+
+
+def _install() -> None:
+    import torch._dynamo.eval_frame as eval_frame
+
+    with _lock:
+        if _state["users"] == 0:
+            _state["original"] = eval_frame._callback_from_stance
+            _state["module"] = eval_frame
+            eval_frame._callback_from_stance = _hook
+        _state["users"] += 1
+
+
+def _uninstall() -> None:
+    with _lock:
+        _state["users"] -= 1
+        if _state["users"] == 0:
+            mod = _state["module"]
+            if getattr(mod, "_callback_from_stance", None) is _hook:
+                mod._callback_from_stance = _state["original"]
+            _state["original"] = _state["module"] = None
+
+
+@contextlib.contextmanager
+def hooked():
+    """Keep our hook in front of Dynamo's stance while the block runs."""
+    _install()
+    try:
+        yield
+    finally:
+        _uninstall()
+
+
+@contextlib.contextmanager
+def routing(on_routed: Callable[[str], None], skip: Callable[[], bool]):
+    """On this thread, compiled functions run eagerly while the block runs.
+
+    ``on_routed(name)`` is called at each such call; ``skip()`` True exempts a call (gt's own
+    in-process worker code, which compiles hot paths on purpose).
+    """
+    tid = threading.get_ident()
+    with hooked():
+        _routes.setdefault(tid, []).append((on_routed, skip))
+        try:
+            yield
+        finally:
+            stack = _routes.get(tid, [])
+            if stack:
+                stack.pop()
+            if not stack:
+                _routes.pop(tid, None)

@@ -1,0 +1,92 @@
+"""Diagnostics of the user's own ``torch.compile``: compiles, recompiles, limit hits, graph
+breaks, cudagraph skips and strict-stance failures, as ``user.*`` events.
+
+Where the information comes from (torch 2.13, each source optional):
+
+- one ``CompilationMetrics`` record per frame compile (``torch._dynamo.utils``): compile id,
+  function, timings, op count, the first guard failure that caused a recompile, failures
+  (the recompile limit, ``error_on_recompile``), graph-break reasons, cudagraph skip reason.
+  We see each record as it is made (Dynamo hands it to ``log_compilation_event``) and read
+  the rest from ``get_compilation_metrics()`` on exit;
+- Dynamo's log records: the graph-break artifact log (the break's ``file:line``), the
+  recompile-limit warning and the cudagraph skip warnings. While diagnostics run, they are
+  turned into events and not printed; levels and filters are put back on exit;
+- ``counters["inductor"]["cudagraph_skips"]``: skips that log no reason (CPU);
+- the exception leaving the block: ``set_stance("fail_on_recompile")``.
+
+A source that this torch lacks becomes a ``user.failure`` event naming it; the user's code
+runs as it would without diagnostics.
+
+Routed cells (``gt_core.capture()``, what ``%%gt`` enters): a ``torch.compile``'d function
+called there runs its Python eagerly on the capturing thread, so its aten ops join gt's
+instruction stream like any other code, and gt's hot path compiles them with the rest of
+the block. Dynamo cannot trace worker tensors (they hold no data; tracing them traces gt's
+own recording code), so this is the one way that is both correct and faster. Each such
+function gets one ``user.routed`` event per capture saying so. ``%%gt --local`` runs a
+cell in the kernel on ordinary tensors, where the user's torch.compile works and is
+explained here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+
+from . import events as ev
+from ._watcher import _Watcher, recompile_limit
+
+__all__ = ["diagnostics", "explain", "recompile_limit"]
+
+_active: list[_Watcher] = []  # the one watcher of the outermost diagnostics block
+_active_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def diagnostics(log: ev.EventLog | None = None):
+    """Capture every torch.compile'd function's compiles, recompiles, graph breaks and skips
+    inside the block as ``user.*`` events (in ``gt_core.events_log()`` unless ``log``).
+
+    In [1]: with gt_core.diagnostics():
+       ...:     for _ in range(12): y = step(x)
+    In [2]: gt_core.report().to_data()["user_compiles"]
+    """
+    if log is None:
+        from ._capture import events_log
+
+        log = events_log()
+    with _active_lock:
+        outer = not _active
+        if outer:
+            _active.append(_Watcher(log))
+        watcher = _active[0]
+    if outer:
+        from torch.utils._python_dispatch import _disable_current_modes
+
+        with _disable_current_modes():  # inside a capture: importing torch._dynamo records nothing
+            watcher.start()
+    try:
+        yield watcher.log
+    except BaseException as exc:
+        with contextlib.suppress(Exception):
+            watcher.on_error(exc)
+        raise
+    finally:
+        if outer:
+            try:
+                watcher.stop()
+            finally:
+                with _active_lock:
+                    _active.clear()
+
+
+def explain(fn_or_name) -> str:
+    """One torch.compile'd function's cache entries (one per compile) and their guards, as text."""
+    from ._explain import explain as _explain
+
+    return _explain(fn_or_name, sys._getframe(1))
+
+
+diagnostics.explain = (
+    explain  # gt_core.diagnostics.explain(fn), where gt_core.diagnostics is this function
+)

@@ -1,0 +1,1 @@
+"""Small, importable models that the tutorials and tests share."""

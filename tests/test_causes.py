@@ -1,0 +1,149 @@
+"""The table of known causes: real reason texts of torch 2.13 → cause in words and the fix."""
+
+import pytest
+
+from gt_core.causes import CAUSES, KINDS, budget_message, explain, short_reason
+
+# Reason texts as torch 2.13 wrote them (CompilationMetrics.recompile_reason, graph-break
+# logs, the recompile-limit warning), recorded while building gt_core.diagnostics.
+KV_REASON = (
+    "0/0: G['cache']._current_idx[0] == 0                               # if cache._current_idx[0] == 0:"
+    '  # mp/exp/kv.py:9 in kv_step\nUser stack trace:\n  File "/tmp/exp/kv.py", line 9, in kv_step\n'
+    "    if cache._current_idx[0] == 0:"
+)
+PRINT_BREAK = (
+    "Failed to trace builtin operator\n  Explanation: Dynamo does not know how to trace builtin "
+    "operator `print` with argument types ['str'] (has_kwargs False)\n  Hint: Avoid calling builtin "
+    "`print` with argument types ['str']."
+)
+ITEM_BREAK = (
+    "Unsupported Tensor.item() call with capture_scalar_outputs=False\n  Explanation: Dynamo does "
+    "not support tracing `Tensor.item()` with config.capture_scalar_outputs=False."
+)
+NONZERO_BREAK = (
+    "Dynamic shape operator\n  Explanation: Operator `aten.nonzero.default`'s output shape depends "
+    "on input Tensor data."
+)
+SKIPPED_CALL = (
+    "Attempted to call function marked as skipped\n  Explanation: Dynamo does not know how to trace "
+    "the builtin `<unknown module>.TensorBase._make_wrapper_subclass.`"
+)
+
+
+@pytest.mark.parametrize(
+    "kind, reason, cause_id, words",
+    [
+        ("recompile", KV_REASON, "int_from_mutable_state", "G['cache']._current_idx[0]"),
+        (
+            "recompile",
+            "0/0: L['self'].kv_cache._current_idx[7] == 0",
+            "int_from_mutable_state",
+            "_current_idx[7]",
+        ),
+        (
+            "recompile",
+            "0/0: tensor 'x' size mismatch at index 0. expected 3, actual 5",
+            "shape_change",
+            "mark_dynamic(x, 0)",
+        ),
+        (
+            "recompile",
+            "0/0: tensor 'x' dtype mismatch. expected Float, actual Double",
+            "dtype_change",
+            "Float → Double",
+        ),
+        (
+            "recompile",
+            "0/0: tensor 'x' requires_grad mismatch. expected requires_grad=0",
+            "requires_grad_change",
+            "`x`",
+        ),
+        (
+            "recompile",
+            "0/0: GLOBAL_STATE changed: grad_mode ",
+            "grad_mode_change",
+            "torch.no_grad()",
+        ),
+        (
+            "recompile",
+            "0/0: n == 2      # def f(x, n): return x * n  # f.py:26 in f",
+            "int_argument",
+            "`n`",
+        ),
+        ("recompile", "0/0: v == 0.5    # def f(x, v): ...", "float_constant", "0-d tensor"),
+        ("recompile", "0/0: s == 'a'    # ...", "constant_value", "'a'"),
+        ("recompile", "0/0: len(L['xs']) == 3", "length_change", "L['xs']"),
+        ("recompile", "0/0: L['self'].training == True", "train_eval_switch", "train()"),
+        (
+            "recompile",
+            "0/0: ___check_obj_id(L['fn'], 1402), type=<class 'function'>",
+            "object_identity",
+            "L['fn']",
+        ),
+        ("graph_break", PRINT_BREAK, "print", "print"),
+        ("graph_break", ITEM_BREAK, "item", "capture_scalar_outputs"),
+        ("graph_break", NONZERO_BREAK, "data_dependent_shape", "capture_dynamic_output_shape_ops"),
+        ("graph_break", SKIPPED_CALL, "untraceable_call", "custom_op"),
+        ("limit_hit", "torch._dynamo hit config.recompile_limit (8)", "recompile_limit", "(8)"),
+        (
+            "cudagraph_skip",
+            "skipping cudagraphs due to mutated inputs (8 instances)",
+            "mutated_inputs",
+            "in place",
+        ),
+        ("cudagraph_skip", "cudagraphs skipped 1 time(s), no reason logged", "cpu_device", "CPU"),
+        (
+            "failure",
+            "Detected recompile when torch.compile stance is 'fail_on_recompile'.",
+            "fail_on_recompile",
+            "stance",
+        ),
+        ("budget", "kv_step: 6 of 8 recompiles used", "recompile_budget", "6 of 8"),
+    ],
+)
+def test_known_causes_are_explained_with_a_fix(kind, reason, cause_id, words):
+    x = explain(kind, reason)
+    assert x["id"] == cause_id
+    assert words in x["cause"] + x["fix"]
+    assert x["fix"] and "{" not in x["cause"] + x["fix"]  # every placeholder filled
+
+
+def test_unknown_reason_is_shown_raw_with_the_general_fix():
+    x = explain("recompile", "0/0: some_new_guard(L['q']) is odd  # f.py:3")
+    assert x["id"] == "unknown"
+    assert x["cause"] == "some_new_guard(L['q']) is odd"
+    assert x["fix"]
+    assert explain("graph_break", "Brand new break\n  Explanation: nobody knows")["cause"] == (
+        "Brand new break: nobody knows"
+    )
+
+
+def test_short_reason_keeps_the_guard_or_the_break_type_and_explanation():
+    assert short_reason(KV_REASON) == "G['cache']._current_idx[0] == 0"
+    assert short_reason(PRINT_BREAK).startswith("Failed to trace builtin operator: Dynamo does not")
+    logged = (
+        "Graph break in user code at f.py:3\nGraph Break Reason: Encountered graph break when "
+        "attempting to trace CALL: a function call, e.g. f(x, y):\n\n" + PRINT_BREAK
+    )
+    assert short_reason(logged) == short_reason(PRINT_BREAK)
+
+
+def test_budget_message_counts_down_to_the_fallback():
+    assert budget_message("kv_step", 6, 8).startswith("kv_step: 6 of 8 recompiles used")
+    assert "2 more" in budget_message("kv_step", 6, 8)
+    assert "the next recompile makes it run eagerly" in budget_message("kv_step", 8, 8)
+
+
+def test_the_table_is_consistent():
+    ids = [c.id for c in CAUSES]
+    assert len(ids) == len(set(ids))
+    for c in CAUSES:
+        assert c.kinds and set(c.kinds) <= set(KINDS), c.id
+        assert c.cause and c.fix, c.id
+    for kind in KINDS:  # every kind has a general fix for reasons nobody listed
+        assert explain(kind, "zzz unheard of")["fix"]
+
+
+def test_routed_cause_names_the_function():
+    x = explain("routed", "", fn="step")
+    assert x["cause"].startswith("torch.compile(step) was called with worker tensors")
