@@ -68,13 +68,20 @@ def execute(
         extra_arguments=["--IPKernelApp.log_level=ERROR"],  # no transport warnings
     )
 
+    say = echo or print
+    code = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"]
+
     def on_cell_executed(cell, cell_index, execute_reply):
-        for line in _headlines(cell):
-            (echo or print)(f"[cell {cell_index}] {line}")
+        first = next((ln for ln in cell.source.splitlines() if ln.strip()), "")
+        say(f"  cell {code.index(cell_index) + 1}/{len(code)}: {first[:70]}")
 
     client.on_cell_executed = on_cell_executed
     try:
         client.execute()
+        # The dashboards' final headlines (a dashboard may be updated after its cell ran).
+        for i in code:
+            for line in _headlines(nb.cells[i]):
+                say(f"cell {code.index(i) + 1}: {line}")
     finally:
         for k, v in saved.items():
             if v is None:
