@@ -127,6 +127,8 @@ class _Watcher:
             "torch._dynamo.symbolic_convert.__graph_breaks", self.on_break_log, "graph_breaks"
         )
         self._tap("torch._dynamo.convert_frame", self.on_limit_log)
+        # Dynamo also warns about .item() breaks on its own: the graph-break event says it all.
+        self._tap("torch._dynamo.variables.tensor", lambda r: "Graph break" in r.getMessage())
         self._tap("torch._inductor.cudagraph_utils.__cudagraphs", self.on_skip_log, "cudagraphs")
         try:
             cm = _stance.hooked()
@@ -211,6 +213,8 @@ class _Watcher:
             name = _stance.entry_name() or "module"  # a torch.nn module, wrapped by Dynamo
         else:
             name = _qualname(co, f, m.co_firstlineno or 0)
+            if name.endswith(".forward"):  # torch.compile(model): named by its class
+                name = name[: -len(".forward")]
             self.by_code[(f, co)] = name
         self.names[frame] = name
         return name

@@ -124,7 +124,8 @@ def summarize_user_compiles(events: list[dict]) -> list[dict]:
             old = next(y for y in u["explanations"] if (y["kind"], y["key"]) == key)
             if kind == "budget":  # the latest budget is the one that matters
                 old["cause"] = x["cause"]
-            old["count"] += 1
+            else:
+                old["count"] += 1
             continue
         seen[u["function"]].add(key)
         u["explanations"].append(
@@ -133,6 +134,7 @@ def summarize_user_compiles(events: list[dict]) -> list[dict]:
                 "fix": x["fix"],
                 "kind": kind,
                 "id": x["id"],
+                "where": e.get("where", ""),  # file:line of the first occurrence, when known
                 "count": 1,
                 "key": key[1],
             }

@@ -182,8 +182,10 @@ def _user_reason_rows(u: dict) -> list[dict]:
     rows = [
         {
             "where": fn,
-            "kind": "explanation",
-            "reason": x.get("cause", ""),
+            "kind": x.get("kind", "explanation").replace("_", " "),
+            "reason": x.get("cause", "")
+            + (f" (at {x['where']})" if x.get("where") else "")
+            + (f" ×{x['count']}" if x.get("count", 1) > 1 else ""),
             "what to do": x.get("fix", ""),
         }
         for x in u.get("explanations", [])
