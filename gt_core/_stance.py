@@ -20,7 +20,7 @@ __all__ = ["hooked", "routing", "entry_name", "display_name"]
 _lock = threading.Lock()
 _state = {"users": 0, "original": None, "module": None}
 _local = threading.local()  # .entry: the name of the compiled function entered last
-# thread id -> (on_routed(name), skip()) while that thread is inside gt_core.capture()
+# thread id -> [(on_routed(name), skip()), ...] while that thread is inside gt_core.capture()
 _routes: dict[int, list] = {}
 
 
@@ -52,10 +52,12 @@ def _hook(callback):
         _local.entry = name
     except Exception:  # naming is a nicety; never let it break the call
         pass
-    route = _routes.get(threading.get_ident())
-    if route and route[-1][0] is not None and not route[-1][1]():
-        route[-1][0](name or "?")
-        return None  # run the function's Python eagerly: its ops reach gt's stream
+    routes = _routes.get(threading.get_ident())
+    if routes:
+        on_routed, skip = routes[-1]
+        if not skip():
+            on_routed(name or "?")
+            return None  # run the function's Python eagerly: its ops reach gt's stream
     return original(callback)
 
 
@@ -77,7 +79,7 @@ def _uninstall() -> None:
             mod = _state["module"]
             if getattr(mod, "_callback_from_stance", None) is _hook:
                 mod._callback_from_stance = _state["original"]
-            _state["original"] = _state["module"] = None
+            # "original" stays: a call that looked the hook up just before still needs it
 
 
 @contextlib.contextmanager

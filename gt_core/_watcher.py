@@ -18,6 +18,7 @@ from . import events as ev
 from .causes import budget_message, short_reason
 
 _GT_DIR = os.path.dirname(os.path.abspath(__file__))
+_EXAMPLES = os.path.join(_GT_DIR, "examples")  # user code, though it ships with gt
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<fn>.+?)_at_\d+$")
 _USER_FRAME = re.compile(
     r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>\S+)\n\s*(?P<src>[^\n]*)'
@@ -30,10 +31,12 @@ _LIMIT = re.compile(
 _BUDGET_SHARE = 0.75  # warn once this share of the recompile limit is used
 
 
-def recompile_limit() -> int:
+def recompile_limit(limit_type: str = "recompile_limit") -> int:
     """Dynamo's recompile limit (``recompile_limit``; ``cache_size_limit`` before 2.6)."""
     import torch._dynamo.config as config
 
+    if limit_type != "recompile_limit" and isinstance(getattr(config, limit_type, None), int):
+        return getattr(config, limit_type)  # accumulated_recompile_limit
     return int(getattr(config, "recompile_limit", None) or getattr(config, "cache_size_limit", 8))
 
 
@@ -124,7 +127,10 @@ class _Watcher:
             return
         self._hook_metrics()
         self._tap(
-            "torch._dynamo.symbolic_convert.__graph_breaks", self.on_break_log, "graph_breaks"
+            "torch._dynamo.symbolic_convert.__graph_breaks",
+            self.on_break_log,
+            "graph_breaks",
+            debug=True,
         )
         self._tap("torch._dynamo.convert_frame", self.on_limit_log)
         # Dynamo also warns about .item() breaks on its own: the graph-break event says it all.
@@ -166,7 +172,8 @@ class _Watcher:
         utils.log_compilation_event = log_compilation_event
         self.undo.append(lambda: setattr(utils, "log_compilation_event", original))
 
-    def _tap(self, name: str, handle, artifact: str | None = None) -> None:
+    def _tap(self, name: str, handle, artifact: str | None = None, debug: bool = False) -> None:
+        """Filter logger ``name`` through ``handle``; ``debug``: enable its DEBUG records."""
         logger = logging.getLogger(name)
         passthrough = False
         if artifact is not None:
@@ -179,8 +186,8 @@ class _Watcher:
         tap = _Tap(handle, passthrough)
         level = logger.level
         logger.addFilter(tap)
-        if artifact is not None and not logger.isEnabledFor(logging.DEBUG):
-            logger.setLevel(logging.DEBUG)  # the artifact logs only when enabled
+        if debug and not logger.isEnabledFor(logging.DEBUG):
+            logger.setLevel(logging.DEBUG)  # graph breaks are logged only when enabled
 
         def undo():
             logger.removeFilter(tap)
@@ -193,19 +200,17 @@ class _Watcher:
         """A compile of gt's own (its in-process worker, its compile threads)."""
         from ._capture import _in_worker
 
-        if getattr(_in_worker, "active", False) or threading.current_thread().name.startswith(
-            "gt-"
-        ):
+        if getattr(_in_worker, "active", False):
+            return True
+        if threading.current_thread().name.startswith("gt-"):  # gt's compile threads
             return True
         f = m.co_filename or ""
-        return f.startswith(_GT_DIR) and "/examples/" not in f
+        return f.startswith(_GT_DIR) and not f.startswith(_EXAMPLES)
 
     def _name(self, m, frame: str) -> str:
-        if frame in self.names:
-            return self.names[frame]
         co, f = m.co_name, m.co_filename or ""
-        if co is None:
-            return self.last_fn
+        if co is None:  # a failed compile (the recompile limit): named by its frame's compiles
+            return self.names.get(frame, self.last_fn)
         resume = _RESUME.match(co)
         if resume:
             name = self.by_code.get((f, resume["fn"]), resume["fn"])
@@ -284,13 +289,8 @@ class _Watcher:
             if frame not in self.limits:
                 self.limits.add(frame)
                 kind = re.search(r"Limit type: (\w+)", reason)
-                self._limit(
-                    fn,
-                    cid,
-                    kind[1] if kind else "recompile_limit",
-                    recompile_limit(),
-                    m.recompile_reason or "",
-                )
+                kind = kind[1] if kind else "recompile_limit"
+                self._limit(fn, cid, kind, recompile_limit(kind), m.recompile_reason or "")
             return
         kind = "error_on_recompile" if m.fail_type == "RecompileError" else "compile_error"
         key = f"{kind}:{cid}"
@@ -448,10 +448,12 @@ class _Watcher:
         if "fail_on_recompile" not in text and type(exc).__name__ != "RecompileError":
             return
         with self.lock:
-            name = re.search(r"function name: '([^']+)'", text) or re.search(
-                r"Recompiling function (\S+)", text
+            stance = re.search(r"filename: '([^']+)', function name: '([^']+)'", text)
+            config = re.search(r"Recompiling function (\S+) in (.+?):\d+", text)
+            file, name = (
+                (stance[1], stance[2]) if stance else (config[2], config[1]) if config else ("", "")
             )
-            fn = name[1] if name else self.last_fn
+            fn = self.by_code.get((file, name), name) if name else self.last_fn
             kind = "fail_on_recompile" if "fail_on_recompile" in text else "error_on_recompile"
             if any(k.startswith(kind) for k in self.failures):
                 return

@@ -14,8 +14,10 @@ Where the information comes from (torch 2.13, each source optional):
 - ``counters["inductor"]["cudagraph_skips"]``: skips that log no reason (CPU);
 - the exception leaving the block: ``set_stance("fail_on_recompile")``.
 
-A source that this torch lacks becomes a ``user.failure`` event naming it; the user's code
-runs as it would without diagnostics.
+Derived: a ``user.budget`` event once a function has used 75% of
+``torch._dynamo.config.recompile_limit`` ("kv_step: 6 of 8 recompiles used"), before
+Dynamo silently runs it eagerly. A source that this torch lacks becomes a ``user.failure``
+event naming it; the user's code runs as it would without diagnostics.
 
 Routed cells (``gt_core.capture()``, what ``%%gt`` enters): a ``torch.compile``'d function
 called there runs its Python eagerly on the capturing thread, so its aten ops join gt's
@@ -38,8 +40,8 @@ from ._watcher import _Watcher, recompile_limit
 
 __all__ = ["diagnostics", "explain", "recompile_limit"]
 
-_active: list[_Watcher] = []  # the one watcher of the outermost diagnostics block
-_active_lock = threading.Lock()
+_state: dict = {"watcher": None, "depth": 0}  # one watcher while any block is open
+_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -55,16 +57,15 @@ def diagnostics(log: ev.EventLog | None = None):
         from ._capture import events_log
 
         log = events_log()
-    with _active_lock:
-        outer = not _active
-        if outer:
-            _active.append(_Watcher(log))
-        watcher = _active[0]
-    if outer:
-        from torch.utils._python_dispatch import _disable_current_modes
+    with _lock:
+        _state["depth"] += 1
+        watcher = _state["watcher"]
+        if watcher is None:  # the outermost block (of any thread) hooks in
+            from torch.utils._python_dispatch import _disable_current_modes
 
-        with _disable_current_modes():  # inside a capture: importing torch._dynamo records nothing
-            watcher.start()
+            watcher = _state["watcher"] = _Watcher(log)
+            with _disable_current_modes():  # inside a capture: torch._dynamo's import unrecorded
+                watcher.start()
     try:
         yield watcher.log
     except BaseException as exc:
@@ -72,12 +73,11 @@ def diagnostics(log: ev.EventLog | None = None):
             watcher.on_error(exc)
         raise
     finally:
-        if outer:
-            try:
+        with _lock:
+            _state["depth"] -= 1
+            if _state["depth"] == 0:
+                _state["watcher"] = None
                 watcher.stop()
-            finally:
-                with _active_lock:
-                    _active.clear()
 
 
 def explain(fn_or_name) -> str:
@@ -87,6 +87,5 @@ def explain(fn_or_name) -> str:
     return _explain(fn_or_name, sys._getframe(1))
 
 
-diagnostics.explain = (
-    explain  # gt_core.diagnostics.explain(fn), where gt_core.diagnostics is this function
-)
+# gt_core.diagnostics is this function (the module is gt_core.diagnostics in sys.modules):
+diagnostics.explain = explain

@@ -31,6 +31,7 @@ def _new(function: str) -> dict:
         "compile_seconds": 0.0,
         "time_split": {"dynamo_s": 0.0, "aot_s": 0.0, "inductor_s": 0.0},
         "compile_ids": [],
+        "timeline": [],  # each compile: when it ended (t), seconds, id; for the dashboard
         "recompile_reasons": [],
         "recompiles": [],
         "graph_breaks": [],
@@ -91,6 +92,9 @@ def summarize_user_compiles(events: list[dict]) -> list[dict]:
             for k in u["time_split"]:
                 u["time_split"][k] += e.get(k) or 0.0
             u["compile_ids"].append(e.get("compile_id"))
+            u["timeline"].append(
+                {k: e.get(k) for k in ("t", "seconds", "compile_id", "recompile", "resume")}
+            )
             continue
         if t == ev.USER_RECOMPILE:
             u["recompile_reasons"].append(_recompile_text(e))

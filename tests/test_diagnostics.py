@@ -350,6 +350,21 @@ def test_missing_api_is_a_failure_event_not_an_error(monkeypatch):
     assert len(user_events(ev.USER_COMPILE)) == 1  # read from get_compilation_metrics() on exit
 
 
+def test_names_stay_right_across_a_dynamo_reset():
+    f = torch.compile(lambda x: x - 1, backend="eager")
+    with gt_core.diagnostics():
+        f(torch.randn(3))
+        torch._dynamo.reset()  # frame ids start again at 0
+        torch.compile(breaks_on_item, backend="eager")(torch.randn(3))
+    assert [c["function"] for c in user_events(ev.USER_COMPILE)] == [
+        "<lambda>",
+        "breaks_on_item",
+        "breaks_on_item",  # its resume function after the break
+    ]
+    (u,) = [u for u in user_compiles() if u["function"] == "<lambda>"]
+    assert [c["compile_id"] for c in u["timeline"]] == ["0/0"] and u["timeline"][0]["seconds"] > 0
+
+
 def test_nested_diagnostics_report_each_event_once():
     f = torch.compile(lambda x: x - 1, backend="eager")
     with gt_core.diagnostics(), gt_core.diagnostics():
@@ -538,3 +553,37 @@ def test_kv_fixed_model_in_a_capture_equals_eager(inprocess):
     assert [p["status"] for p in data["hot_paths"]] == ["compiled"]
     (u,) = data["user_compiles"]
     assert u["function"] == "FixedForecaster" and u["routed"]
+
+
+# -- through the magics --------------------------------------------------------------------
+@pytest.fixture
+def ip():
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython() or InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "gt_jupyter")
+    yield shell
+    shell.run_line_magic("unload_ext", "gt_jupyter")
+
+
+def test_local_cell_explains_its_torch_compile_and_gt_explain_shows_guards(ip):
+    ip.user_ns.update(cache=cache, kv_step=kv_step)
+    cache.k.zero_()
+    cache._current_idx[0] = 0
+    cell = (
+        "%%gt --local\n"
+        "import torch\n"
+        "f = torch.compile(kv_step, backend='eager')\n"
+        "out = [f(torch.ones(4)) for _ in range(3)]\n"
+    )
+    r = ip.run_cell(cell, store_history=False)
+    assert r.success, r.error_in_exec
+    dash = ip.magics_manager.registry["GTMagics"].dashboard
+    (u,) = dash.data["user_compiles"]
+    assert u["function"] == "kv_step" and u["compiles"] == 3
+    assert "0-d tensor" in dash.to_text()
+    assert [o.item() for o in ip.user_ns["out"]] == [8.0, 12.0, 16.0]  # eager: x*2, then x + k
+    text = ip.run_line_magic("gt", "explain f").text
+    assert text.startswith("kv_step: 3 cache entries")
+    assert "G['cache']._current_idx[0] == 2" in text
