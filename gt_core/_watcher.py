@@ -99,6 +99,7 @@ class _Watcher:
         self.failures: set[str] = set()
         self.undo: list = []
         self.skips_seen = 0
+        self.utils = None  # torch._dynamo.utils, once started
 
     # -- events ---------------------------------------------------------------------------
     def emit(self, type: str, **fields) -> None:
