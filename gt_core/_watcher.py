@@ -294,6 +294,12 @@ class _Watcher:
                 self._limit(fn, cid, kind, recompile_limit(kind), m.recompile_reason or "")
             return
         kind = "error_on_recompile" if m.fail_type == "RecompileError" else "compile_error"
+        if m.fail_type == "Unsupported":  # fullgraph=True: the graph break raised
+            kind = "fullgraph"
+            where = m.fail_user_frame_filename or ""
+            where = f"{where}:{m.fail_user_frame_lineno}" if where else ""
+            brk = {"reason": short_reason(reason), "where": where, "detail": reason[:1000]}
+            self.breaks.setdefault(cid, [brk])
         key = f"{kind}:{cid}"
         if key not in self.failures:
             self.failures.add(key)

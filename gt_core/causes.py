@@ -183,6 +183,13 @@ CAUSES: tuple[Cause, ...] = (
         "the guard failure in the message names the cause; fix it, or leave that stance",
     ),
     Cause(
+        "fullgraph",
+        ("failure",),
+        r"^Unsupported: |fullgraph=True",
+        "with fullgraph=True a graph break is an error, so the call raised",
+        "remove the graph break named with it, or compile without fullgraph=True",
+    ),
+    Cause(
         "api_unavailable",
         ("failure",),
         r"unavailable: (?P<what>.+)",

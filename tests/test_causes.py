@@ -99,6 +99,7 @@ SKIPPED_CALL = (
             "stance",
         ),
         ("budget", "kv_step: 6 of 8 recompiles used", "recompile_budget", "6 of 8"),
+        ("failure", "Unsupported: Failed to trace builtin operator", "fullgraph", "fullgraph=True"),
     ],
 )
 def test_known_causes_are_explained_with_a_fix(kind, reason, cause_id, words):

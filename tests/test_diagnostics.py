@@ -220,6 +220,20 @@ def test_item_graph_break_suggests_capture_scalar_outputs(caplog):
     assert x["id"] == "item" and "capture_scalar_outputs" in x["fix"]
 
 
+def test_graph_break_under_fullgraph_is_a_failure_with_its_break():
+    f = torch.compile(breaks_on_print, backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="print"):
+        with gt_core.diagnostics():
+            f(torch.randn(3))
+    (fail,) = user_events(ev.USER_FAILURE)
+    assert fail["kind"] == "fullgraph" and fail["function"] == "breaks_on_print"
+    (b,) = user_events(ev.USER_GRAPH_BREAK)
+    assert b["where"] == f"{HERE}:{line_of('# breaks the graph')}"
+    (u,) = user_compiles()
+    assert u["compiles"] == 0
+    assert [x["id"] for x in u["explanations"]] == ["fullgraph", "print"]
+
+
 def test_graph_break_reasons_come_from_the_metrics_without_the_log(monkeypatch):
     monkeypatch.setattr(_Watcher, "on_break_log", lambda self, record: False)
     f = torch.compile(breaks_on_print, backend="eager")
