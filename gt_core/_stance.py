@@ -32,7 +32,9 @@ def display_name(fn) -> str:
         return type(owner).__name__
     if not hasattr(fn, "__qualname__") and hasattr(fn, "forward"):
         return type(fn).__name__
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    name = name.rsplit("<locals>.", 1)[-1]  # named as the compile records name it
+    return name[: -len(".forward")] if name.endswith(".forward") else name
 
 
 def entry_name() -> str | None:
