@@ -67,6 +67,13 @@ def _qualname(co_name: str, filename: str, lineno: int) -> str:
     return co_name
 
 
+def _in_gt() -> bool:
+    """Whether gt's own code runs here: its in-process worker, or one of its compile threads."""
+    from ._capture import _in_worker
+
+    return getattr(_in_worker, "active", False) or threading.current_thread().name.startswith("gt-")
+
+
 class _Tap(logging.Filter):
     """Hands a logger's records to a handler; drops those it turned into events."""
 
@@ -76,7 +83,7 @@ class _Tap(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
-            used = self.handle(record)
+            used = not _in_gt() and self.handle(record)  # gt's own compiles log as before
         except Exception:  # a diagnostics bug must never break the user's compile
             used = False
         return self.passthrough or not used
@@ -198,15 +205,9 @@ class _Watcher:
 
     # -- what the sources say -------------------------------------------------------------
     def _ours(self, m) -> bool:
-        """A compile of gt's own (its in-process worker, its compile threads)."""
-        from ._capture import _in_worker
-
-        if getattr(_in_worker, "active", False):
-            return True
-        if threading.current_thread().name.startswith("gt-"):  # gt's compile threads
-            return True
+        """A compile of gt's own (its in-process worker, its compile threads, its code)."""
         f = m.co_filename or ""
-        return f.startswith(_GT_DIR) and not f.startswith(_EXAMPLES)
+        return _in_gt() or (f.startswith(_GT_DIR) and not f.startswith(_EXAMPLES))
 
     def _name(self, m, frame: str) -> str:
         co, f = m.co_name, m.co_filename or ""

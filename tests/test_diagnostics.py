@@ -536,6 +536,26 @@ def test_compiled_training_step_in_a_capture_is_compiled_by_the_hot_path(inproce
     assert [u["function"] for u in data["user_compiles"] if u["routed"]]
 
 
+@pytest.mark.parametrize("background", [False, True])
+def test_gts_own_compiles_are_not_the_users(inprocess, background):
+    """gt compiles hot paths with Dynamo too (dynamic=True): not a torch.compile of the user."""
+    gt_core.configure(
+        auto_compile=True, threshold=3, min_seq=3, dynamic=True, background=background
+    )
+    a = torch.randn(8, 8)
+    with gt_core.diagnostics(), gt_core.capture():
+        x = gt_core.to_worker(a)
+        for _ in range(16):
+            x = torch.tanh(x @ x.T) * 0.5
+        gt_core.wait(compiles=True, timeout=60)
+    ref = a
+    for _ in range(16):
+        ref = torch.tanh(ref @ ref.T) * 0.5
+    assert_close(x, ref, atol=1e-5, rtol=1e-4)
+    assert any(e["type"] == ev.COMPILE_FINISHED for e in gt_core.events_log().snapshot())
+    assert user_events() == []
+
+
 # -- the KV-cache case of the tutorial ----------------------------------------------------
 def test_kv_cache_recompiles_per_step_and_the_fix_compiles_once():
     buggy, fixed = make_models(layers=2, max_len=16)
