@@ -4,6 +4,7 @@ Dynamo runs with backend="eager" (or a counting backend) so that tests stay fast
 inductor and CUDA graphs are in the marked tests.
 """
 
+import json
 import logging
 import re
 
@@ -420,8 +421,10 @@ def test_summarize_user_compiles_has_the_issue_shape():
             assert isinstance(b["reason"], str) and re.fullmatch(r".+:\d+", b["where"])
         for x in u["explanations"]:
             assert isinstance(x["cause"], str) and isinstance(x["fix"], str)
-    # Pure: the same data from the saved events alone.
-    assert summarize_user_compiles(gt_core.events_log().snapshot()) == data
+    # Pure: the same data from the saved events alone, also after a JSON round trip.
+    events = gt_core.events_log().snapshot()
+    assert summarize_user_compiles(events) == data
+    assert summarize_user_compiles(json.loads(json.dumps(events))) == data
     text = str(gt_core.report())
     assert "torch.compile kv_step: 3 compile(s), 2 recompile(s)" in text
 
