@@ -16,6 +16,8 @@ __all__ = [
     "MAX_NODES",
     "COLORS",
     "break_even",
+    "compiles",
+    "compiles_data",
     "graph",
     "graph_of",
     "op_kind",
@@ -220,6 +222,74 @@ def timeline(td: dict):
         },
         legend={"orientation": "h", "y": -0.25},
         shapes=shapes,
+        annotations=notes,
+    )
+    return fig
+
+
+def compiles_data(user_compiles: list[dict]) -> list[dict]:
+    """One point per compile of the user's torch.compile'd functions, time from the first."""
+    rows = [
+        {"function": u["function"], **c, "limit_hit": u.get("limit_hit", False)}
+        for u in user_compiles
+        for c in u.get("timeline", [])
+        if isinstance(c.get("t"), (int, float))
+    ]
+    t0 = min((r["t"] for r in rows), default=0.0)
+    for r in rows:
+        r["at_s"] = r["t"] - t0
+        r["kind"] = (
+            "recompile" if r.get("recompile") else ("resume" if r.get("resume") else "compile")
+        )
+    return sorted(rows, key=lambda r: r["t"])
+
+
+def compiles(user_compiles: list[dict]):
+    """A plotly Figure of the user's compiles: when each happened, how long it took, why."""
+    rows = compiles_data(user_compiles)
+    if not rows:
+        return None
+    go = _go()
+    fig = go.Figure()
+    symbols = {"compile": "circle", "recompile": "x", "resume": "triangle-right"}
+    for u in user_compiles:
+        mine = [r for r in rows if r["function"] == u["function"]]
+        if not mine:
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=[r["at_s"] for r in mine],
+                y=[r.get("seconds") or 0.0 for r in mine],
+                mode="markers+lines",
+                line={"width": 0.5, "dash": "dot"},
+                name=u["function"],
+                marker={"size": 9, "symbol": [symbols[r["kind"]] for r in mine]},
+                text=[f"{r['kind']} {r.get('compile_id', '')}" for r in mine],
+                hovertemplate="%{text}<br>at %{x:.2f} s, took %{y:.3g} s<extra>%{fullData.name}</extra>",
+            )
+        )
+    notes = [
+        {
+            "x": max(r["at_s"] for r in rows if r["function"] == u["function"]),
+            "y": 1.0,
+            "yref": "paper",
+            "text": f"{u['function']}: recompile limit hit, eager from here",
+            "showarrow": False,
+            "font": {"size": 11, "color": COLORS["break_even"]},
+        }
+        for u in user_compiles
+        if u.get("limit_hit") and any(r["function"] == u["function"] for r in rows)
+    ]
+    fig.update_layout(
+        **_THEME,
+        title={
+            "text": "torch.compile: compiles and recompiles (x: recompile)",
+            "font": {"size": 13},
+        },
+        height=260,
+        xaxis={"title": "seconds since the first compile", **_GRID},
+        yaxis={"title": "compile s", "rangemode": "tozero", **_GRID},
+        legend={"orientation": "h", "y": -0.35},
         annotations=notes,
     )
     return fig

@@ -436,13 +436,16 @@ def tables_html(data: dict, status: bool = True) -> str:
 def figures_html(data: dict, signature: str | None = None) -> str:
     """The timeline and dependency graph of ``signature`` (default: the primary hot path)."""
     sig = signature or primary(data)
-    if sig is None:
-        return ""
     events = data.get("events", [])
-    figs = [_figures.timeline(_figures.timeline_data(events, sig))]
-    g = _figures.graph_of(events, sig)
-    if g:
-        figs.append(_figures.graph(g, title=f"dependency graph {sig}"))
+    figs = []
+    if sig is not None:
+        figs.append(_figures.timeline(_figures.timeline_data(events, sig)))
+        g = _figures.graph_of(events, sig)
+        if g:
+            figs.append(_figures.graph(g, title=f"dependency graph {sig}"))
+    user = _figures.compiles(data.get("user_compiles", []))
+    if user is not None:
+        figs.append(user)
     config = {"displaylogo": False, "responsive": True}
     return "".join(
         f.to_html(full_html=False, include_plotlyjs="cdn" if k == 0 else False, config=config)

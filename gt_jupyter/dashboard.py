@@ -213,12 +213,20 @@ class _View:
         self._labels: list = []
         self._graph_key = None
         self._setting = False
-        self.graph_box = w.Box(
-            [self.graph]
-        )  # a FigureWidget's own layout is plotly's: hide the box
+        # A FigureWidget's own layout is plotly's: the boxes around them are what hide.
+        self.graph_box = w.Box([self.graph])
+        self.timeline_box = w.Box([self.timeline])
+        self.user = go.FigureWidget()
+        self.user_box = w.Box([self.user], layout=w.Layout(display="none"))
+        self._user_key = None
         children = [self.headline]
         if dash.show == "all":
-            children += [w.HBox([self.selector, self.filter]), self.timeline, self.graph_box]
+            children += [
+                w.HBox([self.selector, self.filter]),
+                self.timeline_box,
+                self.graph_box,
+                self.user_box,
+            ]
         self.root = w.VBox(children + [self.tables])
         self.selector.observe(self._on_select, "value")
         self.filter.observe(self._on_filter, "value")
@@ -253,7 +261,17 @@ class _View:
                 self._setting = False
             self._labels = labels
         self.selector.layout.display = None if len(labels) > 1 else "none"
+        user = data.get("user_compiles", [])
+        key = [(u["function"], len(u.get("timeline", ())), u.get("limit_hit")) for u in user]
+        if key != self._user_key:
+            self._user_key = key
+            fig = _figures.compiles(user)
+            if fig is not None:
+                _replace(self.user, fig)
+            self.user_box.layout.display = None if fig is not None else "none"
+        self.timeline_box.layout.display = None if sig is not None else "none"
         if sig is None:
+            self.graph_box.layout.display = self.filter.layout.display = "none"
             return
         events = data.get("events", [])
         _replace(

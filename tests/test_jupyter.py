@@ -382,3 +382,39 @@ def test_reasons_tell_a_sync_cut_from_a_divergence():
     assert rows["sync"]["reason"].startswith("1 occurrence(s) cut short by a sync point")
     assert "log every k steps" in rows["sync"]["what to do"]
     assert rows["mismatch"]["reason"] == "1 occurrence(s) diverged"
+
+
+def test_user_compiles_get_a_timeline_of_their_own():
+    user = [
+        {
+            "function": "kv_step",
+            "limit_hit": True,
+            "timeline": [
+                {
+                    "t": 10.0,
+                    "seconds": 0.5,
+                    "compile_id": "0/0",
+                    "recompile": False,
+                    "resume": False,
+                },
+                {
+                    "t": 11.0,
+                    "seconds": 0.2,
+                    "compile_id": "0/1",
+                    "recompile": True,
+                    "resume": False,
+                },
+            ],
+        }
+    ]
+    rows = _figures.compiles_data(user)
+    assert [r["kind"] for r in rows] == ["compile", "recompile"] and rows[1]["at_s"] == 1.0
+    fig = _figures.compiles(user)
+    assert list(fig.data[0].y) == [0.5, 0.2] and "limit hit" in fig.layout.annotations[0].text
+    assert _figures.compiles([]) is None
+    data = {**summarize([]), "user_compiles": user}
+    dash = Dashboard(data, mode="widget")
+    assert dash.widget is not None  # builds and refreshes without a hot path
+    assert dash._view.user_box.layout.display is None
+    assert dash._view.timeline_box.layout.display == "none"
+    assert "compiles and recompiles" in _tables.figures_html(data)
