@@ -15,6 +15,7 @@ import time
 import torch
 import torch.fx as fx
 
+from ._lift import Scalar, _Lifted, lower
 from .signature import Canonical
 
 __all__ = ["build_graph", "compile_block", "rewrite_alpha"]
@@ -27,17 +28,30 @@ _ALPHA_OPS = {
     _aten.sub.Tensor: _aten.sub.Tensor,
     _aten.sub_.Tensor: _aten.sub_.Tensor,
 }
-_FOREACH_ALPHA = {_aten._foreach_add.List, _aten._foreach_add_.List, _aten._foreach_sub.List, _aten._foreach_sub_.List}
+_FOREACH_ALPHA = {
+    _aten._foreach_add.List,
+    _aten._foreach_add_.List,
+    _aten._foreach_sub.List,
+    _aten._foreach_sub_.List,
+}
 
 
-def build_graph(canon: Canonical, ops: dict, out_paths: dict, fix_alpha: bool = True) -> fx.GraphModule:
-    """The block as an FX GraphModule; ``out_paths[k]`` locates op k's outputs in its result."""
+def build_graph(
+    canon: Canonical, ops: dict, out_paths: dict, fix_alpha: bool = True, n_scalars: int = 0
+) -> fx.GraphModule:
+    """The block as an FX GraphModule; ``out_paths[k]`` locates op k's outputs in its result.
+
+    Its inputs are the block's values, then its ``n_scalars`` lifted scalars (0-d tensors).
+    """
     g = fx.Graph()
     env: dict[tuple, fx.Node] = {}
     for k in range(len(canon.input_meta)):
         env[("i", k)] = g.placeholder(f"in{k}")
+    scalars = [g.placeholder(f"s{k}") for k in range(n_scalars)]
 
     def arg(a):
+        if type(a) is Scalar:
+            return _Lifted(scalars[a.k])
         if type(a) is tuple and len(a) == 2 and a[0] in ("i", "t") and type(a[1]) is int:
             return env[a]
         if type(a) is tuple and a and a[0] in ("list", "tuple"):
@@ -50,13 +64,15 @@ def build_graph(canon: Canonical, ops: dict, out_paths: dict, fix_alpha: bool = 
         if e[0] != "op":
             continue
         op = ops[e[1]]
-        node = g.call_function(op, tuple(arg(a) for a in e[2]), {n: arg(v) for n, v in e[3]})
+        node = lower(g, op, tuple(arg(a) for a in e[2]), {n: arg(v) for n, v in e[3]})
         for name, path in zip(e[4], out_paths[k], strict=True):
             if name is None:  # an input returned by an in-place op: nothing new to name
                 continue
             sub = node
-            for i in path:
-                sub = g.call_function(operator.getitem, (sub, i))
+            for i in path:  # a lowered op may give a list of nodes: index it directly
+                sub = (
+                    sub[i] if isinstance(sub, list) else g.call_function(operator.getitem, (sub, i))
+                )
             env[name] = sub
         k += 1
     g.output(tuple(env[n] for n in canon.outputs))
@@ -92,7 +108,9 @@ def rewrite_alpha(gm: fx.GraphModule) -> int:
     return n
 
 
-def compile_block(gm: fx.GraphModule, example_inputs: list, backend: str, mode: str | None, dynamic: bool):
+def compile_block(
+    gm: fx.GraphModule, example_inputs: list, backend: str, mode: str | None, dynamic: bool
+):
     """(compiled callable taking the inputs positionally, seconds spent compiling)."""
     t0 = time.perf_counter()
     with torch.no_grad():

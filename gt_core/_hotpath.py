@@ -23,8 +23,9 @@ from . import events as ev
 from ._compiler import build_graph, compile_block
 from ._executor import timed
 from ._instructions import BARRIERS, DEFOP, FREE, MARK, OP, SYNC, Ref, op_name
+from ._lift import LiftNamer, lift_positions
 from .report import Status
-from .signature import Canonical, Mismatch, Namer, canonicalize
+from .signature import Canonical, Mismatch, Namer, _finish, canonicalize
 
 __all__ = ["Engine"]
 
@@ -79,8 +80,19 @@ def _strip_refs(a):
 class Block:
     """A hot block: its canonical form, how to build its graph, its compiled function."""
 
-    def __init__(self, canon: Canonical, out_paths: list, ops: dict, period: int, signal: str | None = None):
+    def __init__(
+        self,
+        canon: Canonical,
+        out_paths: list,
+        ops: dict,
+        period: int,
+        signal: str | None = None,
+        lift: dict | None = None,
+        scalar_dtypes: tuple = (),
+    ):
         self.canon = canon
+        self.lift = lift or {}  # entry position -> {argument path: dtype}: floats lifted to inputs
+        self.scalar_dtypes = scalar_dtypes
         self.sig = canon.id
         self.out_paths = out_paths
         self.ops = ops  # op name -> OpOverload
@@ -106,7 +118,7 @@ class Tracker:
 
     def __init__(self, block: Block, meta_of):
         self.block = block
-        self.namer = Namer(meta_of)
+        self.namer = LiftNamer(meta_of, block.lift) if block.lift else Namer(meta_of)
         self.pos = 0
 
     def match(self, ins, op_name_of) -> bool:
@@ -142,6 +154,7 @@ class Engine:
         self.freed_meta: dict[int, tuple] = {}
         self.blocks: dict[str, Block] = {}
         self.by_first: dict[tuple, list[Block]] = {}
+        self.lift_first: list[Block] = []  # blocks whose first op has a lifted scalar
         self.trackers: list[Tracker] = []
         self.buf: list = []
         self.gap = -1  # instructions to run before the next occurrence; -1: none expected
@@ -159,7 +172,11 @@ class Engine:
         e = ev.event(type, **fields)
         with self._lock:  # the compile thread emits too
             self.events.append(e)
-        if self.options.debug and type not in (ev.ITERATION,) and (type != ev.MISMATCH or self.options.debug >= 2):
+        if (
+            self.options.debug
+            and type not in (ev.ITERATION,)
+            and (type != ev.MISMATCH or self.options.debug >= 2)
+        ):
             detail = fields.get("reason") or fields.get("seconds") or fields.get("n_ops") or ""
             print(f"gt: {type} {fields.get('signature', '')} {detail}", flush=True)
 
@@ -214,7 +231,7 @@ class Engine:
             else:
                 self._track(ins)
                 return
-        elif self.gap <= 0 and self.by_first:
+        elif self.gap <= 0 and (self.by_first or self.lift_first):
             # Expected here (gap 0), or a speculative start: after a mismatch or a change the
             # stream realigns with a known block as soon as one begins again.
             self.speculative = self.gap < 0
@@ -266,7 +283,7 @@ class Engine:
             first = namer.entry(ins, self.op_name)
         except (Mismatch, KeyError):
             return False
-        cands = [b for b in self.by_first.get(first, ()) if b.tracked]
+        cands = [b for b in self.by_first.get(first, ()) if b.tracked] + self.lift_first
         if not cands:
             return False
         self.trackers = [Tracker(b, self.meta_of) for b in cands]
@@ -343,6 +360,12 @@ class Engine:
     def _run_compiled(self, block: Block, tracker: Tracker, fn, buf) -> None:
         values = self.ex.values
         inputs = [values[i] for i in tracker.namer.inputs]
+        if block.scalar_dtypes:
+            dev = self.ex.device
+            inputs += [
+                torch.tensor(v, dtype=dt, device=dev)
+                for v, dt in zip(tracker.namer.scalars, block.scalar_dtypes, strict=True)
+            ]
         outs, ms = timed(fn, *inputs)
         names = {n: vid for vid, n in tracker.namer.names.items()}
         for name, value in zip(block.canon.outputs, outs, strict=True):
@@ -389,9 +412,9 @@ class Engine:
 
     def _detect_period(self, p: int) -> bool:
         n, H = len(self.history), self.history
-        # Cut at sync points, and at ops whose Python scalars change from one period to the
-        # next (they cannot be inside a block that must repeat exactly).
-        barriers = [i for i in range(n - p, n) if H[i][0] in BARRIERS or _exact(H[i]) != _exact(H[i - p])]
+        # Cut at sync points, and at ops whose arguments change from one period to the next,
+        # unless only floats change where they can be lifted into tensor inputs.
+        lifts, barriers = self._changes(p)
         if barriers:
             start, length = _longest_segment(barriers, n - p, p)
         else:
@@ -402,11 +425,20 @@ class Engine:
         # the most recent complete occurrences of [start, start + length), oldest first
         begin = start if start + length <= n else start - p
         verified = n - self.options.threshold * p  # the keys are periodic from here on
-        occ = [begin - k * p for k in range(self.options.threshold - 1, -1, -1) if begin - k * p >= verified]
+        occ = [
+            begin - k * p
+            for k in range(self.options.threshold - 1, -1, -1)
+            if begin - k * p >= verified
+        ]
+        lift = {}
+        for r in range(length):
+            j = start + r if start + r < n else start + r - p
+            if j in lifts:
+                lift[r] = lifts[j]
         canons = []
         for b in occ:
             try:
-                canon, _ = canonicalize(H[b : b + length], self.meta_of, self.op_name)
+                canon, namer = self._canonicalize(H[b : b + length], lift)
             except Mismatch:
                 return False
             canons.append(canon)
@@ -420,10 +452,47 @@ class Engine:
             self.gap += p
         existing = self.blocks.get(canon.id)
         if existing is None:
-            block = Block(canon, paths, self._ops_by_name(), p)
+            dtypes = tuple(namer.dtypes) if lift else ()
+            block = Block(canon, paths, self._ops_by_name(), p, lift=lift, scalar_dtypes=dtypes)
             self._register(block)
             self._make_hot(block, occurrences=len(occ))
         return True
+
+    def _changes(self, p: int) -> tuple[dict, list[int]]:
+        """Over the last period: {index: {path: dtype}} of liftable floats, and the barriers."""
+        n, H, t = len(self.history), self.history, self.options.threshold
+        lifts: dict[int, dict] = {}
+        barriers = []
+        for i in range(n - p, n):
+            ins = H[i]
+            if ins[0] in BARRIERS:
+                barriers.append(i)
+                continue
+            paths: dict = {}
+            for k in range(1, t):
+                a, b = H[i - (k - 1) * p], H[i - k * p] if i - k * p >= 0 else None
+                if b is None or _exact(a) == _exact(b):
+                    continue
+                got = (
+                    lift_positions(self.ex.ops[a[1]], a, b, self.meta_of)
+                    if a[0] == OP == b[0] and a[1] == b[1]
+                    else None
+                )
+                if got is None:
+                    barriers.append(i)
+                    break
+                paths.update(got)
+            else:
+                if paths:
+                    lifts[i] = paths
+        return lifts, barriers
+
+    def _canonicalize(self, instrs, lift: dict):
+        if not lift:
+            return canonicalize(instrs, self.meta_of, self.op_name)
+        namer = LiftNamer(self.meta_of, lift)
+        entries = tuple(namer.entry(ins, self.op_name) for ins in instrs)
+        return _finish(entries, namer), namer
 
     def _best_cut(self, p: int) -> int:
         """The rotation of the period where the fewest values cross the block boundary."""
@@ -455,7 +524,10 @@ class Engine:
 
     def _register(self, block: Block) -> None:
         self.blocks[block.sig] = block
-        self.by_first.setdefault(block.canon.entries[0], []).append(block)
+        if 0 in block.lift:
+            self.lift_first.append(block)
+        else:
+            self.by_first.setdefault(block.canon.entries[0], []).append(block)
 
     def _make_hot(self, block: Block, occurrences: int = 2) -> None:
         block.status = Status.HOT
@@ -482,7 +554,11 @@ class Engine:
                     reason=diff(other.canon.to_data(), data) or "same form",
                 )
                 break
-        if block.signal or self.options.compile_all or (self.options.auto_compile and self.options.background):
+        if (
+            block.signal
+            or self.options.compile_all
+            or (self.options.auto_compile and self.options.background)
+        ):
             self._compile(block)
         # Compiling on the critical path: first time a couple of eager occurrences, the
         # baseline that regression detection and the speedup compare against (see _run).
@@ -496,10 +572,17 @@ class Engine:
             torch.empty_strided(shape, stride, dtype=dtype, device=device)
             for shape, stride, dtype, device in block.canon.input_meta
         ]
+        examples += [torch.zeros((), dtype=dt, device=self.ex.device) for dt in block.scalar_dtypes]
 
         def work():
             try:
-                gm = build_graph(block.canon, block.ops, block.out_paths, fix_alpha=o.backend == "inductor")
+                gm = build_graph(
+                    block.canon,
+                    block.ops,
+                    block.out_paths,
+                    o.backend == "inductor",
+                    len(block.scalar_dtypes),
+                )
                 fn, seconds = compile_block(gm, examples, o.backend, o.mode, o.dynamic)
             except Exception as exc:
                 block.status = Status.FAILED
@@ -511,11 +594,16 @@ class Engine:
                 if block.status == Status.COMPILING:
                     block.status = Status.COMPILED
                 self.emit(ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds)
-            if threading.current_thread() is not threading.main_thread() and block.thread is not None:
+            if (
+                threading.current_thread() is not threading.main_thread()
+                and block.thread is not None
+            ):
                 self.flush_events()
 
         if o.background:
-            block.thread = threading.Thread(target=_no_grad(work), name=f"gt-compile-{block.sig}", daemon=True)
+            block.thread = threading.Thread(
+                target=_no_grad(work), name=f"gt-compile-{block.sig}", daemon=True
+            )
             block.thread.start()
         else:
             _no_grad(work)()
@@ -608,10 +696,22 @@ def _graph_data(data: dict) -> dict:
     from .signature import to_networkx
 
     g = to_networkx(data)
-    nodes = [{"id": n, **{k: v for k, v in a.items() if k != "outs"}} for n, a in g.nodes(data=True)]
+    nodes = [
+        {"id": n, **{k: v for k, v in a.items() if k != "outs"}} for n, a in g.nodes(data=True)
+    ]
     outputs = set(data["outputs"])
     for name in outputs:
-        nodes.append({"id": f"out:{name}", "kind": "output", "label": name, "op": None, "shape": None, "dtype": None, "freed": False})
+        nodes.append(
+            {
+                "id": f"out:{name}",
+                "kind": "output",
+                "label": name,
+                "op": None,
+                "shape": None,
+                "dtype": None,
+                "freed": False,
+            }
+        )
     edges = [[u, v] for u, v in g.edges()]
     for n, a in g.nodes(data=True):
         for o in a.get("outs", ()) or ():

@@ -5,6 +5,11 @@ proxy becomes one OP instruction; its result metadata comes from running the op 
 tensors once per (op, argument metadata, non-tensor arguments) and is cached, so the steady
 state records an op without any inference. Ops that need real data (a Python scalar result,
 or a shape that depends on values) flush the stream and run on the worker at once.
+
+Small tensors uploaded from the client (0-d ones: optimizer step counters, ``torch.tensor(1.0)``)
+carry a shadow, a plain copy of their value kept up to date by running the ops made only of
+shadowed tensors here as well. ``.item()`` of a shadowed proxy then answers without a round
+trip: Adam's bias corrections no longer sync every step (see ``_shadow``).
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class Proxy(torch.Tensor):
     """A tensor whose value lives on the gt worker; ops on it are recorded, not run here."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
+    _gt_v = None  # the shadow: a plain tensor equal to the worker's value, when one is kept
 
     @staticmethod
     def __new__(cls, session, vid: int, meta: tuple, mid: int | None = None):
@@ -122,6 +128,7 @@ def _rebind(p: Proxy, fresh: Proxy) -> None:
     torch._C.TensorBase.data.__set__(p, fresh)  # shallow-copies sizes/strides into p
     old = p._gt_id
     p._gt_id, p._gt_m, p._gt_k = fresh._gt_id, fresh._gt_m, fresh._gt_k
+    p._gt_v = fresh._gt_v
     fresh.__dict__["_gt_s"] = None  # fresh's id now belongs to p
     s = p._gt_s
     if not s.closed:
@@ -154,13 +161,27 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
             data = data.cpu()
         data = data.clone()  # the worker's copy must not change when the user's tensor does
     vid = session.new_ids(1)[0]
-    session.emit((PUT, vid, data))
     session.counters["uploads"] += 1
-    p = Proxy(session, vid, _meta_of(data))
+    if data.dim() == 0 and not data.is_complex():
+        # A scalar travels as an op with its value in the arguments: no upload barrier cuts
+        # the block (Adam's foreach step adds torch.tensor(1.0) every step), and a value that
+        # changes is lifted into an input of the compiled block like any other float.
+        idx = session.op(_SCALAR_TENSOR)
+        session.emit((OP, idx, (data.item(),), {"dtype": data.dtype, "device": _CPU}, (vid,)))
+        p = Proxy(session, vid, _meta_of(data))
+        p._gt_v = data
+    else:
+        session.emit((PUT, vid, data))
+        p = Proxy(session, vid, _meta_of(data))
     if not cache:
         return p
     try:
-        _uploads[key] = (weakref.ref(t, lambda _r, k=key: _uploads.pop(k, None)), t._version, session.gen, weakref.ref(p))
+        _uploads[key] = (
+            weakref.ref(t, lambda _r, k=key: _uploads.pop(k, None)),
+            t._version,
+            session.gen,
+            weakref.ref(p),
+        )
     except TypeError:
         pass
     return p
@@ -232,6 +253,8 @@ class _Walk:
 
 
 _SCALARS = (int, float, bool, type(None))
+_SCALAR_TENSOR = torch.ops.aten.scalar_tensor.default
+_CPU = torch.device("cpu")
 
 
 def record(func, args, kwargs):
@@ -244,6 +267,8 @@ def record(func, args, kwargs):
         for a in args:
             t = type(a)
             if t is Proxy:
+                if a._gt_v is not None:
+                    break  # shadowed: the slow path keeps the shadow up to date
                 s = a._gt_s
                 if s is not session:
                     if session is not None or s.closed:
@@ -308,7 +333,10 @@ def _record(func, args, kwargs):
         entry = _infer(func, args, kwargs)
         if key is not None:
             _meta_cache[key] = entry
+    shadowed = any(p._gt_v is not None for p in proxies)
     if entry is _SYNC:
+        if shadowed and all(p._gt_v is not None for p in proxies) and _scalar_result(func):
+            return _on_shadows(func, args, kwargs)  # .item() of a step counter: no round trip
         return _run_now(session, func, sent_args, sent_kwargs, proxies)
     template, n_new, mask = entry
     idx = session.op(func)
@@ -321,6 +349,8 @@ def _record(func, args, kwargs):
     session.counters["ops"] += 1
     session.emit((OP, idx, sent_args, sent_kwargs, outs))
     out = _build(template, session, iter(ids), proxies)
+    if shadowed:
+        _shadow(session, func, args, kwargs, out, proxies)
     if plain and template[0] == _ALIAS and template[1] in plain and func._schema.is_mutable:
         # In place on a plain tensor with a worker argument: bring the result home.
         target = plain[template[1]]
@@ -368,9 +398,72 @@ def _to_meta(a, metas: list):
     return a
 
 
+def _scalar_result(func) -> bool:
+    return any(
+        not isinstance(r.type, torch.TensorType) and "Tensor" not in str(r.type)
+        for r in func._schema.returns
+    )
+
+
+# -- shadows ------------------------------------------------------------------------------
+_SHADOW_MAX = 64  # elements: a new (non-view) result larger than this keeps no shadow
+
+
+def _plain(a):
+    """Arguments with shadowed proxies replaced by their shadows."""
+    if isinstance(a, Proxy):
+        return a._gt_v
+    if type(a) in (list, tuple):
+        return type(a)(_plain(x) for x in a)
+    return a
+
+
+def _on_shadows(func, args, kwargs):
+    with torch._C._DisableTorchDispatch():
+        return func(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
+
+
+def _shadow(session, func, args, kwargs, out, proxies) -> None:
+    """Keep shadows equal to the worker's values after ``func`` was recorded on ``proxies``."""
+    if (
+        all(p._gt_v is not None for p in proxies)
+        and torch.Tag.nondeterministic_seeded not in func.tags
+    ):
+        try:
+            res, ok = _on_shadows(func, args, kwargs), True
+        except Exception:
+            res, ok = None, False
+        if ok:
+            storages = {p._gt_v.untyped_storage().data_ptr() for p in proxies}
+            _bind_shadows(out, res, storages)
+            return
+        for p in proxies:  # could not follow: these values are asked of the worker from now on
+            p._gt_v = None
+        return
+    if func._schema.is_mutable:
+        # A shadowed value written with unshadowed inputs: refresh it from the worker (the
+        # copy goes into the shadow's storage, so views sharing it follow).
+        for p in proxies:
+            if p._gt_v is not None:
+                fresh = session.request("fetch", p._gt_id)
+                with torch._C._DisableTorchDispatch():
+                    p._gt_v.copy_(fresh)
+
+
+def _bind_shadows(out, res, storages) -> None:
+    if isinstance(out, Proxy):
+        if isinstance(res, torch.Tensor) and (
+            res.numel() <= _SHADOW_MAX or res.untyped_storage().data_ptr() in storages
+        ):
+            out._gt_v = res
+    elif type(out) in (list, tuple) and type(res) in (list, tuple) and len(out) == len(res):
+        for o, r in zip(out, res, strict=True):
+            _bind_shadows(o, r, storages)
+
+
 def _infer(func, args, kwargs):
     """The output template of ``func`` from a meta run, or _SYNC if it needs real data."""
-    if any(not isinstance(r.type, torch.TensorType) and "Tensor" not in str(r.type) for r in func._schema.returns):
+    if _scalar_result(func):
         return _SYNC  # a Python scalar or bool result: only the worker knows it
     metas: list = []
     margs = _to_meta(args, metas)
@@ -444,7 +537,9 @@ def _capture_dispatch(self, func, types, args=(), kwargs=None):
     kwargs = kwargs or {}
     if _has_proxy(args) or _has_proxy(kwargs.values()):
         return record(func, args, kwargs)
-    if func in _LIFTS or (_makes_tensors(func) and not _has_tensor(args) and not _has_tensor(kwargs.values())):
+    if func in _LIFTS or (
+        _makes_tensors(func) and not _has_tensor(args) and not _has_tensor(kwargs.values())
+    ):
         return record(func, args, kwargs)  # a factory: the new tensor lives on the worker
     # Plain tensors from outside stay plain (numpy(), printing and torch internals use
     # them), and so do bookkeeping ops such as profiler ranges.
@@ -457,7 +552,11 @@ CaptureMode.__torch_dispatch__ = _capture_dispatch
 
 
 # torch.tensor(data) builds a plain tensor, then lifts it: that is where it becomes ours.
-_LIFTS = (torch.ops.aten.lift_fresh.default, torch.ops.aten.lift_fresh_copy.default, torch.ops.aten.lift.default)
+_LIFTS = (
+    torch.ops.aten.lift_fresh.default,
+    torch.ops.aten.lift_fresh_copy.default,
+    torch.ops.aten.lift.default,
+)
 
 
 _tensor_returns: dict = {}
