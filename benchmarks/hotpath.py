@@ -1,15 +1,20 @@
-"""The MLP training step compiled as one block by gt vs eager vs a hand-written one-graph step.
+"""Training steps compiled as one block by gt vs eager (vs a hand-written one-graph step).
 
-    python benchmarks/hotpath.py [--steps N] [--batches 128,1024] [--backend inductor]
+    python benchmarks/hotpath.py [--quick] [--steps N] [--batches 8,128,1024] [--backend inductor]
+                                 [--workloads mlp,transformer]
 
-All three run in this process's run, side by side; medians of per-step times in the steady
-state, compile time and the break-even iteration from gt's own events.
+The issue-7 table: the MLP (784→256→10, SGD momentum) and the transformer block of
+tests/models.py, eager and through gt (a `.item()` every step), side by side in one run;
+medians of per-step times in the steady state (the last third), compile time and the
+break-even iteration from gt's own events. For the MLP also a one-graph torch.func step.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -18,20 +23,30 @@ from torch.func import functional_call, grad_and_value
 
 import gt_core
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from models import Block  # noqa: E402  (the workloads shared by tests and benchmarks)
 
-def make(batch):
+
+def make(batch, workload="mlp"):
+    """(model, x, y, loss function) of a workload, built from seed 0."""
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-    return model, torch.randn(batch, 784), torch.randn(batch, 10)
+    if workload == "transformer":
+        model = Block()
+        x, y = torch.randint(0, 50, (batch, 12)), torch.randint(0, 50, (batch, 12))
+        return model, x, y, lambda out, y: F.cross_entropy(out.flatten(0, 1), y.flatten())
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+    )
+    return model, torch.randn(batch, 784), torch.randn(batch, 10), F.mse_loss
 
 
-def eager_steps(batch, steps):
-    model, x, y = make(batch)
+def eager_steps(batch, steps, workload="mlp"):
+    model, x, y, loss_fn = make(batch, workload)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
-        loss = F.mse_loss(model(x), y)
+        loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -40,7 +55,7 @@ def eager_steps(batch, steps):
 
 
 def one_graph_steps(batch, steps, backend):
-    model, x, y = make(batch)
+    model, x, y, _ = make(batch)
     params = {k: v.detach() for k, v in model.named_parameters()}
     bufs = {k: torch.zeros_like(v) for k, v in params.items()}
 
@@ -66,17 +81,17 @@ def one_graph_steps(batch, steps, backend):
     return times, compile_s
 
 
-def gt_steps(batch, steps, backend):
+def gt_steps(batch, steps, backend, workload="mlp"):
     gt_core.reset()
     times = []
     # Compiling on the critical path here, so the steady state is reached within the run
-    # (background compilation is measured by the no-stall benchmark of issue 7).
+    # (background compilation is measured by benchmarks/stall.py).
     with gt_core.capture(backend=backend, background=False):
-        model, x, y = make(batch)
+        model, x, y, loss_fn = make(batch, workload)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         for _ in range(steps):
             t0 = time.perf_counter()
-            loss = F.mse_loss(model(x), y)
+            loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
             opt.zero_grad()
@@ -97,30 +112,47 @@ def break_even(times_gt, eager_median):
 
 def main(argv=None):
     ap = argparse.ArgumentParser()
+    ap.add_argument(
+        "--quick", action="store_true", help="aot_eager, batch 8, 30 steps (CI smoke run)"
+    )
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--batches", default="128,1024")
+    ap.add_argument("--batches", default="8,128,1024")
     ap.add_argument("--backend", default="inductor")
+    ap.add_argument("--workloads", default="mlp,transformer")
     args = ap.parse_args(argv)
-    print(f"MLP 784→256→10 + SGD momentum, {args.steps} steps, backend {args.backend}, torch {torch.__version__}, "
-          f"device {gt_core.worker().device}")
-    print(f"{'batch':>6} {'eager ms':>9} {'gt ms':>7} {'1-graph ms':>11} {'gt vs eager':>12} {'gt vs 1-graph':>14} "
-          f"{'gt compile s':>13} {'break-even':>11}")
-    for b in (int(s) for s in args.batches.split(",")):
-        tail = args.steps // 3
-        e = statistics.median(eager_steps(b, args.steps)[-tail:]) * 1e3
-        gt_t, data = gt_steps(b, args.steps, args.backend)
-        g = statistics.median(gt_t[-tail:]) * 1e3
-        og_t, _ = one_graph_steps(b, args.steps, args.backend)
-        o = statistics.median(og_t[-tail:]) * 1e3
-        paths = data["hot_paths"]
-        comp = paths[0]["compile_seconds"] if paths else None
-        be = break_even([t * 1e3 for t in gt_t], e)
-        print(f"{b:>6} {e:>9.3f} {g:>7.3f} {o:>11.3f} {e / g:>11.2f}x {o / g:>13.2f}x "
-              f"{(comp or float('nan')):>13.1f} {str(be):>11}")
-        for p in paths:
-            print(f"        hot path {p['signature']}: {p['status']}, {p['n_ops']} ops, "
-                  f"{p['compiled_runs']} compiled runs, worker eager {p['eager_median_ms']} ms, "
-                  f"compiled {p['compiled_median_ms']} ms")
+    if args.quick:
+        args.steps, args.batches, args.backend = 30, "8", "aot_eager"
+    print(
+        f"SGD momentum training steps, {args.steps} steps, backend {args.backend}, torch {torch.__version__}, "
+        f"worker device {gt_core.worker().device}; steady state = median of the last third"
+    )
+    print(
+        f"{'workload':<12} {'batch':>6} {'eager ms':>9} {'gt ms':>7} {'1-graph ms':>11} {'gt vs eager':>12} "
+        f"{'gt compile s':>13} {'break-even':>11}"
+    )
+    for workload in args.workloads.split(","):
+        for b in (int(s) for s in args.batches.split(",")):
+            tail = args.steps // 3
+            e = statistics.median(eager_steps(b, args.steps, workload)[-tail:]) * 1e3
+            gt_t, data = gt_steps(b, args.steps, args.backend, workload)
+            g = statistics.median(gt_t[-tail:]) * 1e3
+            o = float("nan")
+            if workload == "mlp":
+                og_t, _ = one_graph_steps(b, args.steps, args.backend)
+                o = statistics.median(og_t[-tail:]) * 1e3
+            paths = data["hot_paths"]
+            comp = paths[0]["compile_seconds"] if paths else None
+            be = break_even([t * 1e3 for t in gt_t], e)
+            print(
+                f"{workload:<12} {b:>6} {e:>9.3f} {g:>7.3f} {o:>11.3f} {e / g:>11.2f}x "
+                f"{(comp or float('nan')):>13.1f} {str(be):>11}"
+            )
+            for p in paths:
+                print(
+                    f"{'':<19} hot path {p['signature']}: {p['status']}, {p['n_ops']} ops, "
+                    f"{p['compiled_runs']} compiled runs, worker eager {p['eager_median_ms']} ms, "
+                    f"compiled {p['compiled_median_ms']} ms"
+                )
     gt_core.worker().stop()
 
 

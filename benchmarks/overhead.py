@@ -1,6 +1,6 @@
 """Client overhead: µs per recorded op and step time through the worker vs eager (one run).
 
-    python benchmarks/overhead.py [--steps N] [--sizes 8,128,1024]
+    python benchmarks/overhead.py [--quick] [--steps N] [--sizes 8,128,1024]
 
 Figures are medians over repeats, ratios taken side by side in this run (timings on a
 shared CPU vary ±30% between runs).
@@ -23,7 +23,9 @@ def mlp_step_loop(batch: int, steps: int, on_worker: bool, **options) -> tuple[f
     ctx = gt_core.capture(**options) if on_worker else _Null()
     with ctx:
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+        )
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         x, y = torch.randn(batch, 784), torch.randn(batch, 10)
         for _ in range(3):  # warm the metadata cache / allocator
@@ -60,10 +62,21 @@ def main(argv=None) -> None:
     ap.add_argument("--steps", type=int, default=50)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sizes", default="8,128,1024")
+    ap.add_argument(
+        "--quick", action="store_true", help="batch 8, 10 steps, one repeat (CI smoke run)"
+    )
     args = ap.parse_args(argv)
-    print(f"MLP 784→256→10, SGD momentum, {args.steps} steps x {args.repeats} repeats, torch {torch.__version__}")
-    print("recording only (auto_compile off): the client's cost and the step time through the worker")
-    print(f"{'batch':>6} {'ops/step':>9} {'µs/op client':>13} {'eager ms':>9} {'gt ms':>8} {'gt/eager':>9}")
+    if args.quick:
+        args.steps, args.repeats, args.sizes = 10, 1, "8"
+    print(
+        f"MLP 784→256→10, SGD momentum, {args.steps} steps x {args.repeats} repeats, torch {torch.__version__}"
+    )
+    print(
+        "recording only (auto_compile off): the client's cost and the step time through the worker"
+    )
+    print(
+        f"{'batch':>6} {'ops/step':>9} {'µs/op client':>13} {'eager ms':>9} {'gt ms':>8} {'gt/eager':>9}"
+    )
     for b in (int(s) for s in args.sizes.split(",")):
         eager, client, total, ops = [], [], [], 0
         for _ in range(args.repeats):
