@@ -1,12 +1,13 @@
 """Training steps compiled as one block by gt vs eager (vs a hand-written one-graph step).
 
     python benchmarks/hotpath.py [--quick] [--steps N] [--batches 8,128,1024] [--backend inductor]
-                                 [--workloads mlp,transformer]
+                                 [--workloads mlp,transformer,mlp-adam]
 
 The issue-7 table: the MLP (784→256→10, SGD momentum) and the transformer block of
 tests/models.py, eager and through gt (a `.item()` every step), side by side in one run;
 medians of per-step times in the steady state (the last third), compile time and the
-break-even iteration from gt's own events. For the MLP also a one-graph torch.func step.
+break-even iteration from gt's own events. For the MLP also a one-graph torch.func step;
+mlp-adam is the MLP with Adam and a cosine LR schedule (its changing scalars are lifted).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from models import Block  # noqa: E402  (the workloads shared by tests and bench
 def make(batch, workload="mlp"):
     """(model, x, y, loss function) of a workload, built from seed 0."""
     torch.manual_seed(0)
+    workload = workload.removesuffix("-adam")
     if workload == "transformer":
         model = Block()
         x, y = torch.randint(0, 50, (batch, 12)), torch.randint(0, 50, (batch, 12))
@@ -40,9 +42,17 @@ def make(batch, workload="mlp"):
     return model, torch.randn(batch, 784), torch.randn(batch, 10), F.mse_loss
 
 
+def make_opt(model, workload):
+    """SGD with momentum; for 'mlp-adam', Adam with a cosine LR schedule (lifted scalars)."""
+    if workload == "mlp-adam":
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
+    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), None
+
+
 def eager_steps(batch, steps, workload="mlp"):
     model, x, y, loss_fn = make(batch, workload)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt, sched = make_opt(model, workload)
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -50,6 +60,8 @@ def eager_steps(batch, steps, workload="mlp"):
         loss.backward()
         opt.step()
         opt.zero_grad()
+        if sched is not None:
+            sched.step()
         times.append(time.perf_counter() - t0)
     return times
 
@@ -88,13 +100,15 @@ def gt_steps(batch, steps, backend, workload="mlp"):
     # (background compilation is measured by benchmarks/stall.py).
     with gt_core.capture(backend=backend, background=False):
         model, x, y, loss_fn = make(batch, workload)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        opt, sched = make_opt(model, workload)
         for _ in range(steps):
             t0 = time.perf_counter()
             loss = loss_fn(model(x), y)
             loss.backward()
             opt.step()
             opt.zero_grad()
+            if sched is not None:
+                sched.step()
             loss.item()  # a sync per step: the time includes the worker's part
             times.append(time.perf_counter() - t0)
     data = gt_core.report().to_data()
@@ -118,12 +132,12 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--batches", default="8,128,1024")
     ap.add_argument("--backend", default="inductor")
-    ap.add_argument("--workloads", default="mlp,transformer")
+    ap.add_argument("--workloads", default="mlp,transformer,mlp-adam")
     args = ap.parse_args(argv)
     if args.quick:
         args.steps, args.batches, args.backend = 30, "8", "aot_eager"
     print(
-        f"SGD momentum training steps, {args.steps} steps, backend {args.backend}, torch {torch.__version__}, "
+        f"training steps (SGD momentum; mlp-adam: Adam + cosine LR), {args.steps} steps, backend {args.backend}, torch {torch.__version__}, "
         f"worker device {gt_core.worker().device}; steady state = median of the last third"
     )
     print(
@@ -137,7 +151,7 @@ def main(argv=None):
             gt_t, data = gt_steps(b, args.steps, args.backend, workload)
             g = statistics.median(gt_t[-tail:]) * 1e3
             o = float("nan")
-            if workload == "mlp":
+            if workload == "mlp":  # the one-graph step is written for SGD momentum
                 og_t, _ = one_graph_steps(b, args.steps, args.backend)
                 o = statistics.median(og_t[-tail:]) * 1e3
             paths = data["hot_paths"]
@@ -147,6 +161,9 @@ def main(argv=None):
                 f"{workload:<12} {b:>6} {e:>9.3f} {g:>7.3f} {o:>11.3f} {e / g:>11.2f}x "
                 f"{(comp or float('nan')):>13.1f} {str(be):>11}"
             )
+            compiles = sum(e["type"] == "compile.finished" for e in data["events"])
+            recompiles = sum(e["type"] == "recompile" for e in data["events"])
+            print(f"{'':<19} compiles {compiles}, recompiles {recompiles}")
             for p in paths:
                 print(
                     f"{'':<19} hot path {p['signature']}: {p['status']}, {p['n_ops']} ops, "

@@ -169,3 +169,33 @@ def test_adam_with_scheduler_inductor_compiles_once_and_matches(inprocess):
         gt_core.configure(
             auto_compile=False, background=True, threshold=5, backend="eager", regression_samples=5
         )
+
+
+@pytest.mark.inductor
+def test_reduce_overhead_mode_reaches_the_compiled_block(inprocess, monkeypatch):
+    """mode="reduce-overhead" (CUDA graphs where a GPU is) is passed to inductor as given."""
+    seen = []
+    real = torch._TorchCompileInductorWrapper
+
+    def spy(mode, options, dynamic):
+        seen.append(mode)
+        return real(mode, options, dynamic)
+
+    monkeypatch.setattr(torch, "_TorchCompileInductorWrapper", spy)
+    gt_core.configure(
+        auto_compile=True,
+        backend="inductor",
+        mode="reduce-overhead",
+        background=False,
+        threshold=3,
+        regression_samples=10_000,
+    )
+    try:
+        ref, _ = _train(OPTIMIZERS["adam"], None, 10, on_worker=False)
+        got, _ = _train(OPTIMIZERS["adam"], None, 10, on_worker=True)
+        for a, b in zip(got.parameters(), ref.parameters(), strict=True):
+            assert_close(a, b, atol=1e-5)
+    finally:
+        gt_core.configure(auto_compile=False, backend="eager", mode=None, regression_samples=5)
+    assert seen == ["reduce-overhead"]
+    assert len(_events(ev.COMPILE_FINISHED)) == 1 and not _events(ev.COMPILE_FAILED)
