@@ -163,7 +163,9 @@ def main(argv=None):
             )
             compiles = sum(e["type"] == "compile.finished" for e in data["events"])
             recompiles = sum(e["type"] == "recompile" for e in data["events"])
-            print(f"{'':<19} compiles {compiles}, recompiles {recompiles}")
+            print(
+                f"{'':<19} compiles {compiles}, recompiles {recompiles} (a new batch size is one)"
+            )
             for p in paths:
                 print(
                     f"{'':<19} hot path {p['signature']}: {p['status']}, {p['n_ops']} ops, "

@@ -1,6 +1,6 @@
 """No compile stall: step times while the hot block compiles in the background (issue 7, item 4).
 
-    python benchmarks/stall.py [--quick] [--batch 128] [--backend inductor] [--switch-interval S]
+    python benchmarks/stall.py [--quick] [--batch 128] [--backend inductor]
 
 Trains the MLP (784→256→10, SGD momentum) through the worker process with background
 compilation and a `.item()` every step. Prints, side by side from this run: the worker's
@@ -22,11 +22,11 @@ import gt_core
 from gt_core import events as ev
 
 
-def run(batch: int, backend: str, max_s: float, after: int, **options) -> tuple[list, list]:
+def run(batch: int, backend: str, max_s: float, after: int) -> tuple[list, list]:
     """([(wall-clock start, seconds)] of the client's steps, the report's events)."""
     gt_core.reset()
     steps = []
-    with gt_core.capture(backend=backend, background=True, **options):
+    with gt_core.capture(backend=backend, background=True):
         torch.manual_seed(0)
         model = torch.nn.Sequential(
             torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
@@ -86,26 +86,17 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--max-seconds", type=float, default=120.0)
-    ap.add_argument(
-        "--switch-interval",
-        type=float,
-        default=None,
-        help="the worker's sys.setswitchinterval while compiling",
-    )
     args = ap.parse_args(argv)
     backend, max_s, after = (
         ("aot_eager", 20.0, 10) if args.quick else (args.backend, args.max_seconds, 40)
     )
-    options = (
-        {} if args.switch_interval is None else {"compile_switch_interval": args.switch_interval}
-    )
-    steps, events = run(args.batch, backend, max_s, after, **options)
+    steps, events = run(args.batch, backend, max_s, after)
     it = [e for e in events if e["type"] == ev.ITERATION]
     by = {k: [e["ms"] for e in it if e["kind"] == k] for k in ("eager", "compiling", "compiled")}
     fin = [e for e in events if e["type"] == ev.COMPILE_FINISHED]
     print(
         f"MLP 784→256→10 + SGD momentum, batch {args.batch}, backend {backend}, torch {torch.__version__}, "
-        f"worker device {gt_core.worker().device}, switch interval {args.switch_interval or 'default'}"
+        f"worker device {gt_core.worker().device}"
     )
     print(
         f"compile: {fin[0]['seconds']:.1f} s in the background"

@@ -259,53 +259,63 @@ _CPU = torch.device("cpu")
 
 def record(func, args, kwargs):
     """Record ``func(*args, **kwargs)`` as an instruction and return proxies for its outputs."""
-    if not kwargs:  # the steady state's common case, inline: proxies and scalars only
-        session = None
-        key = [func]
-        sent = []
-        proxies = []
-        for a in args:
-            t = type(a)
-            if t is Proxy:
-                if a._gt_v is not None:
-                    break  # shadowed: the slow path keeps the shadow up to date
-                s = a._gt_s
-                if s is not session:
-                    if session is not None or s.closed:
-                        break
-                    session = s
-                proxies.append(a)
-                key.append(a._gt_k)
-                sent.append(Ref(a._gt_id))
-            elif t in _SCALARS:
-                key.append((t, a))
-                sent.append(a)
-            else:
-                break
+    # The steady state's common case, inline: proxies, scalars, int lists and scalar keyword
+    # arguments. The key is built exactly as _record builds it, so both share cache entries.
+    session = None
+    key = [func]
+    sent = []
+    proxies = []
+    for a in args:
+        t = type(a)
+        if t is Proxy:
+            if a._gt_v is not None:
+                break  # shadowed: the slow path keeps the shadow up to date
+            s = a._gt_s
+            if s is not session:
+                if session is not None or s.closed:
+                    break
+                session = s
+            proxies.append(a)
+            key.append(a._gt_k)
+            sent.append(Ref(a._gt_id))
+        elif t in _SCALARS:
+            key.append((t, a))
+            sent.append(a)
+        elif (t is list or t is tuple) and all(type(x) is int for x in a):
+            key.append((t, tuple([(int, x) for x in a])))
+            sent.append(a)
         else:
-            if session is not None:
-                entry = _meta_cache.get(tuple(key))
-                if entry is not None and entry is not _SYNC:
-                    t = entry[0]
-                    kind = t[0]
-                    # one new tensor out, or an input returned unchanged (in place): the
-                    # two most common op shapes of all
-                    if (kind == _NEW and entry[1] == 1) or (kind == _ALIAS and t[2] is None):
-                        session.counters["ops"] += 1
-                        idx = session.op_index.get(func)
-                        if idx is None:
-                            idx = session.op(func)
-                        if kind == _NEW:
-                            vid = session.next_id
-                            session.next_id = vid + 1
-                            outs = (vid,)
-                        else:
-                            outs = (None,)
-                        buf = session.buf
-                        buf.append((OP, idx, tuple(sent), {}, outs))
-                        if len(buf) >= session.flush_at:
-                            session.flush()
-                        return Proxy(session, vid, t[1], t[2]) if kind == _NEW else proxies[t[1]]
+            break
+    else:
+        for k, v in kwargs.items():
+            tv = type(v)
+            if tv not in _SCALARS:
+                session = None
+                break
+            key.append((k, (tv, v)))
+        if session is not None:
+            entry = _meta_cache.get(tuple(key))
+            if entry is not None and entry is not _SYNC:
+                t = entry[0]
+                kind = t[0]
+                # one new tensor out, or an input returned unchanged (in place): the
+                # two most common op shapes of all
+                if (kind == _NEW and entry[1] == 1) or (kind == _ALIAS and t[2] is None):
+                    session.counters["ops"] += 1
+                    idx = session.op_index.get(func)
+                    if idx is None:
+                        idx = session.op(func)
+                    if kind == _NEW:
+                        vid = session.next_id
+                        session.next_id = vid + 1
+                        outs = (vid,)
+                    else:
+                        outs = (None,)
+                    buf = session.buf
+                    buf.append((OP, idx, tuple(sent), kwargs, outs))
+                    if len(buf) >= session.flush_at:
+                        session.flush()
+                    return Proxy(session, vid, t[1], t[2]) if kind == _NEW else proxies[t[1]]
     return _record(func, args, kwargs)
 
 

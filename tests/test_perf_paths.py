@@ -199,3 +199,32 @@ def test_reduce_overhead_mode_reaches_the_compiled_block(inprocess, monkeypatch)
         gt_core.configure(auto_compile=False, backend="eager", mode=None, regression_samples=5)
     assert seen == ["reduce-overhead"]
     assert len(_events(ev.COMPILE_FINISHED)) == 1 and not _events(ev.COMPILE_FAILED)
+
+
+def test_int_lists_and_scalar_keywords_take_the_fast_path(inprocess, monkeypatch):
+    from gt_core import _proxy
+
+    slow = []
+    real = _proxy._record
+
+    def counting(func, args, kwargs):
+        slow.append(str(func))
+        return real(func, args, kwargs)
+
+    def f(a, b):
+        c = a.view(3, 8).add_(b.view(3, 8), alpha=0.5)
+        return c.sum(dim=[0], keepdim=True)
+
+    a, b = torch.randn(24), torch.randn(24)
+    want = f(a.clone(), b)
+    monkeypatch.setattr(_proxy, "_record", counting)
+    with gt_core.capture():
+        pa, pb = torch.randn(24), torch.randn(24)
+        pa.copy_(a), pb.copy_(b)
+        f(pa.clone(), pb)  # the first time fills the metadata cache (slow path)
+        slow.clear()
+        got = f(pa.clone(), pb)
+        assert slow == [], (
+            "view([ints]), add_(alpha=) and sum(dim=[ints], keepdim=) recorded inline"
+        )
+        assert_close(got, want)
