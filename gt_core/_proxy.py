@@ -201,10 +201,11 @@ class _Walk:
     argument proxies alive until the garbage collector runs, and delay their frees.
     """
 
-    __slots__ = ("func", "session", "proxies", "plain")
+    __slots__ = ("func", "session", "proxies", "plain", "floats_free")
 
     def __init__(self, func):
         self.func = func
+        self.floats_free = _floats_free(func)
         self.session = None
         self.proxies: list[Proxy] = []
         self.plain: dict[int, torch.Tensor] = {}  # index in proxies -> plain tensor uploaded there
@@ -219,6 +220,8 @@ class _Walk:
         if t is Proxy and a._gt_s is self.session:  # the common case, first
             self.proxies.append(a)
             return a._gt_k, Ref(a._gt_id)
+        if t is float and self.floats_free:
+            return _ANY_FLOAT, a
         if t is int or t is float or t is bool or a is None:
             return (t, a), a
         if isinstance(a, torch.Tensor):
@@ -253,6 +256,31 @@ class _Walk:
 
 
 _SCALARS = (int, float, bool, type(None))
+_ANY_FLOAT = (
+    float,
+    None,
+)  # a float's cache key part where its value cannot change the result's metadata
+_float_free: dict = {}
+
+
+def _floats_free(func) -> bool:
+    """True when no float argument's value can change ``func``'s result metadata.
+
+    Pointwise ops (shape from broadcasting, dtype from the float's type), foreach ops and
+    scalar_tensor. Their cache key keeps a float's type, not its value: Adam's bias
+    corrections and LR schedules change every step and would otherwise miss the cache (a
+    meta inference each time) and grow it without bound.
+    """
+    r = _float_free.get(func)
+    if r is None:
+        r = _float_free[func] = (
+            torch.Tag.pointwise in func.tags
+            or func._opname.startswith("_foreach_")
+            or func is torch.ops.aten.scalar_tensor.default
+        )
+    return r
+
+
 _SCALAR_TENSOR = torch.ops.aten.scalar_tensor.default
 _CPU = torch.device("cpu")
 
@@ -279,7 +307,7 @@ def record(func, args, kwargs):
             key.append(a._gt_k)
             sent.append(Ref(a._gt_id))
         elif t in _SCALARS:
-            key.append((t, a))
+            key.append(_ANY_FLOAT if t is float and _floats_free(func) else (t, a))
             sent.append(a)
         elif (t is list or t is tuple) and all(type(x) is int for x in a):
             key.append((t, tuple([(int, x) for x in a])))
@@ -292,7 +320,7 @@ def record(func, args, kwargs):
             if tv not in _SCALARS:
                 session = None
                 break
-            key.append((k, (tv, v)))
+            key.append((k, _ANY_FLOAT if tv is float and _floats_free(func) else (tv, v)))
         if session is not None:
             entry = _meta_cache.get(tuple(key))
             if entry is not None and entry is not _SYNC:

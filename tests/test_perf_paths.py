@@ -228,3 +228,35 @@ def test_int_lists_and_scalar_keywords_take_the_fast_path(inprocess, monkeypatch
             "view([ints]), add_(alpha=) and sum(dim=[ints], keepdim=) recorded inline"
         )
         assert_close(got, want)
+
+
+def test_changing_floats_reuse_cached_metadata_where_values_cannot_matter(inprocess):
+    from gt_core import _proxy
+
+    with gt_core.capture():
+        torch.manual_seed(0)
+        model = mlp()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
+        x = torch.randn(4, 32)
+        sizes = []
+        for _ in range(8):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            sched.step()
+            sizes.append(len(_proxy._meta_cache))
+        assert sizes[-1] == sizes[2], "new bias corrections every step, no new cache entries"
+        # where a float's value decides the shape, it stays in the key
+        assert torch.arange(0, 5.5, 0.5).shape == (11,)
+        assert torch.arange(0, 5.0, 0.5).shape == (10,)
+        assert torch.nn.functional.interpolate(torch.randn(1, 1, 4), scale_factor=2.0).shape == (
+            1,
+            1,
+            8,
+        )
+        assert torch.nn.functional.interpolate(torch.randn(1, 1, 4), scale_factor=3.0).shape == (
+            1,
+            1,
+            12,
+        )
