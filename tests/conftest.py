@@ -8,6 +8,22 @@ import torch  # noqa: E402
 import gt_core  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _restore_options():
+    """Each test starts from the options the one before it started from: none leaks config.
+
+    (A test that set dynamic=True once made a later test compile through Dynamo instead of
+    calling inductor directly, depending on the order the tests ran in.)
+    """
+    from gt_core import _capture
+
+    saved = _capture._options()
+    yield
+    with _capture._lock:
+        _capture._state["options"] = saved
+        _capture._apply_log(saved)
+
+
 @pytest.fixture
 def inprocess():
     """A fresh in-process worker (same executor code, no second process): fast logic tests."""
