@@ -15,6 +15,7 @@ from ._instructions import SEED
 from ._proxy import CaptureMode, Proxy, upload
 from ._stance import routing
 from .config import Options, from_env
+from .errors import ConfigError
 from .report import Report
 
 __all__ = [
@@ -59,9 +60,10 @@ def config() -> dict:
 def configure(**options) -> Options:
     """Change the default options of later captures (validated; bad values raise ConfigError)."""
     with _lock:
-        _state["options"] = _options().replace(**options)
-        _apply_log(_state["options"])
-        return _state["options"]
+        opts = _options().replace(**options)
+        _apply_log(opts)  # a log path that cannot be opened is refused before it is kept
+        _state["options"] = opts
+        return opts
 
 
 def _apply_log(opts: Options) -> None:
@@ -69,7 +71,12 @@ def _apply_log(opts: Options) -> None:
     if (opts.log or None) != log.path:
         log.close()
         if opts.log:
-            log.open(opts.log)
+            try:
+                log.open(opts.log)
+            except OSError as exc:
+                raise ConfigError(
+                    "log (GT_INSTRUCTION_LOG)", opts.log, f"a writable file path ({exc.strerror})"
+                ) from None
 
 
 def session():

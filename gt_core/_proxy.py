@@ -95,8 +95,10 @@ class Proxy(torch.Tensor):
         return self.__repr__().__format__(spec)
 
     def __repr__(self, *, tensor_contents=None) -> str:  # noqa: ARG002
-        if self._gt_s.closed:
-            return f"<gt worker tensor {list(self.shape)} {self.dtype}: its worker is gone>"
+        s = self._gt_s
+        if s.closed or s.dead is not None:
+            why = "its worker died" if s.dead is not None else "its worker is gone"
+            return f"<gt worker tensor {list(self.shape)} {self.dtype}: {why}>"
         text = repr(self.cpu())
         extra = []
         if self.grad_fn is not None:
@@ -191,7 +193,9 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
 def _current_session():
     from . import _capture
 
-    return _capture.session()
+    s = _capture.session()
+    s.check()  # a factory op for a dead worker fails now, not at some later flush
+    return s
 
 
 class _Walk:
@@ -231,6 +235,8 @@ class _Walk:
                 self.plain[len(self.proxies)] = a
                 a = upload(self.session, a)
             s = a._gt_s
+            if s.dead is not None and not s.closed:  # died, not yet restarted
+                s.check()  # raises WorkerDied with the cause
             if s is not self.session:
                 if s.closed:
                     raise WorkerLost(
@@ -300,7 +306,7 @@ def record(func, args, kwargs):
                 break  # shadowed: the slow path keeps the shadow up to date
             s = a._gt_s
             if s is not session:
-                if session is not None or s.closed:
+                if session is not None or s.closed or s.dead is not None:
                     break
                 session = s
             proxies.append(a)

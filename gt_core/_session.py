@@ -12,7 +12,7 @@ import os
 from . import events as ev
 from ._instructions import DEFOP, qualified_name
 from .config import Options
-from .errors import WorkerLost
+from .errors import WorkerDied, WorkerLost
 
 __all__ = ["Session"]
 
@@ -35,6 +35,7 @@ class Session:
         self.next_id = 1
         self.op_index: dict = {}
         self.closed = False
+        self.dead: str | None = None  # why the worker died, once a send or a sync found out
         self.flush_at = FLUSH_AT
         self.counters = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0}
 
@@ -62,16 +63,28 @@ class Session:
     def flush(self) -> None:
         if self.buf and not self.closed:
             batch, self.buf = self.buf, []
-            self.transport.send(batch)
+            try:
+                self.transport.send(batch)
+            except WorkerDied as exc:
+                self.dead = str(exc)
+                raise
 
     def request(self, kind: str, payload=None):
         """Flush, then wait for the worker's answer (one round trip)."""
         self.check()
         self.flush()
         self.counters["syncs"] += 1
-        return self.transport.request(kind, payload)
+        try:
+            return self.transport.request(kind, payload)
+        except WorkerDied as exc:
+            self.dead = str(exc)
+            raise
 
     def check(self) -> None:
+        """Raise if this session's worker can no longer run work."""
+        if self.dead is not None:
+            self.buf.clear()  # work for a dead worker: nothing will ever run it
+            raise WorkerDied(self.dead)
         if self.closed:
             raise WorkerLost(
                 "this tensor lived on a gt worker that was stopped or restarted; its value is gone. "

@@ -60,6 +60,13 @@ class Options:
             check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key, "an integer >= 1")
         check(self.threshold >= 2, "threshold", "an integer >= 2 (a block must repeat to be hot)")
         check(isinstance(self.backend, str) and bool(self.backend), "backend", BACKENDS_HINT)
+        known = _known_backends()
+        check(
+            self.backend in known,
+            "backend",
+            f"a registered torch.compile backend: {', '.join(b for b in _COMMON if b in known)}, "
+            "or a name given to torch._dynamo.register_backend",
+        )
         check(self.mode in MODES, "mode", f"one of {', '.join(str(m) for m in MODES[1:])}")
         check(self.worker in WORKERS, "worker", f"one of {', '.join(WORKERS)}")
         check(isinstance(self.debug, int) and self.debug in (0, 1, 2), "debug", "0, 1 or 2")
@@ -69,6 +76,16 @@ class Options:
                 self.window,
                 f"at least threshold*min_seq = {self.threshold * self.min_seq}",
             )
+
+
+_COMMON = ("inductor", "aot_eager", "eager", "cudagraphs")
+
+
+def _known_backends() -> set[str]:
+    """Backend names torch.compile accepts in this process (registered ones included)."""
+    import torch._dynamo
+
+    return set(torch._dynamo.list_backends(exclude_tags=())) | {"inductor"}
 
 
 # Environment variable -> (field, parser)

@@ -63,8 +63,8 @@ class EventLog:
     def open(self, path: str | os.PathLike) -> None:
         """Append every later event to ``path`` as one JSON line."""
         self.close()
-        self.path = os.fspath(path)
-        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (kept open on purpose)
+        f = open(os.fspath(path), "a", encoding="utf-8")  # noqa: SIM115 (kept open on purpose)
+        self.path, self._file = os.fspath(path), f
 
     def close(self) -> None:
         if self._file is not None:

@@ -285,6 +285,13 @@ def test_worker_crash_is_reported_then_restart_trains_again(process):
         assert "restart()" in str(info.value)
     with pytest.raises(gt_core.GTError, match="worker"):
         model(x).sum().item()
+    # once the death is known, using its tensors fails at once (not at some later sync),
+    # printing one says what happened, and new work is refused until restart()
+    with pytest.raises(gt_core.WorkerDied, match="SIGSEGV"):
+        x + 1
+    assert "its worker died" in repr(x)
+    with pytest.raises(gt_core.WorkerDied, match="restart"), gt_core.capture():
+        torch.zeros(3)
     assert not gt_core.worker().alive
     gt_core.worker().restart()
     assert gt_core.worker().alive and gt_core.worker().pid != pid

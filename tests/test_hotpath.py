@@ -207,6 +207,7 @@ def test_compile_every_flushed_block(hot):
         ({"GT_DEBUG_COMPILE": "7"}, "GT_DEBUG_COMPILE=7"),
         ({"GT_WORKER": "gpu"}, "GT_WORKER='gpu'.*inprocess"),
         ({"GT_CONFIG": "/nonexistent.yaml"}, "GT_CONFIG='/nonexistent.yaml'.*readable"),
+        ({"GT_BACKEND": "indcutor"}, "GT_BACKEND='indcutor'.*registered.*inductor, aot_eager"),
     ],
 )
 def test_bad_config_values_name_variable_value_and_accepted(env, match):
@@ -214,6 +215,19 @@ def test_bad_config_values_name_variable_value_and_accepted(env, match):
 
     with pytest.raises(gt_core.ConfigError, match=match):
         from_env(env)
+
+
+def test_a_log_path_that_cannot_be_opened_is_refused_and_the_old_options_stay(tmp_path):
+    before = gt_core.config()
+    with pytest.raises(gt_core.ConfigError, match="GT_INSTRUCTION_LOG.*writable file path"):
+        gt_core.configure(log=str(tmp_path / "no" / "such" / "dir" / "events.jsonl"))
+    assert gt_core.config() == before
+
+
+def test_a_backend_registered_by_the_user_is_accepted():
+    from gt_core.config import Options
+
+    assert Options().replace(backend="gt_counting").backend == "gt_counting"
 
 
 def test_env_config_is_read():
