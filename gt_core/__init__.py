@@ -16,7 +16,14 @@ from ._capture import (
 from ._proxy import Proxy, is_remote
 from .config import Options
 from .diagnostics import diagnostics
-from .errors import ConfigError, GTError, UnsupportedOperation, WorkerDied, WorkerLost
+from .errors import (
+    CompiledRunFailed,
+    ConfigError,
+    GTError,
+    UnsupportedOperation,
+    WorkerDied,
+    WorkerLost,
+)
 
 __all__ = [
     "capture",
@@ -40,4 +47,5 @@ __all__ = [
     "WorkerDied",
     "WorkerLost",
     "UnsupportedOperation",
+    "CompiledRunFailed",
 ]

@@ -255,5 +255,9 @@ def report() -> Report:
 
 
 def reset() -> None:
-    """Forget the event history (the worker and its tensors stay)."""
+    """Forget the event history and the op counts (the worker and its tensors stay)."""
     events_log().clear()
+    s = _state["session"]
+    if s is not None:
+        for k in s.counters:
+            s.counters[k] = 0

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import statistics
 import threading
-import time
 import traceback
 
 import torch
@@ -24,10 +23,18 @@ from ._compiler import build_graph, compile_block
 from ._executor import timed
 from ._instructions import BARRIERS, DEFOP, FREE, MARK, OP, SYNC, Ref, op_name
 from ._lift import LiftNamer, lift_positions
+from .errors import CompiledRunFailed
 from .report import Status
 from .signature import Canonical, Mismatch, Namer, _finish, canonicalize
 
 __all__ = ["Engine"]
+
+# GT_DEBUG_COMPILE=1: one line per detection, compile, fallback, revert (2: every event
+# but iterations: also compile starts, signals and mismatches).
+_DEBUG_LINES = frozenset(
+    (ev.DETECTED, ev.COMPILE_FINISHED, ev.COMPILE_FAILED, ev.RECOMPILE, ev.FALLBACK, ev.REVERT)
+)
+_BASELINE_RUNS = 2  # clean eager runs a regression check compares against
 
 
 def _out_paths(result) -> list[tuple]:
@@ -99,10 +106,15 @@ class Block:
         self.gap = period - len(canon.entries)  # instructions between occurrences (barriers)
         self.status = Status.HOT
         self.fn = None
-        self.eager_ms: list[float] = []
+        self.eager_ms: list[float] = []  # clean eager runs: the baseline of regression checks
         self.compiled_ms: list[float] = []
+        self.probe = 0  # eager runs still wanted as a baseline before judging the compiled one
+        self.judged = False  # regression check done
+        # Any in-place op: a failure mid-run may have written some inputs already.
+        self.mutates = any(ops[name]._schema.is_mutable for name in set(canon.ops))
         self.signal = signal
         self.thread: threading.Thread | None = None
+        self.value_meta: dict = {}  # value name -> shape and dtype, for the graph
 
     @property
     def tracked(self) -> bool:
@@ -172,10 +184,8 @@ class Engine:
         e = ev.event(type, **fields)
         with self._lock:  # the compile thread emits too
             self.events.append(e)
-        if (
-            self.options.debug
-            and type not in (ev.ITERATION,)
-            and (type != ev.MISMATCH or self.options.debug >= 2)
+        if self.options.debug and (
+            type in _DEBUG_LINES or (self.options.debug >= 2 and type != ev.ITERATION)
         ):
             detail = fields.get("reason") or fields.get("seconds") or fields.get("n_ops") or ""
             print(f"gt: {type} {fields.get('signature', '')} {detail}", flush=True)
@@ -335,27 +345,62 @@ class Engine:
         self.next_detect = 0
         self.gap = block.gap
         fn = block.fn
-        if fn is not None and block.status == Status.COMPILED:
+        if fn is not None and block.status == Status.COMPILED and not block.probe:
             try:
                 self._run_compiled(block, tracker, fn, buf)
             except Exception as exc:
                 block.status, block.fn = Status.FAILED, None
+                if block.mutates:
+                    self._failed_midway(block, tracker, buf, exc)
+                    return
                 self.emit(ev.FALLBACK, signature=block.sig, reason=_reason(exc))
             else:
                 self._check_regression(block)
                 return
-        t0 = time.perf_counter()
+        _, ms = timed(self._run_eagerly, buf)
+        if block.status == Status.COMPILING:
+            # Slowed by the compile beside it: shown as such, never an eager baseline.
+            self.emit(ev.ITERATION, signature=block.sig, kind="compiling", ms=ms)
+            return
+        block.eager_ms.append(ms)
+        self.emit(ev.ITERATION, signature=block.sig, kind="eager", ms=ms)
+        if block.probe:
+            block.probe -= 1
+            if not block.probe:
+                self._judge(block)
+        if block.status == Status.HOT and self.options.auto_compile and len(block.eager_ms) >= 2:
+            self._compile(block)
+
+    def _run_eagerly(self, buf) -> None:
         for ins in buf:
             if ins[0] == OP:
                 self.ex.run_op(ins)
             else:
                 self.ex.execute(ins)
-        ms = (time.perf_counter() - t0) * 1e3
-        kind = "compiling" if block.status == Status.COMPILING else "eager"
-        block.eager_ms.append(ms)
-        self.emit(ev.ITERATION, signature=block.sig, kind=kind, ms=ms)
-        if block.status == Status.HOT and self.options.auto_compile and len(block.eager_ms) >= 2:
-            self._compile(block)
+
+    def _failed_midway(self, block: Block, tracker: Tracker, buf, exc: Exception) -> None:
+        """A compiled run of a block with in-place updates failed: never re-run it silently.
+
+        Some inputs (parameters, optimizer state) may already hold this step's update, so
+        running the instructions again could apply it twice. The user hears of it at the
+        next sync; the outputs of this occurrence are marked as never computed.
+        """
+        reason = _reason(exc)
+        self.emit(ev.FALLBACK, signature=block.sig, reason=reason, midway=True)
+        names = {n: vid for vid, n in tracker.namer.names.items()}
+        outs = [names[n] for n in block.canon.outputs if n in names]
+        self.ex.poisoned.update(outs)
+        for ins in buf:
+            if ins[0] == FREE:
+                self.ex.values.pop(ins[1], None)
+        if self.ex.error is None:
+            self.ex.error = CompiledRunFailed(
+                f"gt: the compiled hot path {block.sig} failed while running ({reason}). It "
+                "updates tensors in place (parameters, optimizer state), which may now be "
+                "partly updated, so it was not re-run eagerly. gt runs this block eagerly from "
+                "now on; re-create the state (re-run the cell that builds the model and "
+                "optimizer) for exact results."
+            )
 
     def _run_compiled(self, block: Block, tracker: Tracker, fn, buf) -> None:
         values = self.ex.values
@@ -378,9 +423,19 @@ class Engine:
         self.emit(ev.ITERATION, signature=block.sig, kind="compiled", ms=ms)
 
     def _check_regression(self, block: Block) -> None:
-        n = self.options.regression_samples
-        if len(block.compiled_ms) != n or len(block.eager_ms) < 2:
+        if block.judged or len(block.compiled_ms) < self.options.regression_samples:
             return
+        if len(block.eager_ms) < _BASELINE_RUNS:
+            # Compiled in the background before a clean eager run was timed (runs beside a
+            # compile are slowed by it): time a few eager occurrences now, then judge.
+            block.probe = _BASELINE_RUNS - len(block.eager_ms)
+            return
+        self._judge(block)
+
+    def _judge(self, block: Block) -> None:
+        """Revert to eager if the compiled median is slower than the eager one."""
+        block.judged = True
+        n = len(block.compiled_ms)
         eager = statistics.median(block.eager_ms)
         comp = statistics.median(block.compiled_ms)
         if comp > eager * 1.05:
@@ -454,6 +509,7 @@ class Engine:
         if existing is None:
             dtypes = tuple(namer.dtypes) if lift else ()
             block = Block(canon, paths, self._ops_by_name(), p, lift=lift, scalar_dtypes=dtypes)
+            block.value_meta = self._value_meta(namer)
             self._register(block)
             self._make_hot(block, occurrences=len(occ))
         return True
@@ -519,6 +575,18 @@ class Engine:
                 best, best_at = live, i
         return best_at + (n - p - mid)  # the same phase, in the last period
 
+    def _value_meta(self, namer) -> dict:
+        """{canonical value name: {"shape", "dtype"}} of one occurrence: what the graph shows."""
+        out = {}
+        for vid, name in namer.names.items():
+            m = self.meta_of(vid)
+            if m is not None:
+                out[("in" if name[0] == "i" else "t") + str(name[1])] = {
+                    "shape": list(m[0]),
+                    "dtype": str(m[2]).removeprefix("torch."),
+                }
+        return out
+
     def _ops_by_name(self) -> dict:
         return {self.op_name(i): op for i, op in self.ex.ops.items()}
 
@@ -541,7 +609,7 @@ class Engine:
             occurrences=occurrences,
             signal=block.signal,
             canonical=data,
-            graph=_graph_data(data),
+            graph=_graph_data({**data, "values": block.value_meta}),
         )
         for other in self.blocks.values():
             if other is not block and other.canon.ops == block.canon.ops:
@@ -622,7 +690,7 @@ class Engine:
         if not seg or seg != list(range(seg[0], seg[-1] + 1)):
             return
         try:
-            canon, _ = canonicalize([self.history[i] for i in seg], self.meta_of, self.op_name)
+            canon, namer = canonicalize([self.history[i] for i in seg], self.meta_of, self.op_name)
         except Mismatch:
             return
         spec = self.options.signals.get(name, {})
@@ -631,9 +699,15 @@ class Engine:
         if self.signal_seen.get(name) == canon.id and spec.get("compile"):
             paths = [self.paths[i] for i in seg if self.paths[i] is not None]
             block = Block(canon, paths, self._ops_by_name(), len(seg) + 2, signal=name)
+            block.value_meta = self._value_meta(namer)
             self._register(block)
             self._make_hot(block)
             self.emit(ev.SIGNAL, name=name, phase="compile", signature=canon.id)
+        elif self.signal_seen.get(name) != canon.id:
+            # Seen once: recorded, waiting for a second occurrence (or the threshold).
+            self.emit(
+                ev.RECORDING, signature=canon.id, ops=canon.ops, n_ops=len(canon.ops), signal=name
+            )
         self.signal_seen[name] = canon.id
 
     def _compile_segment(self) -> None:
@@ -646,12 +720,13 @@ class Engine:
         if len(seg) < 1:
             return
         try:
-            canon, _ = canonicalize([self.history[k] for k in seg], self.meta_of, self.op_name)
+            canon, namer = canonicalize([self.history[k] for k in seg], self.meta_of, self.op_name)
         except Mismatch:
             return
         if canon.id not in self.blocks:
             paths = [self.paths[k] for k in seg if self.paths[k] is not None]
             block = Block(canon, paths, self._ops_by_name(), len(seg) + 1)
+            block.value_meta = self._value_meta(namer)
             self._register(block)
             self._make_hot(block, occurrences=1)
 
@@ -700,6 +775,7 @@ def _graph_data(data: dict) -> dict:
         {"id": n, **{k: v for k, v in a.items() if k != "outs"}} for n, a in g.nodes(data=True)
     ]
     outputs = set(data["outputs"])
+    values = data.get("values", {})
     for name in outputs:
         nodes.append(
             {
@@ -707,8 +783,8 @@ def _graph_data(data: dict) -> dict:
                 "kind": "output",
                 "label": name,
                 "op": None,
-                "shape": None,
-                "dtype": None,
+                "shape": values.get(name, {}).get("shape"),
+                "dtype": values.get(name, {}).get("dtype"),
                 "freed": False,
             }
         )

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ["GTError", "ConfigError", "WorkerDied", "WorkerLost", "UnsupportedOperation"]
+__all__ = [
+    "GTError",
+    "ConfigError",
+    "WorkerDied",
+    "WorkerLost",
+    "UnsupportedOperation",
+    "CompiledRunFailed",
+]
 
 
 class GTError(Exception):
@@ -27,3 +34,7 @@ class WorkerLost(GTError, RuntimeError):
 
 class UnsupportedOperation(GTError, RuntimeError):
     """Something a worker tensor cannot do, with the way around it."""
+
+
+class CompiledRunFailed(GTError, RuntimeError):
+    """A compiled hot path failed mid-run after it may have updated tensors in place."""

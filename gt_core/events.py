@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 __all__ = ["event", "EventLog", "load_log", "TYPES"]
 
 # Hot paths (published by the worker)
+RECORDING = "hotpath.recording"  # signature, ops, n_ops, signal (a signal's block, seen once)
 DETECTED = "hotpath.detected"  # signature, ops, n_ops, occurrences, similar_to
 COMPILE_STARTED = "compile.started"  # signature, backend, mode
 COMPILE_FINISHED = "compile.finished"  # signature, seconds

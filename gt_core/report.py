@@ -88,7 +88,11 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             continue
         if i >= since and sig is not None:
             active.add(sig)
-        if t == ev.DETECTED:
+        if t == ev.RECORDING:
+            p = path(sig)
+            if p["status"] == Status.RECORDING:
+                p.update(ops=list(e.get("ops", [])), n_ops=e.get("n_ops", 0))
+        elif t == ev.DETECTED:
             p = path(sig)
             p.update(status=Status.HOT, ops=list(e.get("ops", [])), n_ops=e.get("n_ops", 0))
             p["detected_at"] = e.get("t")

@@ -180,6 +180,7 @@ def to_networkx(data: dict):
         meta[inp["name"]] = inp
     freed = {e["value"] for e in data["entries"] if e["kind"] == "free"}
     outputs = set(data["outputs"])
+    values = data.get("values", {})  # optional: value name -> {"shape", "dtype"} of one run
     k = 0
     for e in data["entries"]:
         if e["kind"] != "op":
@@ -187,13 +188,15 @@ def to_networkx(data: dict):
         node = f"op{k}"
         k += 1
         outs = e["outs"]
+        # an in-place op names no new value: show the one it writes (its first argument)
+        shown = values.get(outs[0] if outs else next(iter(_consumed(e)), None), {})
         g.add_node(
             node,
             kind="op",
             label=e["op"].removeprefix("aten.").removesuffix(".default"),
             op=e["op"],
-            shape=None,
-            dtype=None,
+            shape=shown.get("shape"),
+            dtype=shown.get("dtype"),
             outs=outs,
             output=any(o in outputs for o in outs),
             freed=bool(outs) and all(o in freed for o in outs),

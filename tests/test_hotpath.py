@@ -36,6 +36,23 @@ def gt_slow(gm, example_inputs):
     return slow
 
 
+RUN_CALLS: list = []
+
+
+@torch._dynamo.register_backend
+def gt_fails_after_running(gm, example_inputs):
+    """Runs the block (its in-place updates happen), then raises: the worst case of a failure."""
+
+    def run(*args):
+        out = gm.forward(*args)
+        RUN_CALLS.append(1)
+        if len(RUN_CALLS) == 2:
+            raise RuntimeError("the device fell over after the step")
+        return out
+
+    return run
+
+
 @pytest.fixture
 def hot(inprocess):
     COMPILES.clear()
@@ -149,6 +166,56 @@ def test_slower_compiled_block_is_reverted(hot):
     assert e["compiled_ms"] > e["eager_ms"]
 
 
+def test_slower_compiled_block_is_reverted_when_compiled_in_the_background(inprocess):
+    """Background compiles leave no clean eager baseline: one is timed after the compile."""
+    gt_core.configure(
+        auto_compile=True, backend="gt_slow", background=True, threshold=3, regression_samples=3
+    )
+    with gt_core.capture():
+        torch.manual_seed(0)
+        model = mlp()
+        opt = SGD(model.parameters())
+        x, y = _data()
+        for _ in range(40):
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+            gt_core.wait(compiles=True, timeout=30)
+    (p,) = _paths()
+    assert p["status"] == "reverted", p
+    (e,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
+    assert e["compiled_ms"] > e["eager_ms"] >= 0
+    kinds = [e["kind"] for e in gt_core.report().events if e["type"] == ev.ITERATION]
+    first_compiled = kinds.index("compiled")
+    assert "eager" in kinds[first_compiled:], "a clean eager baseline timed after the compile"
+
+
+def test_a_compiled_run_failing_midway_is_an_error_not_a_silent_rerun(hot):
+    """The block's in-place updates may have happened: re-running them would apply them twice."""
+    RUN_CALLS.clear()
+    gt_core.configure(backend="gt_fails_after_running")
+    with gt_core.capture():
+        torch.manual_seed(0)
+        model = mlp()
+        opt = SGD(model.parameters())
+        x, y = _data()
+        with pytest.raises(gt_core.CompiledRunFailed, match="partly updated.*re-create"):
+            for _ in range(12):
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                loss.item()
+        # later steps run eagerly and work
+        loss = F.mse_loss(model(x), y)
+        assert loss.item() == pytest.approx(loss.cpu().item())
+    (p,) = _paths()
+    assert p["status"] == "failed" and "fell over" in p["fallback_reason"]
+    assert len(RUN_CALLS) == 2, "never called again after the failure"
+
+
 def test_batch_size_change_is_a_recompile_with_the_shape_in_words(hot):
     with gt_core.capture():
         torch.manual_seed(0)
@@ -183,9 +250,39 @@ def test_signal_with_compile_true_compiles_on_second_occurrence(hot, tmp_path):
                 loss.backward()
                 opt.step()
                 opt.zero_grad()
-    (p,) = _paths()
+    first, p = _paths()
     assert p["status"] == "compiled" and p["compiled_runs"] == 2
     assert any(e["type"] == ev.SIGNAL and e.get("phase") == "compile" for e in gt_core.report().events)
+    # step 1's form was seen once: listed as recording, with its ops
+    assert first["status"] == "recording" and first["ops"] and first["ops"] != p["ops"]
+
+
+def test_debug_knob_prints_one_line_per_detection_and_compile(hot, capsys):
+    gt_core.configure(debug=1)
+    _check_against_eager(steps=8)
+    lines = capsys.readouterr().out.splitlines()
+    kinds = [line.split()[1] for line in lines]
+    assert kinds == [ev.DETECTED, ev.COMPILE_FINISHED], lines
+    assert all(line.startswith("gt: ") for line in lines)
+
+
+def test_graph_nodes_carry_the_shape_and_dtype_of_their_values(hot):
+    _check_against_eager(steps=8)
+    (d,) = [e for e in gt_core.report().events if e["type"] == ev.DETECTED]
+    nodes = {n["id"]: n for n in d["graph"]["nodes"]}
+    ops = [n for n in nodes.values() if n["kind"] == "op"]
+    mm = [n for n in ops if n["op"] == "aten.addmm.default"]
+    assert mm and mm[0]["shape"] == [16, 64] and mm[0]["dtype"] == "float32"
+    assert all(n["shape"] is not None for n in ops)
+    outs = [n for n in nodes.values() if n["kind"] == "output"]
+    assert outs and all(n["dtype"] for n in outs)
+
+
+def test_reset_forgets_the_op_counts_too(hot):
+    _check_against_eager(steps=4)
+    assert gt_core.report().to_data()["stats"]["ops"] > 0
+    gt_core.reset()
+    assert gt_core.report().to_data()["stats"]["ops"] == 0
 
 
 def test_compile_every_flushed_block(hot):
