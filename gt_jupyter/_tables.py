@@ -8,12 +8,13 @@ from __future__ import annotations
 import html
 import re
 
-from . import _figures
+from . import _figures, _svg
 
 __all__ = [
     "STATUS_COLUMNS",
     "REASON_COLUMNS",
     "USER_COLUMNS",
+    "figure_html",
     "figures_html",
     "headline",
     "primary",
@@ -364,6 +365,7 @@ STYLE = """<style>
 .gt-dash table{border-collapse:collapse;margin:4px 0 10px 0;color:inherit;background:transparent}
 .gt-dash th,.gt-dash td{padding:2px 8px;text-align:left;vertical-align:top;
  border-bottom:1px solid rgba(128,128,128,.3);color:inherit;background:transparent}
+.gt-fig{overflow-x:auto;margin:4px 0}
 .gt-dash th{font-weight:600;border-bottom:1px solid rgba(128,128,128,.6)}
 .gt-dash code{color:inherit;background:rgba(128,128,128,.15);padding:0 3px;border-radius:3px}
 .gt-chip{padding:0 6px;border-radius:8px;background:rgba(128,128,128,.2)}
@@ -434,7 +436,7 @@ def tables_html(data: dict, status: bool = True) -> str:
 
 
 def figures_html(data: dict, signature: str | None = None) -> str:
-    """The timeline and dependency graph of ``signature`` (default: the primary hot path)."""
+    """The timeline, dependency graph and user compiles as inline SVG: no script, no CDN."""
     sig = signature or primary(data)
     events = data.get("events", [])
     figs = []
@@ -446,15 +448,16 @@ def figures_html(data: dict, signature: str | None = None) -> str:
     user = _figures.compiles(data.get("user_compiles", []))
     if user is not None:
         figs.append(user)
-    config = {"displaylogo": False, "responsive": True}
-    return "".join(
-        f.to_html(full_html=False, include_plotlyjs="cdn" if k == 0 else False, config=config)
-        for k, f in enumerate(figs)
-    )
+    return "".join(figure_html(f) for f in figs)
+
+
+def figure_html(fig) -> str:
+    """One plotly figure as static HTML that GitHub and nbconvert show (scripts stripped)."""
+    return f"<div class='gt-fig'>{_svg.svg(fig.to_plotly_json())}</div>"
 
 
 def to_html(data: dict, signature: str | None = None, figures: bool = True) -> str:
-    """A static HTML dashboard: headline, figures (plotly, from the CDN) and tables."""
+    """A static HTML dashboard: headline, figures (inline SVG) and tables."""
     body = f"<div><b>{html.escape(headline(data))}</b></div>"
     if figures:
         body += figures_html(data, signature)

@@ -3,7 +3,8 @@
 The dashboard reads only the plain dict of ``gt_core.report.summarize`` (no torch). In a
 kernel with ipywidgets it is a VBox of plotly FigureWidgets updated in place; in a kernel
 without widgets it re-renders static HTML through a display handle; in a terminal it shows
-a text summary once, at the end.
+a text summary once, at the end. The static HTML draws its figures as inline SVG (no script),
+so a saved notebook shows them on GitHub and through nbconvert too.
 """
 
 from __future__ import annotations

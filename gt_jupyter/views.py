@@ -66,7 +66,7 @@ def status_view(data: dict, worker) -> StatusView:
 
 @dataclass
 class GraphView:
-    """``%gt graph``: one hot path's dependency graph (plotly; static HTML when saved)."""
+    """``%gt graph``: one hot path's dependency graph (plotly live; inline SVG as static HTML)."""
 
     signature: str
     graph: dict
@@ -92,9 +92,7 @@ class GraphView:
         fig = self.figure
         bundle = {
             "text/plain": repr(self),
-            "text/html": fig.to_html(
-                full_html=False, include_plotlyjs="cdn", config={"displaylogo": False}
-            ),
+            "text/html": f"<div class='gt-dash'>{_tables.figure_html(fig)}</div>",
         }
         bundle["application/vnd.plotly.v1+json"] = fig.to_plotly_json()
         return bundle
