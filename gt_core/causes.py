@@ -345,8 +345,13 @@ def explain(kind: str, reason: str, **context) -> dict:
     return {"id": "unknown", "cause": short_reason(text) or kind, "fix": GENERAL_FIX.get(kind, "")}
 
 
-def budget_message(function: str, used: int, limit: int) -> str:
-    """``"kv_step: 6 of 8 recompiles used"`` and what happens at the limit."""
+def budget_message(function: str, used: int, limit: int, hit: bool = False) -> str:
+    """``"kv_step: 6 of 8 recompiles used"`` and what happens at the limit (``hit``: it did)."""
+    if hit:
+        return (
+            f"{function}: {used} of {limit} recompiles used, then the limit was hit: it runs "
+            "eagerly from now on"
+        )
     left = limit - used
     then = "the next recompile" if left <= 0 else f"{left} more and the next"
     return f"{function}: {used} of {limit} recompiles used ({then} makes it run eagerly)"

@@ -7,7 +7,7 @@ calls it: a live session, a saved log and the dashboard read the same data.
 from __future__ import annotations
 
 from . import events as ev
-from .causes import explain
+from .causes import budget_message, explain
 
 __all__ = ["summarize_user_compiles"]
 
@@ -65,6 +65,15 @@ def _explain_event(e: dict) -> tuple[str, str]:
     if kind == "failure":
         return kind, e.get("reason", "")
     return kind, e.get("reason", "")
+
+
+def _budget_spent(u: dict) -> None:
+    """After a limit hit the budget is history: "the next recompile makes it run eagerly" has
+    happened. The limit-hit explanation says so; the budget's own row would contradict it."""
+    u["explanations"] = [x for x in u["explanations"] if x["kind"] != "budget"]
+    b = u["budget"]
+    if b is not None:
+        b["message"] = budget_message(u["function"], b["used"], b["limit"], hit=True)
 
 
 def summarize_user_compiles(events: list[dict]) -> list[dict]:
@@ -144,6 +153,8 @@ def summarize_user_compiles(events: list[dict]) -> list[dict]:
             }
         )
     for u in fns.values():
+        if u["limit_hit"]:
+            _budget_spent(u)
         for x in u["explanations"]:
             del x["key"]
         u["compile_seconds"] = round(u["compile_seconds"], 6)

@@ -23,8 +23,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Enum, Int, Unicode
 from traitlets.config import Configurable
 
+from . import _tables
 from .dashboard import SHOW, Dashboard, LiveUpdater
-from .views import Text, graph_view, status_view
+from .views import StatusView, Text, graph_view, status_view
 
 __all__ = ["GTMagics", "GT", "load", "unload"]
 
@@ -44,6 +45,7 @@ USAGE = (
     "%gt status | config [key=value ...] | reset | restart | stop | graph [SIGNATURE] | "
     "diff SIG_A SIG_B | log PATH | dashboard | explain FUNCTION"
 )
+EXPLAINABLE = "a function or module passed to torch.compile, or its name"
 
 
 def _core():
@@ -160,10 +162,10 @@ class GTMagics(Magics):
         args = _parse(self.gt, line)
         options = _options(args)
         core = _core()
+        _check(self.gt, core, options)  # also with --local: a bad value is a mistake there too
         if args.local:
             run_in = _diagnostics().diagnostics()
         else:
-            _check(core, options)
             run_in = _both(core.capture(**options), _diagnostics().diagnostics())
         code, last = _compile(self.shell, cell)
         log = core.events_log()
@@ -176,7 +178,11 @@ class GTMagics(Magics):
         if dash.live:
             live.start()
         try:
-            with run_in:
+            with contextlib.ExitStack() as stack:
+                try:
+                    stack.enter_context(run_in)
+                except core.ConfigError as exc:  # refused on entering, before the cell ran
+                    raise _usage_error(self.gt, exc) from None
                 exec(code, self.shell.user_ns)  # noqa: S102 (running the user's cell is the point)
                 value = eval(last, self.shell.user_ns) if last is not None else None  # noqa: S307
         finally:
@@ -220,7 +226,8 @@ class GTMagics(Magics):
     def _cmd_status(self, rest):
         _no_args("status", rest)
         core = _core()
-        return status_view(core.report().to_data(), core.worker())
+        view = status_view(core.report().to_data(), core.worker())
+        return _Status(view.worker, view.data)
 
     def _cmd_config(self, rest):
         core = _core()
@@ -284,6 +291,8 @@ class GTMagics(Magics):
             events = load_log(rest[0])
         except OSError as exc:
             raise UsageError(f"%gt log: cannot read {rest[0]!r}: {exc.strerror or exc}") from None
+        except ValueError as exc:  # a line that is not an event: load_log names it
+            raise UsageError(f"%gt log: {exc} (write one with `%%gt --log PATH`)") from None
         dash = self.dashboard = Dashboard(summarize(events))
         dash.final = True
         return dash
@@ -297,24 +306,76 @@ class GTMagics(Magics):
     def _cmd_explain(self, rest):
         if len(rest) != 1:
             raise UsageError(
-                "%gt explain: expected one FUNCTION (a torch.compile'd function in this namespace)"
+                f"%gt explain: expected one FUNCTION ({EXPLAINABLE}), got {len(rest)} "
+                "arguments; usage: %gt explain FUNCTION"
             )
         name = rest[0]
         try:
             fn = eval(name, self.shell.user_ns)  # noqa: S307 (a name or attribute the user typed)
-        except Exception:
-            raise UsageError(f"%gt explain: no function named {name!r} in this namespace") from None
-        return Text(_diagnostics().explain(fn))
+        except Exception as exc:
+            why = ": ".join([type(exc).__name__, *str(exc).splitlines()[:1]])
+            raise UsageError(
+                f"%gt explain: expected {EXPLAINABLE}, got {name!r}, which does not evaluate "
+                f"here ({why}); define it first (`step = torch.compile(fn)`) or check the spelling"
+            ) from None
+        if not callable(fn):
+            raise UsageError(_not_compiled(name, fn))
+        try:
+            return Text(_diagnostics().explain(fn))
+        except TypeError as exc:
+            if "expected a function or module" not in str(exc):
+                raise
+            raise UsageError(_not_compiled(name, fn)) from None
+
+
+# -- what commands return ------------------------------------------------------------------
+def _not_compiled(name: str, obj) -> str:
+    return (
+        f"%gt explain: expected {EXPLAINABLE}, got {name!r}, a {type(obj).__name__}; pass what "
+        "torch.compile returned (`step = torch.compile(fn)`, then `%gt explain step`)"
+    )
+
+
+class _Status(StatusView):
+    """``%gt status`` with the fallbacks: compiled runs that failed, so their block ran eagerly."""
+
+    def lines(self) -> list[str]:
+        head, _, *rest = super().lines()
+        s = _tables.summary(self.data)
+        fallbacks = sum(e.get("type") == "fallback" for e in self.data.get("events", ()))
+        return [
+            head,
+            f"hot paths: {s['hot_paths']}, compiled {s['compiled']}, compiling {s['compiling']}, "
+            f"failed {s['failed']}, reverted {s['reverted']}, fallbacks {fallbacks}; "
+            f"{s['ops']} ops recorded",
+            *rest,
+        ]
 
 
 # -- parsing -------------------------------------------------------------------------------
+def _usage(magic) -> str:
+    """``usage: %%gt [--no-compile] ...`` on one line.
+
+    IPython writes the usage for the docstring (``::`` and ``%gt``, the line magic's name).
+    """
+    words = magic.parser.format_usage().split()
+    prog = f"%{magic.parser.prog}"
+    options = words[words.index(prog) + 1 :] if prog in words else words
+    return " ".join(["usage:", f"%%{magic.parser.prog}", *options])
+
+
+def _usage_error(magic, exc: BaseException | str) -> UsageError:
+    """A one-line UsageError: what was wrong, then the usage."""
+    text = " ".join(str(exc).split()).rstrip(".")
+    return UsageError(f"%%gt: {text}. {_usage(magic)}")
+
+
 def _parse(magic, line: str):
     """Parse ``%%gt`` options; a mistake is a one-line UsageError carrying the usage."""
     try:
         return parse_argstring(magic, line)
     except UsageError as exc:
-        usage = " ".join(magic.parser.format_usage().split())
-        raise UsageError(f"%%gt: {exc}. {usage}") from None
+        raise _usage_error(magic, exc) from None
 
 
 def _options(args) -> dict:
@@ -339,12 +400,21 @@ def _options(args) -> dict:
     return o
 
 
-def _check(core, options: dict) -> None:
+def _check(magic, core, options: dict) -> None:
     """Validate the options before the cell runs (a bad value never runs the cell)."""
     try:
         core.Options(**core.config()).replace(**options)
-    except Exception as exc:
-        raise UsageError(f"%%gt: {exc}") from None
+    except (core.ConfigError, ValueError, TypeError) as exc:
+        raise _usage_error(magic, exc) from None
+    if options.get("log"):  # the capture opens it; refuse a path it cannot open before the cell
+        try:
+            open(options["log"], "a").close()
+        except OSError as exc:
+            raise _usage_error(
+                magic,
+                f"--log {options['log']!r}: expected a writable file path, got "
+                f"{exc.strerror or exc}; pass a path in an existing, writable folder",
+            ) from None
 
 
 def _typed(updates: dict) -> dict:

@@ -28,7 +28,16 @@ def _restore_options():
 def inprocess():
     """A fresh in-process worker (same executor code, no second process): fast logic tests."""
     gt_core.worker().stop()
-    gt_core.configure(worker="inprocess", backend="eager", auto_compile=False, threshold=5, min_seq=8)
+    # Regression reverts are timing-based: logic tests keep them out of reach (the revert
+    # tests set their own sample counts with a backend slowed on purpose).
+    gt_core.configure(
+        worker="inprocess",
+        backend="eager",
+        auto_compile=False,
+        threshold=5,
+        min_seq=8,
+        regression_samples=10_000,
+    )
     gt_core.reset()
     yield gt_core.worker()
     gt_core.worker().stop()

@@ -2,7 +2,9 @@
 
 import pytest
 
+from gt_core import events as ev
 from gt_core.causes import CAUSES, KINDS, budget_message, explain, short_reason
+from gt_core.user_compiles import summarize_user_compiles
 
 # Reason texts as torch 2.13 wrote them (CompilationMetrics.recompile_reason, graph-break
 # logs, the recompile-limit warning), recorded while building gt_core.diagnostics.
@@ -133,6 +135,54 @@ def test_budget_message_counts_down_to_the_fallback():
     assert budget_message("kv_step", 6, 8).startswith("kv_step: 6 of 8 recompiles used")
     assert "2 more" in budget_message("kv_step", 6, 8)
     assert "the next recompile makes it run eagerly" in budget_message("kv_step", 8, 8)
+    hit = budget_message("kv_step", 8, 8, hit=True)
+    assert hit.startswith("kv_step: 8 of 8") and "limit was hit: it runs eagerly" in hit
+
+
+def _budget_events(limit_hit: bool) -> list[dict]:
+    """What the watcher publishes for kv_step with recompile_limit=8: budget warnings from
+    6 of 8 on, then (when ``limit_hit``) the limit hit on the call after the 8th compile."""
+    out = []
+    for used in range(1, 9):
+        out.append(ev.event(ev.USER_COMPILE, function="kv_step", compile_id=f"0/{used - 1}"))
+        if used >= 6:
+            out.append(
+                ev.event(
+                    ev.USER_BUDGET,
+                    function="kv_step",
+                    used=used,
+                    limit=8,
+                    message=budget_message("kv_step", used, 8),
+                )
+            )
+    if limit_hit:
+        out.append(
+            ev.event(
+                ev.USER_LIMIT_HIT,
+                function="kv_step",
+                limit=8,
+                limit_type="recompile_limit",
+                reason="hit config.recompile_limit (8): kv_step runs eagerly from now on",
+            )
+        )
+    return out
+
+
+def test_budget_warns_while_recompiles_are_left():
+    (u,) = summarize_user_compiles(_budget_events(limit_hit=False))
+    (x,) = [x for x in u["explanations"] if x["kind"] == "budget"]
+    assert x["cause"] == "kv_step: 8 of 8 recompiles used (the next recompile makes it run eagerly)"
+    assert u["budget"]["used"] == 8 and not u["limit_hit"]
+
+
+def test_after_the_limit_hit_no_row_says_the_fallback_is_still_ahead():
+    (u,) = summarize_user_compiles(_budget_events(limit_hit=True))
+    assert u["limit_hit"] and u["limit"] == 8
+    kinds = [x["kind"] for x in u["explanations"]]
+    assert kinds == ["limit_hit"]  # the limit hit says it all; the budget row would contradict it
+    assert "runs eagerly (uncompiled) from now on" in u["explanations"][0]["cause"]
+    assert "the next recompile" not in str(u)
+    assert u["budget"]["message"].startswith("kv_step: 8 of 8 recompiles used, then the limit")
 
 
 def test_the_table_is_consistent():

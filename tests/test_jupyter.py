@@ -1,5 +1,6 @@
 """The Jupyter layer through IPython's own testing shell: %load_ext, %%gt, %gt, the dashboard."""
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -85,8 +86,11 @@ def test_cell_value_is_the_last_expression(ip):
         ("--threshold", "expected one argument"),
         ("--bogus", "unrecognized arguments"),
         ("--show loud", "invalid choice"),
-        ("--threshold 1", "threshold"),
+        ("--threshold 1", "threshold=1 is not accepted; expected an integer >= 2"),
         ("--mode fastest", "mode"),
+        ("--backend nope", "backend='nope' is not accepted"),  # gt_core.ConfigError
+        ("--local --threshold 1", "threshold=1"),
+        ("--log /nonexistent-gt-dir/events.jsonl", "expected a writable file path"),
     ],
 )
 def test_bad_option_is_a_one_line_usage_error_and_the_cell_does_not_run(ip, line, words):
@@ -95,6 +99,22 @@ def test_bad_option_is_a_one_line_usage_error_and_the_cell_does_not_run(ip, line
         ip.run_cell_magic("gt", line, "ran = True")
     msg = str(err.value)
     assert words in msg and "\n" not in msg
+    assert msg.startswith("%%gt: ")
+    assert "usage: %%gt [--no-compile] [--compile] [--threshold N]" in msg  # the cell magic's
+    assert ":: " not in msg and " %gt " not in msg
+    assert "ran" not in ip.user_ns
+
+
+def test_config_error_on_entering_the_capture_is_a_usage_error(ip, monkeypatch):
+    @contextlib.contextmanager
+    def refuse(**options):  # as capture() does when the log path cannot be opened
+        raise gt_core.ConfigError("log (GT_INSTRUCTION_LOG)", "x", "a writable file path")
+        yield
+
+    monkeypatch.setattr(gt_core, "capture", refuse)
+    ip.user_ns.pop("ran", None)
+    with pytest.raises(UsageError, match=r"log \(GT_INSTRUCTION_LOG\)='x' .* usage: %%gt "):
+        ip.run_cell_magic("gt", "", "ran = True")
     assert "ran" not in ip.user_ns
 
 
@@ -155,6 +175,48 @@ def test_gt_status_config_reset_restart_stop(ip):
     del old
     with pytest.raises(UsageError, match="unknown command"):
         ip.run_line_magic("gt", "fly")
+
+
+def test_gt_status_counts_fallbacks(ip):
+    from gt_core import events as ev
+
+    run(ip, "%%gt\n" + TRAIN.replace("STEPS", "8"))
+    text = repr(ip.run_line_magic("gt", "status"))
+    assert "failed 0, reverted 0, fallbacks 0;" in text
+    (sig,) = [p["signature"] for p in gt_core.report().to_data()["hot_paths"]]
+    gt_core.events_log().emit(ev.FALLBACK, signature=sig, reason="RuntimeError: boom")
+    status = ip.run_line_magic("gt", "status")
+    assert "failed 1, reverted 0, fallbacks 1;" in repr(status)
+    assert "fallbacks 1" in status._repr_html_()
+
+
+def test_gt_explain_a_compiled_function(ip):
+    ip.run_cell("import torch\nf = torch.compile(lambda x: x.sin() + 1, backend='eager')")
+    ip.run_cell("f(torch.randn(3))")
+    assert "1 cache entry" in repr(ip.run_line_magic("gt", "explain f"))
+
+
+@pytest.mark.parametrize(
+    "line, came",
+    [
+        ("explain t", "got 't', a Tensor"),
+        ("explain 3", "got '3', a int"),
+        ("explain undefined_thing", "got 'undefined_thing', which does not evaluate here "),
+        ("explain len", "got 'len', a builtin_function_or_method"),
+    ],
+)
+def test_gt_explain_of_something_not_compiled_is_a_usage_error(ip, line, came):
+    ip.user_ns["t"] = torch.ones(2)
+    with pytest.raises(UsageError) as err:
+        ip.run_line_magic("gt", line)
+    msg = str(err.value)
+    assert msg.startswith("%gt explain: expected a function or module passed to torch.compile")
+    assert came in msg and "torch.compile(fn)" in msg and "\n" not in msg
+
+
+def test_gt_explain_wants_one_function(ip):
+    with pytest.raises(UsageError, match="got 0 arguments; usage: %gt explain FUNCTION"):
+        ip.run_line_magic("gt", "explain")
 
 
 def test_gt_graph_and_diff_after_a_batch_size_change(ip):
@@ -302,7 +364,7 @@ def test_dashboard_data_traces_and_rows():
         and rows[0]["speedup"] == pytest.approx(2.0)
     )
     html = dash.to_html()
-    assert "plotly" in html and "<table>" in html and "abc" in html
+    assert "<svg" in html and "<script" not in html and "<table>" in html and "abc" in html
     assert "saved" in dash.to_text()
 
 

@@ -1,5 +1,6 @@
 """The tutorial notebooks, executed end to end in a fresh kernel (quick settings)."""
 
+import re
 from pathlib import Path
 
 import nbformat
@@ -11,12 +12,33 @@ NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 QUICK = {"GT_NOTEBOOK_QUICK": "1", "TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS": "0"}
 
 
+def cell_outputs(cell, kind: str = "text/plain") -> list[str]:
+    return [
+        o.get("data", {}).get(kind, "") if "data" in o else o.get("text", "")
+        for o in cell.get("outputs", [])
+    ]
+
+
 def outputs(nb, kind: str = "text/plain") -> list[str]:
-    out = []
-    for cell in nb.cells:
-        for o in cell.get("outputs", []):
-            out.append(o.get("data", {}).get(kind, "") if "data" in o else o.get("text", ""))
-    return out
+    return [text for cell in nb.cells for text in cell_outputs(cell, kind)]
+
+
+def cell_texts(nb, start: str) -> list[str]:
+    """The text outputs of each code cell whose source starts with ``start``, in order."""
+    cells = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith(start)]
+    assert cells, f"no code cell starts with {start!r}"
+    return ["\n".join(cell_outputs(c)) for c in cells]
+
+
+def cell_text(nb, start: str) -> str:
+    """The text outputs of the one code cell whose source starts with ``start``."""
+    (text,) = cell_texts(nb, start)
+    return text
+
+
+def signatures(text: str) -> list[str]:
+    """The hot paths' signatures in a dashboard's text, in its rows' order."""
+    return re.findall(r"^  ([0-9a-f]{12}) \[", text, re.M)
 
 
 def run(name: str, tmp_path) -> nbformat.NotebookNode:
@@ -44,13 +66,31 @@ def test_quickstart(tmp_path):
     assert "1 hot path (1 compiled)" in text  # the dashboards, final
     assert "[compiled] 41 ops" in text
     html = "\n".join(outputs(nb, "text/html"))
-    assert "plotly" in html and "<table>" in html  # the static fallback is saved
+    # The static fallback is saved: figures as inline SVG (no script to strip), and tables.
+    assert "<svg" in html and "<table>" in html and "<script" not in html
     gt_loss, eager_loss = (
         float(line.split()[-1])
         for line in text.splitlines()
         if line.startswith(("gt loss", "eager loss"))
     )
     assert gt_loss == pytest.approx(eager_loss, rel=1e-3, abs=1e-6)
+    status, final_status = cell_texts(nb, "%gt status")
+    assert ", fallbacks 0;" in status  # (reverted or not depends on the machine)
+
+    # The tour of the %gt commands.
+    config = cell_text(nb, "import os\nimport tempfile")  # %config GT.threshold = 3, %gt config
+    assert "threshold = 3" in config
+    tour = cell_text(nb, "%%gt --backend aot_eager --log $log_path")
+    assert tour.startswith("gt: ") and "2 hot paths" in tour  # batch 8 and batch 4
+    assert "[8, 16] → [4, 16]" in cell_text(nb, "gt_core.wait(compiles=True)\nsig_8")  # %gt diff
+    assert cell_text(nb, "%gt dashboard").splitlines()[0] == tour.splitlines()[0]
+    offline = cell_text(nb, "%gt log $log_path")  # the dashboard of the saved log
+    assert "2 hot paths" in offline
+    assert len(signatures(tour)) == 2 and signatures(offline) == signatures(tour)
+    assert "event history cleared" in cell_text(nb, "%gt reset")
+    assert "fresh worker pid=" in cell_text(nb, "%gt restart")
+    assert "worker stopped" in cell_text(nb, "%gt stop")
+    assert "worker: not started" in final_status and "hot paths: 0," in final_status
 
 
 @pytest.mark.notebook
