@@ -23,9 +23,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Enum, Int, Unicode
 from traitlets.config import Configurable
 
-from . import _tables
 from .dashboard import SHOW, Dashboard, LiveUpdater
-from .views import StatusView, Text, graph_view, status_view
+from .views import Text, graph_view, status_view
 
 __all__ = ["GTMagics", "GT", "load", "unload"]
 
@@ -226,8 +225,7 @@ class GTMagics(Magics):
     def _cmd_status(self, rest):
         _no_args("status", rest)
         core = _core()
-        view = status_view(core.report().to_data(), core.worker())
-        return _Status(view.worker, view.data)
+        return status_view(core.report().to_data(), core.worker())
 
     def _cmd_config(self, rest):
         core = _core()
@@ -334,22 +332,6 @@ def _not_compiled(name: str, obj) -> str:
         f"%gt explain: expected {EXPLAINABLE}, got {name!r}, a {type(obj).__name__}; pass what "
         "torch.compile returned (`step = torch.compile(fn)`, then `%gt explain step`)"
     )
-
-
-class _Status(StatusView):
-    """``%gt status`` with the fallbacks: compiled runs that failed, so their block ran eagerly."""
-
-    def lines(self) -> list[str]:
-        head, _, *rest = super().lines()
-        s = _tables.summary(self.data)
-        fallbacks = sum(e.get("type") == "fallback" for e in self.data.get("events", ()))
-        return [
-            head,
-            f"hot paths: {s['hot_paths']}, compiled {s['compiled']}, compiling {s['compiling']}, "
-            f"failed {s['failed']}, reverted {s['reverted']}, fallbacks {fallbacks}; "
-            f"{s['ops']} ops recorded",
-            *rest,
-        ]
 
 
 # -- parsing -------------------------------------------------------------------------------

@@ -41,10 +41,13 @@ class StatusView:
         else:
             head = "worker: not started (the next %%gt cell starts one)"
         s = _tables.summary(self.data)
+        # fallbacks: compiled runs that failed, so their block ran eagerly from then on
+        fallbacks = sum(e.get("type") == "fallback" for e in self.data.get("events", ()))
         return [
             head,
             f"hot paths: {s['hot_paths']}, compiled {s['compiled']}, compiling {s['compiling']}, "
-            f"failed {s['failed']}, reverted {s['reverted']}; {s['ops']} ops recorded",
+            f"failed {s['failed']}, reverted {s['reverted']}, fallbacks {fallbacks}; "
+            f"{s['ops']} ops recorded",
             *_tables.to_text(self.data).splitlines()[1:],
         ]
 
