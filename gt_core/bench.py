@@ -2,9 +2,12 @@
 
     python -m gt_core.bench [--quick] [--iters N] [--backend NAME] [--json PATH]
 
-Every workload runs eagerly, through gt, and (where one exists) as a hand-written
-``torch.compile`` step, side by side in one run; per-iteration times are medians of the
-steady state (the last third), so ratios are comparable even on a noisy machine.
+Every workload runs eagerly, through gt, and as the hand-written ``torch.compile`` of the
+same step function (for a training step: forward, loss, backward and optimizer step, which
+Dynamo splits at ``loss.backward()`` as it would for a user), side by side in one run.
+Per-iteration times are medians of the steady state (the last third), so ratios are
+comparable even on a noisy machine. torch.compile's final loss and parameters, and gt's
+final loss, are checked against eager's.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from itertools import groupby
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +27,13 @@ from torch import nn
 
 import gt_core
 
-__all__ = ["WORKLOADS", "run", "Result", "main"]
+__all__ = ["WORKLOADS", "RTOL", "run", "Result", "table", "main"]
+
+RTOL = 1e-4  # final loss and parameters, relative to eager's; beyond it the table says so
 
 
-# -- workloads: make() -> (step, params); step() runs one iteration, returns a scalar tensor --
+# -- workloads: make() -> (step, state). step() runs one iteration and returns a scalar tensor;
+# state lists what the step updates in place (the parameters), compared with eager's at the end.
 def matmul_chain():
     ws = [torch.randn(256, 256) / 16 for _ in range(6)]
     x = torch.randn(64, 256)
@@ -37,7 +44,7 @@ def matmul_chain():
             h = torch.tanh(h @ w)
         return h.sum()
 
-    return step
+    return step, []
 
 
 def mlp_training():
@@ -52,7 +59,7 @@ def mlp_training():
         opt.zero_grad()
         return loss
 
-    return step
+    return step, list(model.parameters())
 
 
 class _Attention(nn.Module):
@@ -83,7 +90,7 @@ def attention_training():
         opt.zero_grad()
         return loss
 
-    return step
+    return step, list(model.parameters())
 
 
 def mixed_ops():
@@ -95,7 +102,7 @@ def mixed_ops():
         h = h.softmax(-1) + h.index_select(0, torch.remainder(idx + 1, 128)).mean(0)
         return (h.cumsum(-1)[:, -1] - h.amax(-1)).abs().sum()
 
-    return step
+    return step, []
 
 
 WORKLOADS: dict[str, Callable] = {
@@ -104,76 +111,140 @@ WORKLOADS: dict[str, Callable] = {
     "attention block": attention_training,
     "mixed operations": mixed_ops,
 }
-# Steps torch.compile can take whole (training steps break at loss.backward()).
-_COMPILABLE = {"matmul chain", "mixed operations"}
 
 
 @dataclass
 class Result:
-    """One workload's figures (times in ms unless named otherwise)."""
+    """One workload's figures: ms per iteration, totals in s, speedups as eager / other."""
 
     workload: str
     iters: int
     eager_ms: float
     gt_ms: float
     torch_compile_ms: float | None
+    speedup: float  # gt's
+    torch_compile_speedup: float | None
+    eager_total_s: float
+    gt_total_s: float
+    torch_compile_total_s: float | None
     gt_warmup_s: float
     gt_compile_s: float | None
     break_even: int | None
-    eager_total_s: float
-    gt_total_s: float
-    speedup: float
+    gt_rel_diff: float  # gt's final loss vs eager's
+    torch_compile_rel_diff: float | None  # the largest over the final loss and the parameters
     status: str
     verdict: str
+
+
+class _Progress:
+    """One progress line on stderr, rewritten in place on a TTY. Elsewhere, one line as each
+    phase ends and one per quarter of a phase, where ``min_s`` or more passed since the last."""
+
+    def __init__(self, stream=None, tty: bool | None = None, min_s: float = 1.0):
+        self.stream, self.min_s = stream, min_s
+        self.tty = bool(stream is not None and stream.isatty()) if tty is None else tty
+
+    def phase(self, workload: str, phase: str, n: int) -> Callable[[int], None] | None:
+        """A tick(i) to call after iteration i (1-based) of the n in this phase."""
+        if self.stream is None:
+            return None
+        label, t0 = f"{workload}: {phase}", time.perf_counter()
+        last, quarter = t0, 0
+        if self.tty:
+            self._line(f"{label} 0/{n}")
+
+        def tick(i: int) -> None:
+            nonlocal last, quarter
+            now = time.perf_counter()
+            if self.tty and (now - last >= 0.1 or i == n):
+                last = now
+                self._line(f"{label} {i}/{n} ({100 * i // n}%), {now - t0:.1f} s")
+            elif not self.tty and 4 * i // n > quarter:
+                quarter = 4 * i // n
+                if i < n and now - last >= self.min_s:  # quiet on short phases
+                    last = now
+                    self._line(f"{label} {i}/{n} ({100 * i // n}%), {now - t0:.1f} s")
+
+        return tick
+
+    def done(self, msg: str) -> None:
+        if self.stream is not None:
+            self._line(msg)
+
+    def close(self) -> None:
+        """Clear the TTY line, so the table starts on a clean one."""
+        if self.stream is not None and self.tty:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+    def _line(self, msg: str) -> None:
+        self.stream.write(f"\r\x1b[K  … {msg}" if self.tty else f"  … {msg}\n")
+        self.stream.flush()
 
 
 def _steady(times: list[float]) -> float:
     return statistics.median(times[-max(3, len(times) // 3) :]) * 1e3
 
 
-def _time_loop(step, iters: int, sync) -> list[float]:
-    times = []
-    for _ in range(iters):
+def _time_loop(step, iters: int, tick=None) -> tuple[list[float], float]:
+    """Seconds per iteration (each ends in a ``.item()`` sync), and the last value."""
+    times, value = [], float("nan")
+    for i in range(iters):
         t0 = time.perf_counter()
-        sync(step())
+        value = step().item()
         times.append(time.perf_counter() - t0)
-    return times
+        if tick:
+            tick(i + 1)  # outside the timed part
+    return times, value
 
 
-def run(name: str, iters: int, backend: str, progress=None) -> Result:
-    """Run one workload eagerly, through gt and with torch.compile; return its figures."""
+@torch.no_grad()
+def _rel_diff(got: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
+    """The largest relative difference (max-norm) over pairs of tensors; nan propagates."""
+    diffs = [
+        (g - e).abs().max() / e.abs().max().clamp_min(1e-12)
+        for g, e in zip(got, expected, strict=True)
+    ]
+    return torch.stack(diffs).max().item()
+
+
+def run(name: str, iters: int, backend: str, progress: _Progress | None = None) -> Result:
+    """Run one workload eagerly, through gt and as torch.compile of its step; its figures."""
+    progress = progress or _Progress()
     make = WORKLOADS[name]
     torch.manual_seed(0)
-    step = make()
-    eager = _time_loop(step, iters, lambda t: t.item())
+    step, state = make()
+    eager, eager_value = _time_loop(step, iters, progress.phase(name, "eager", iters))
+    expected = [torch.tensor(eager_value), *(t.detach().clone() for t in state)]
     e = _steady(eager)
-    if progress:
-        progress(f"{name}: eager {e:.3f} ms")
+    progress.done(f"{name}: eager {e:.3f} ms/it")
 
     gt_core.reset()
     with gt_core.capture(backend=backend, auto_compile=True, background=True):
         torch.manual_seed(0)
-        step = make()
-        gt_times = _time_loop(step, iters, lambda t: t.item())
+        step, _ = make()
+        gt_times, gt_value = _time_loop(step, iters, progress.phase(name, "gt", iters))
     data = gt_core.report().to_data()
     g = _steady(gt_times)
     paths = sorted(data["hot_paths"], key=lambda p: -p["compiled_runs"])
     top = paths[0] if paths else None
     compile_s = top["compile_seconds"] if top else None
     status = top["status"] if top else "no hot path"
-    if progress:
-        progress(f"{name}: gt {g:.3f} ms ({status})")
+    gt_diff = _rel_diff([torch.tensor(gt_value)], expected[:1])
+    progress.done(f"{name}: gt {g:.3f} ms/it ({status})")
 
-    tc = None
-    if name in _COMPILABLE:
-        torch.manual_seed(0)
-        compiled = torch.compile(make(), backend=backend)
-        tc = _steady(_time_loop(compiled, iters, lambda t: t.item()))
-        torch._dynamo.reset()
+    # The hand-written baseline: torch.compile of the whole step function, same seed and data.
+    torch.manual_seed(0)
+    step, state = make()
+    compiled = torch.compile(step, backend=backend)
+    tc_times, tc_value = _time_loop(compiled, iters, progress.phase(name, "torch.compile", iters))
+    torch._dynamo.reset()
+    tc = _steady(tc_times)
+    tc_diff = _rel_diff([torch.tensor(tc_value), *state], expected)
+    progress.done(f"{name}: torch.compile {tc:.3f} ms/it")
 
     # Warmup: the gt iterations before its per-iteration time settles near the steady state.
     warm = next((i for i, t in enumerate(gt_times) if t * 1e3 <= 1.5 * g), len(gt_times))
-    be = _break_even(gt_times, e / 1e3)
     speedup = e / g
     verdict = ("faster" if speedup >= 1.1 else "on par" if speedup >= 0.9 else "slower") + (
         "" if status == "compiled" else f" ({status})"
@@ -184,12 +255,16 @@ def run(name: str, iters: int, backend: str, progress=None) -> Result:
         eager_ms=e,
         gt_ms=g,
         torch_compile_ms=tc,
-        gt_warmup_s=sum(gt_times[:warm]),
-        gt_compile_s=compile_s,
-        break_even=be,
+        speedup=speedup,
+        torch_compile_speedup=e / tc,
         eager_total_s=sum(eager),
         gt_total_s=sum(gt_times),
-        speedup=speedup,
+        torch_compile_total_s=sum(tc_times),
+        gt_warmup_s=sum(gt_times[:warm]),
+        gt_compile_s=compile_s,
+        break_even=_break_even(gt_times, e / 1e3),
+        gt_rel_diff=gt_diff,
+        torch_compile_rel_diff=tc_diff,
         status=status,
         verdict=verdict,
     )
@@ -205,20 +280,76 @@ def _break_even(gt_times: list[float], eager_s: float) -> int | None:
     return None
 
 
+def _agrees(r: Result) -> str:
+    """'ok', or which run's final state is beyond RTOL of eager's, and by how much."""
+    off = [
+        f"{who} {d:.1e}"
+        for who, d in (("gt", r.gt_rel_diff), ("tc", r.torch_compile_rel_diff))
+        if d is not None and not d <= RTOL  # nan is off too
+    ]
+    return "DIFFERS: " + ", ".join(off) if off else "ok"
+
+
+def _fmt(v, spec: str, unit: str = "") -> str:
+    return "-" if v is None else format(v, spec) + unit
+
+
+# (group, header, cell) of each column; a group's title is drawn over its headers.
+_COLUMNS: list[tuple[str, str, Callable[[Result], str]]] = [
+    ("", "workload", lambda r: r.workload),
+    ("ms per iteration", "eager", lambda r: _fmt(r.eager_ms, ".3f")),
+    ("ms per iteration", "gt", lambda r: _fmt(r.gt_ms, ".3f")),
+    ("ms per iteration", "torch.compile", lambda r: _fmt(r.torch_compile_ms, ".3f")),
+    ("speedup", "gt", lambda r: _fmt(r.speedup, ".2f", "x")),
+    ("speedup", "torch.compile", lambda r: _fmt(r.torch_compile_speedup, ".2f", "x")),
+    ("total s", "eager", lambda r: _fmt(r.eager_total_s, ".2f")),
+    ("total s", "gt", lambda r: _fmt(r.gt_total_s, ".2f")),
+    ("total s", "torch.compile", lambda r: _fmt(r.torch_compile_total_s, ".2f")),
+    ("gt", "compile s", lambda r: _fmt(r.gt_compile_s, ".1f")),
+    ("gt", "warmup s", lambda r: _fmt(r.gt_warmup_s, ".2f")),
+    ("gt", "break-even it", lambda r: _fmt(r.break_even, "d")),
+    ("", "vs eager", _agrees),
+    ("", "verdict", lambda r: r.verdict),
+]
+
+
 def table(results: list[Result]) -> str:
-    head = (
-        f"{'workload':<19} {'eager ms':>9} {'gt ms':>8} {'compile ms':>11} {'gt speedup':>11} "
-        f"{'gt compile s':>13} {'warmup s':>9} {'break-even':>11}  verdict"
+    """The results as a text table, with a legend under it."""
+    cells = [[cell(r) for *_, cell in _COLUMNS] for r in results]
+    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, (_, h, _) in enumerate(_COLUMNS)]
+    spans = [[i for i, _ in grp] for _, grp in groupby(enumerate(_COLUMNS), lambda c: c[1][0])]
+
+    def width(span: list[int]) -> int:
+        return sum(widths[i] for i in span) + 2 * (len(span) - 1)
+
+    for span in spans:  # widen a group's last column where its title is wider than the group
+        widths[span[-1]] += max(0, len(_COLUMNS[span[0]][0]) + 2 - width(span))
+
+    def line(row: list[str]) -> str:
+        last = len(row) - 1
+        return "  ".join(
+            c.ljust(w) if i in (0, last) else c.rjust(w)
+            for i, (c, w) in enumerate(zip(row, widths, strict=True))
+        ).rstrip()
+
+    over = "  ".join(
+        f" {g} ".center(width(s), "-") if (g := _COLUMNS[s[0]][0]) else " " * width(s)
+        for s in spans
     )
-    rows = [head, "-" * len(head)]
-    for r in results:
-        tc = f"{r.torch_compile_ms:.3f}" if r.torch_compile_ms is not None else "-"
-        cs = f"{r.gt_compile_s:.1f}" if r.gt_compile_s is not None else "-"
-        rows.append(
-            f"{r.workload:<19} {r.eager_ms:>9.3f} {r.gt_ms:>8.3f} {tc:>11} {r.speedup:>10.2f}x "
-            f"{cs:>13} {r.gt_warmup_s:>9.2f} {str(r.break_even):>11}  {r.verdict}"
-        )
-    return "\n".join(rows)
+    head = line([h for _, h, _ in _COLUMNS])
+    return "\n".join(
+        [
+            over.rstrip(),
+            head,
+            "-" * len(head),
+            *(line(row) for row in cells),
+            "ms per iteration: median of the steady state (the last third); speedup: eager ms"
+            " / that ms (>1: faster than eager).",
+            "torch.compile: the whole step function compiled by hand (training steps split at"
+            " backward). vs eager: final loss (gt), final loss and parameters (torch.compile,"
+            f" 'tc') within {RTOL:g} relative.",
+        ]
+    )
 
 
 def main(argv=None) -> list[Result]:
@@ -246,20 +377,26 @@ def main(argv=None) -> list[Result]:
     if unknown:
         ap.error(f"unknown workload {unknown[0]!r}; expected one of {', '.join(WORKLOADS)}")
 
-    def progress(msg):
-        print(f"  … {msg}", file=sys.stderr, flush=True)
-
     print(
         f"gt benchmark: {iters} iterations, backend {backend}, torch {torch.__version__}, "
         f"worker device {gt_core.worker().device}, {time.strftime('%Y-%m-%d')}",
         flush=True,
     )
-    results = [run(n, iters, backend, progress) for n in names]
+    progress = _Progress(sys.stderr)
+    try:
+        results = [run(n, iters, backend, progress) for n in names]
+    finally:
+        progress.close()
     print(table(results))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(
-                {"backend": backend, "iters": iters, "results": [asdict(r) for r in results]},
+                {
+                    "backend": backend,
+                    "iters": iters,
+                    "rtol": RTOL,
+                    "results": [asdict(r) for r in results],
+                },
                 f,
                 indent=1,
             )

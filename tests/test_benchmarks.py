@@ -1,25 +1,32 @@
 """Issue 7, item 8: every benchmark script's quick version runs (no timing is asserted)."""
 
+import io
+import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+from gt_core import bench
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# name -> (arguments, strings its stdout must hold)
 QUICK = {
-    "overhead": (["benchmarks/overhead.py", "--quick"], "µs/op client"),
-    "hotpath": (["benchmarks/hotpath.py", "--quick"], "gt vs eager"),
-    "stall": (["benchmarks/stall.py", "--quick"], "while compiling"),
-    "warm_start": (["benchmarks/warm_start.py", "--quick"], "detection→compiled"),
-    "bench": (["-m", "gt_core.bench", "--quick"], "eager"),
+    "overhead": (["benchmarks/overhead.py", "--quick"], ["µs/op client"]),
+    "hotpath": (["benchmarks/hotpath.py", "--quick"], ["gt vs eager", "gt vs 1-graph"]),
+    "stall": (["benchmarks/stall.py", "--quick"], ["while compiling"]),
+    "warm_start": (["benchmarks/warm_start.py", "--quick"], ["detection→compiled"]),
+    "bench": (
+        ["-m", "gt_core.bench", "--quick"],
+        ["ms per iteration", "speedup", "torch.compile", "total s", "break-even it", "vs eager"],
+    ),
 }
 
 
-@pytest.mark.parametrize("name", list(QUICK))
-def test_quick_benchmark_runs(name):
-    args, expected = QUICK[name]
+def run_quick(args):
     env = dict(os.environ, TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="0")
     p = subprocess.run(
         [sys.executable, *args],
@@ -31,4 +38,108 @@ def test_quick_benchmark_runs(name):
         check=False,
     )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-4000:]
-    assert expected in p.stdout, p.stdout[-2000:]
+    return p
+
+
+@pytest.mark.parametrize("name", list(QUICK))
+def test_quick_benchmark_runs(name, tmp_path):
+    args, expected = QUICK[name]
+    if name == "bench":
+        args = [*args, "--json", str(tmp_path / "bench.json")]
+    p = run_quick(args)
+    for s in expected:
+        assert s in p.stdout, (s, p.stdout[-2000:])
+    if name in ("bench", "hotpath"):  # a missing figure is a '-' or a note, not a nan
+        assert not re.search(r"\bnan\b", p.stdout), p.stdout[-2000:]
+    if name == "bench":
+        check_bench(p, tmp_path / "bench.json")
+    if name == "hotpath":  # the one-graph step exists for both SGD workloads
+        rows = [
+            ln.split() for ln in p.stdout.splitlines() if ln.startswith(("mlp ", "transformer"))
+        ]
+        assert {r[0] for r in rows} == {"mlp", "transformer"}
+        assert all(r[4] != "-" and r[6].endswith("x") for r in rows), p.stdout
+
+
+def check_bench(p, path):
+    """Every workload has its torch.compile baseline, agreeing with eager; totals in the table."""
+    data = json.loads(path.read_text())
+    assert [r["workload"] for r in data["results"]] == list(bench.WORKLOADS)
+    for r in data["results"]:
+        for key in ("torch_compile_ms", "torch_compile_speedup", "torch_compile_total_s"):
+            assert r[key] > 0, (key, r)
+        assert r["eager_total_s"] > 0 and r["gt_total_s"] > 0, r
+        assert r["torch_compile_rel_diff"] <= bench.RTOL, r
+        assert isinstance(r["gt_rel_diff"], float), r
+        row = next(ln for ln in p.stdout.splitlines() if ln.startswith(r["workload"]))
+        assert f"{r['eager_total_s']:.2f}" in row and f"{r['gt_total_s']:.2f}" in row, row
+        assert f"{r['torch_compile_speedup']:.2f}x" in row, row
+    # Progress goes to stderr, one line at a time when it is not a TTY; stdout has the table.
+    assert "…" not in p.stdout and "  … " in p.stderr and "\r" not in p.stderr
+
+
+def test_progress_lines_when_not_a_tty():
+    out = io.StringIO()
+    progress = bench._Progress(out, tty=False, min_s=0)
+    tick = progress.phase("w", "gt", 100)
+    for i in range(1, 101):
+        tick(i)
+    progress.done("w: gt 1.000 ms/it")
+    progress.close()
+    lines = out.getvalue().splitlines()
+    assert [ln.split()[3] for ln in lines[:-1]] == ["25/100", "50/100", "75/100"], lines
+    assert lines[-1] == "  … w: gt 1.000 ms/it"
+
+
+def test_progress_quiet_on_short_phases_and_in_place_on_a_tty():
+    out = io.StringIO()
+    progress = bench._Progress(out, tty=False, min_s=60)
+    tick = progress.phase("w", "eager", 8)
+    for i in range(1, 9):
+        tick(i)
+    assert out.getvalue() == ""  # a short phase: only the line that ends it
+
+    out = io.StringIO()
+    progress = bench._Progress(out, tty=True)
+    tick = progress.phase("w", "gt", 1000)
+    for i in range(1, 1001):
+        tick(i)
+    progress.done("w: gt 1.000 ms/it")
+    progress.close()
+    text = out.getvalue()
+    assert "\n" not in text and text.count("\r") < 20 and text.endswith("\r\x1b[K")
+    assert "w: gt 1000/1000 (100%)" in text
+
+
+def test_table_has_every_column():
+    r = bench.Result(
+        workload="w",
+        iters=3,
+        eager_ms=2.0,
+        gt_ms=1.0,
+        torch_compile_ms=4.0,
+        speedup=2.0,
+        torch_compile_speedup=0.5,
+        eager_total_s=0.25,
+        gt_total_s=0.75,
+        torch_compile_total_s=1.5,
+        gt_warmup_s=0.1,
+        gt_compile_s=None,
+        break_even=None,
+        gt_rel_diff=0.0,
+        torch_compile_rel_diff=1e-2,
+        status="compiled",
+        verdict="faster",
+    )
+    text = bench.table([r])
+    head, row = text.splitlines()[1], text.splitlines()[3]
+    assert head.split() == [
+        "workload", "eager", "gt", "torch.compile", "gt", "torch.compile", "eager", "gt",
+        "torch.compile", "compile", "s", "warmup", "s", "break-even", "it", "vs", "eager",
+        "verdict",
+    ]  # fmt: skip
+    assert row.split() == [
+        "w", "2.000", "1.000", "4.000", "2.00x", "0.50x", "0.25", "0.75", "1.50", "-", "0.10",
+        "-", "DIFFERS:", "tc", "1.0e-02", "faster",
+    ]  # fmt: skip
+    assert "ms per iteration" in text.splitlines()[0] and "total s" in text.splitlines()[0]
