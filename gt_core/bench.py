@@ -29,7 +29,10 @@ import gt_core
 
 __all__ = ["WORKLOADS", "RTOL", "run", "Result", "table", "main"]
 
-RTOL = 1e-4  # final loss and parameters, relative to eager's; beyond it the table says so
+# Final loss and parameters, relative to eager's; beyond it the table says so. Hundreds of
+# training steps compound inductor's float reassociation to ~1e-3 (gt and a hand-written
+# torch.compile alike, measured here); a wrong result is off by O(1).
+RTOL = 1e-2
 
 
 # -- workloads: make() -> (step, state). step() runs one iteration and returns a scalar tensor;
@@ -224,6 +227,9 @@ def run(name: str, iters: int, backend: str, progress: _Progress | None = None) 
         torch.manual_seed(0)
         step, _ = make()
         gt_times, gt_value = _time_loop(step, iters, progress.phase(name, "gt", iters))
+        # A compile still running (the loop was shorter than it) would slow the next
+        # workloads' timings on the same worker: let it finish, outside every timed part.
+        gt_core.wait(compiles=True, timeout=600)
     data = gt_core.report().to_data()
     g = _steady(gt_times)
     paths = sorted(data["hot_paths"], key=lambda p: -p["compiled_runs"])

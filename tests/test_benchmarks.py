@@ -127,7 +127,7 @@ def test_table_has_every_column():
         gt_compile_s=None,
         break_even=None,
         gt_rel_diff=0.0,
-        torch_compile_rel_diff=1e-2,
+        torch_compile_rel_diff=5e-2,
         status="compiled",
         verdict="faster",
     )
@@ -140,6 +140,6 @@ def test_table_has_every_column():
     ]  # fmt: skip
     assert row.split() == [
         "w", "2.000", "1.000", "4.000", "2.00x", "0.50x", "0.25", "0.75", "1.50", "-", "0.10",
-        "-", "DIFFERS:", "tc", "1.0e-02", "faster",
+        "-", "DIFFERS:", "tc", "5.0e-02", "faster",
     ]  # fmt: skip
     assert "ms per iteration" in text.splitlines()[0] and "total s" in text.splitlines()[0]
