@@ -2,9 +2,9 @@
 
     python -m gt_jupyter.execute notebooks/01_quickstart.ipynb [--out DIR] [--timeout S]
 
-The executed notebook keeps every output (the dashboards' static HTML included), so it
-reads in Jupyter, on GitHub or in nbviewer. What gt said (the dashboards' one-line
-headlines) is printed as the notebook runs.
+The executed notebook keeps every output as static HTML (the dashboards' figures as inline
+SVG), so it reads in Jupyter, on GitHub or in nbviewer; live widget state is not saved. What
+gt said (the dashboards' one-line headlines) is printed as the notebook runs.
 """
 
 from __future__ import annotations
@@ -88,8 +88,28 @@ def execute(
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        nbformat.write(nb, target)
+        nbformat.write(_static(nb), target)
     return target
+
+
+_WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def _static(nb):
+    """The notebook as saved: each output's static HTML, not its live widget.
+
+    Widget state embeds plotly.js once per figure widget (tens of MB a notebook), and a widget
+    view whose state is not saved shows as an error in Jupyter. Every gt display carries a
+    static HTML copy (figures as inline SVG), which Jupyter, nbconvert and GitHub all show;
+    running the notebook again brings the live widgets back.
+    """
+    nb.metadata.pop("widgets", None)
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            data = o.get("data")
+            if data and _WIDGET_VIEW in data and len(data) > 1:
+                del data[_WIDGET_VIEW]
+    return nb
 
 
 def main(argv=None) -> int:

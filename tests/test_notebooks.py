@@ -46,7 +46,28 @@ def run(name: str, tmp_path) -> nbformat.NotebookNode:
     nb = nbformat.read(path, as_version=4)
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors, errors
+    # saved as static HTML: no widget state (plotly.js per figure: tens of MB), no dangling views
+    assert "widgets" not in nb.metadata and path.stat().st_size < 2_000_000
+    assert not [o for o in outputs_data(nb) if "application/vnd.jupyter.widget-view+json" in o]
     return nb
+
+
+def outputs_data(nb) -> list[dict]:
+    return [o["data"] for c in nb.cells for o in c.get("outputs", []) if "data" in o]
+
+
+def test_the_committed_notebooks_read_without_running_them():
+    """Saved with their outputs (static HTML, figures as SVG), so they read on GitHub."""
+    for path in sorted(NOTEBOOKS.glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        code = [c for c in nb.cells if c.cell_type == "code"]
+        assert code and all(c.get("outputs") for c in code if c.source.startswith("%%gt")), (
+            path.name  # every %%gt cell keeps its dashboard
+        )
+        assert sum(bool(c.get("outputs")) for c in code) >= len(code) // 2, path.name
+        html = "\n".join(outputs(nb, "text/html"))
+        assert "<svg" in html or path.name == "04_benchmark.ipynb", path.name
+        assert "widgets" not in nb.metadata and path.stat().st_size < 2_000_000, path.name
 
 
 def test_every_notebook_is_tested():
