@@ -25,7 +25,7 @@ from ._instructions import BARRIERS, DEFOP, FREE, MARK, OP, SYNC, Ref, op_name
 from ._lift import LiftNamer, lift_positions
 from .errors import CompiledRunFailed
 from .report import Status
-from .signature import Canonical, Mismatch, Namer, _finish, canonicalize
+from .signature import Canonical, Mismatch, Namer, _finish, _name, canonicalize
 
 __all__ = ["Engine"]
 
@@ -96,6 +96,7 @@ class Block:
         signal: str | None = None,
         lift: dict | None = None,
         scalar_dtypes: tuple = (),
+        value_meta: dict | None = None,
     ):
         self.canon = canon
         self.lift = lift or {}  # entry position -> {argument path: dtype}: floats lifted to inputs
@@ -114,7 +115,7 @@ class Block:
         self.mutates = any(ops[name]._schema.is_mutable for name in set(canon.ops))
         self.signal = signal
         self.thread: threading.Thread | None = None
-        self.value_meta: dict = {}  # value name -> shape and dtype, for the graph
+        self.value_meta = value_meta or {}  # value name -> shape and dtype, for the graph
 
     @property
     def tracked(self) -> bool:
@@ -390,9 +391,7 @@ class Engine:
         names = {n: vid for vid, n in tracker.namer.names.items()}
         outs = [names[n] for n in block.canon.outputs if n in names]
         self.ex.poisoned.update(outs)
-        for ins in buf:
-            if ins[0] == FREE:
-                self.ex.values.pop(ins[1], None)
+        self._free(buf)
         if self.ex.error is None:
             self.ex.error = CompiledRunFailed(
                 f"gt: the compiled hot path {block.sig} failed while running ({reason}). It "
@@ -415,12 +414,17 @@ class Engine:
         names = {n: vid for vid, n in tracker.namer.names.items()}
         for name, value in zip(block.canon.outputs, outs, strict=True):
             values[names[name]] = value
-        for ins in buf:
-            if ins[0] == FREE:
-                values.pop(ins[1], None)
+        self._free(buf)
         self.ex.executed += len(buf)
         block.compiled_ms.append(ms)
         self.emit(ev.ITERATION, signature=block.sig, kind="compiled", ms=ms)
+
+    def _free(self, buf) -> None:
+        """Drop the values an occurrence frees (its ops ran as one call, or not at all)."""
+        values = self.ex.values
+        for ins in buf:
+            if ins[0] == FREE:
+                values.pop(ins[1], None)
 
     def _check_regression(self, block: Block) -> None:
         if block.judged or len(block.compiled_ms) < self.options.regression_samples:
@@ -508,8 +512,15 @@ class Engine:
         existing = self.blocks.get(canon.id)
         if existing is None:
             dtypes = tuple(namer.dtypes) if lift else ()
-            block = Block(canon, paths, self._ops_by_name(), p, lift=lift, scalar_dtypes=dtypes)
-            block.value_meta = self._value_meta(namer)
+            block = Block(
+                canon,
+                paths,
+                self._ops_by_name(),
+                p,
+                lift=lift,
+                scalar_dtypes=dtypes,
+                value_meta=self._value_meta(namer),
+            )
             self._register(block)
             self._make_hot(block, occurrences=len(occ))
         return True
@@ -581,7 +592,7 @@ class Engine:
         for vid, name in namer.names.items():
             m = self.meta_of(vid)
             if m is not None:
-                out[("in" if name[0] == "i" else "t") + str(name[1])] = {
+                out[_name(name)] = {
                     "shape": list(m[0]),
                     "dtype": str(m[2]).removeprefix("torch."),
                 }
@@ -698,8 +709,14 @@ class Engine:
             return
         if self.signal_seen.get(name) == canon.id and spec.get("compile"):
             paths = [self.paths[i] for i in seg if self.paths[i] is not None]
-            block = Block(canon, paths, self._ops_by_name(), len(seg) + 2, signal=name)
-            block.value_meta = self._value_meta(namer)
+            block = Block(
+                canon,
+                paths,
+                self._ops_by_name(),
+                len(seg) + 2,
+                signal=name,
+                value_meta=self._value_meta(namer),
+            )
             self._register(block)
             self._make_hot(block)
             self.emit(ev.SIGNAL, name=name, phase="compile", signature=canon.id)
@@ -725,8 +742,9 @@ class Engine:
             return
         if canon.id not in self.blocks:
             paths = [self.paths[k] for k in seg if self.paths[k] is not None]
-            block = Block(canon, paths, self._ops_by_name(), len(seg) + 1)
-            block.value_meta = self._value_meta(namer)
+            block = Block(
+                canon, paths, self._ops_by_name(), len(seg) + 1, value_meta=self._value_meta(namer)
+            )
             self._register(block)
             self._make_hot(block, occurrences=1)
 
