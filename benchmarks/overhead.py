@@ -1,6 +1,21 @@
-"""Client overhead: µs per recorded op and step time through the worker vs eager (one run).
+"""The client's cost per recorded op, and how well client and worker overlap (one run).
 
-    python benchmarks/overhead.py [--quick] [--steps N] [--sizes 8,128,1024]
+    python benchmarks/overhead.py [--quick] [--steps N] [--repeats R] [--sizes 8,128,1024]
+                                  [--backend inductor]
+
+The MLP 784→256→10 with SGD momentum, in the steady state (its step compiled as one hot
+block, sent by the client as one message per step). Per batch size, medians over repeats:
+
+  eager ms     the step run eagerly on plain tensors
+  client ms    the client's time per step through gt (autograd and the optimizer's Python,
+               recording, matching, sending), the worker running beside it
+  µs/op        client ms / ops per step, all in; eager's own µs/op beside it for scale
+  alone µs/op  the same with the worker's share of the CPU taken away (its batches are
+               dropped, measured last): the client's own cost per recorded op
+  worker ms    the compiled block's median on the worker (its own events)
+  no-sync ms   a step through gt when nothing waits on the worker (total time / steps)
+  sync ms      a step through gt with loss.item() every step
+  overlap      (client + worker) / no-sync: 2.0 means perfect overlap, 1.0 none
 
 Figures are medians over repeats, ratios taken side by side in this run (timings on a
 shared CPU vary ±30% between runs).
@@ -18,74 +33,130 @@ import torch.nn.functional as F
 import gt_core
 
 
-def mlp_step_loop(batch: int, steps: int, on_worker: bool, **options) -> tuple[float, int]:
-    """(seconds per step on the client side, ops recorded per step)."""
-    ctx = gt_core.capture(**options) if on_worker else _Null()
-    with ctx:
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(
-            torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
-        )
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        x, y = torch.randn(batch, 784), torch.randn(batch, 10)
-        for _ in range(3):  # warm the metadata cache / allocator
-            F.mse_loss(model(x), y).backward()
-            opt.step()
-            opt.zero_grad()
+def _step_fn(batch: int):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(batch, 784), torch.randn(batch, 10)
+
+    def step():
         loss = F.mse_loss(model(x), y)
-        loss.item()
-        s = gt_core._capture.session() if on_worker else None
-        ops0 = s.counters["ops"] if s else 0
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return step
+
+
+def _per_step(step, steps: int) -> float:
+    """Seconds per step over ``steps`` steps, nothing synced."""
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - t0) / steps
+
+
+def local(batch: int, steps: int) -> float:
+    step = _step_fn(batch)
+    for _ in range(5):
+        step()
+    return _per_step(step, steps)
+
+
+def through_gt(batch: int, steps: int, backend: str) -> dict:
+    """Client, no-sync and sync step times of the compiled steady state, and the block's figures."""
+    gt_core.worker().restart()  # each repeat from a fresh worker, as a new notebook would
+    gt_core.reset()
+    with gt_core.capture(backend=backend, background=False):
+        step = _step_fn(batch)
+        while True:  # until the step runs compiled, sent as one message
+            for _ in range(10):
+                step()
+            step().item()
+            hot = _main_block()
+            if hot and hot["compiled_runs"] >= 3 or len(gt_core.events_log()) > 10_000:
+                break
+        s = gt_core._capture.session()
+        ops0, runs0 = s.counters["ops"], s.replay.runs
         t0 = time.perf_counter()
         for _ in range(steps):
-            loss = F.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-        t_client = time.perf_counter() - t0
-        loss.item()
-        t_total = time.perf_counter() - t0
-        ops = (s.counters["ops"] - ops0) / steps if s else 0
-    return t_client / steps, t_total / steps, ops
+            step()
+        t1 = time.perf_counter()
+        step().item()
+        t2 = time.perf_counter()
+        ops = (s.counters["ops"] - ops0) / (steps + 1)
+        runs = s.replay.runs - runs0
+        synced = []
+        for _ in range(steps):
+            t = time.perf_counter()
+            step().item()
+            synced.append(time.perf_counter() - t)
+        hot = _main_block()
+        s.transport.send = lambda batch: None  # the worker gets nothing more: the client alone
+        alone = _per_step(step, steps)
+    gt_core.worker().stop()
+    return {
+        "client": (t1 - t0) / steps,
+        "alone": alone,
+        "no_sync": (t2 - t0) / (steps + 1),
+        "sync": statistics.median(synced),
+        "ops": ops,
+        "runs": runs,
+        "worker": (hot["compiled_median_ms"] or float("nan")) / 1e3 if hot else float("nan"),
+        "status": hot["status"] if hot else "not detected",
+    }
 
 
-class _Null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
+def _main_block() -> dict | None:
+    """The hot path that ran most often (the training step)."""
+    paths = gt_core.report().to_data()["hot_paths"]
+    return max(paths, key=lambda p: p["compiled_runs"] + p["eager_runs"], default=None)
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--sizes", default="8,128,1024")
+    ap.add_argument("--backend", default="inductor")
     ap.add_argument(
-        "--quick", action="store_true", help="batch 8, 10 steps, one repeat (CI smoke run)"
+        "--quick", action="store_true", help="aot_eager, batch 8, 20 steps, one repeat (CI smoke run)"
     )
     args = ap.parse_args(argv)
     if args.quick:
-        args.steps, args.repeats, args.sizes = 10, 1, "8"
+        args.steps, args.repeats, args.sizes, args.backend = 20, 1, "8", "aot_eager"
     print(
-        f"MLP 784→256→10, SGD momentum, {args.steps} steps x {args.repeats} repeats, torch {torch.__version__}"
+        f"MLP 784→256→10, SGD momentum, steady state (compiled with {args.backend}), "
+        f"{args.steps} steps x {args.repeats} repeats, torch {torch.__version__}, "
+        f"worker device {gt_core.worker().device}"
     )
     print(
-        "recording only (auto_compile off): the client's cost and the step time through the worker"
-    )
-    print(
-        f"{'batch':>6} {'ops/step':>9} {'µs/op client':>13} {'eager ms':>9} {'gt ms':>8} {'gt/eager':>9}"
+        f"{'batch':>6} {'ops/step':>9} {'eager ms':>9} {'client ms':>10} {'µs/op':>6} "
+        f"{'eager µs/op':>12} {'alone µs/op':>12} {'worker ms':>10} {'no-sync ms':>11} "
+        f"{'sync ms':>8} {'overlap':>8} {'no-sync/eager':>14} {'sync/eager':>11}"
     )
     for b in (int(s) for s in args.sizes.split(",")):
-        eager, client, total, ops = [], [], [], 0
+        rows = []
         for _ in range(args.repeats):
-            eager.append(mlp_step_loop(b, args.steps, False)[1])
-            c, t, ops = mlp_step_loop(b, args.steps, True, auto_compile=False)
-            client.append(c)
-            total.append(t)
-        e, c, t = (statistics.median(v) * 1e3 for v in (eager, client, total))
-        print(f"{b:>6} {ops:>9.0f} {c * 1e3 / ops:>13.1f} {e:>9.3f} {t:>8.3f} {t / e:>8.2f}x")
+            rows.append({"eager": local(b, args.steps), **through_gt(b, args.steps, args.backend)})
+        m = {k: statistics.median(r[k] for r in rows) * 1e3 for k in rows[0] if k not in ("ops", "runs", "status")}
+        ops = rows[-1]["ops"]
+        us = {k: m[k] * 1e3 / ops for k in ("client", "eager", "alone")}
+        overlap = (m["client"] + m["worker"]) / m["no_sync"]
+        print(
+            f"{b:>6} {ops:>9.0f} {m['eager']:>9.3f} {m['client']:>10.3f} {us['client']:>6.1f} "
+            f"{us['eager']:>12.1f} {us['alone']:>12.1f} {m['worker']:>10.3f} {m['no_sync']:>11.3f} "
+            f"{m['sync']:>8.3f} {overlap:>8.2f} {m['eager'] / m['no_sync']:>13.2f}x "
+            f"{m['eager'] / m['sync']:>10.2f}x"
+        )
+        r = rows[-1]
+        print(
+            f"{'':>6} block {r['status']}; {r['runs']} of {args.steps} unsynced steps sent as one message"
+        )
+    print("no-sync/eager and sync/eager: eager time / gt time (>1: gt faster)")
     gt_core.worker().stop()
 
 

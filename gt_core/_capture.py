@@ -153,7 +153,7 @@ def capture(**options):
         s = session()
         if opts != s.options:
             s.request("engine", ("options", opts))
-            s.options = opts
+            s.set_options(opts)
         _apply_log(opts)
         _state["depth"] += 1
     seed = torch.manual_seed

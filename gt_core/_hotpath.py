@@ -6,6 +6,10 @@ expected, is matched against the block's canonical form and buffered; a complete
 occurrence then runs as one call of the compiled function. A mismatch mid-block runs the
 buffered instructions eagerly: correct, just not faster.
 
+Each hot block's plan goes to the client (``gt_core._plan``), which from then on sends a
+whole occurrence as one RUN instruction: the engine checks its inputs against the block's
+and runs it like an occurrence it matched itself, with no per-instruction work.
+
 States of a block (named as in the report): hot → compiling → compiled, or failed /
 reverted; blocks marked by a signal start as recording.
 """
@@ -21,8 +25,9 @@ import torch
 from . import events as ev
 from ._compiler import build_graph, compile_block
 from ._executor import timed
-from ._instructions import BARRIERS, DEFOP, FREE, MARK, OP, SYNC, Ref, op_name
+from ._instructions import BARRIERS, DEFOP, FREE, MARK, OP, RUN, SYNC, Ref, op_name
 from ._lift import LiftNamer, lift_positions
+from ._plan import expand, make_plan
 from .errors import CompiledRunFailed
 from .report import Status
 from .signature import Canonical, Mismatch, Namer, _finish, _name, canonicalize
@@ -116,6 +121,8 @@ class Block:
         self.signal = signal
         self.thread: threading.Thread | None = None
         self.value_meta = value_meta or {}  # value name -> shape and dtype, for the graph
+        self.plan = None  # set when registered: what the client matches and RUNs carry
+        self.n_produced = sum(1 for e in canon.entries if e[0] == "op" for o in e[4] if o is not None)
 
     @property
     def tracked(self) -> bool:
@@ -153,6 +160,49 @@ class Tracker:
         return self.pos == len(self.block.canon.entries)
 
 
+class Occurrence:
+    """A complete occurrence, however it was found: what running it needs."""
+
+    __slots__ = ("inputs", "scalars", "out_ids", "free_ids", "_instrs", "_expand")
+
+    def __init__(self, inputs, scalars, out_ids, free_ids, instrs=None, expand_=None):
+        self.inputs = inputs  # value ids, in the block's input order
+        self.scalars = scalars  # lifted floats, in order
+        self.out_ids = out_ids  # ids the block's outputs are bound to
+        self.free_ids = free_ids  # ids the occurrence frees
+        self._instrs, self._expand = instrs, expand_
+
+    @property
+    def instructions(self) -> list:
+        if self._instrs is None:
+            self._instrs = self._expand()
+        return self._instrs
+
+    @classmethod
+    def tracked(cls, block: Block, tracker: Tracker, buf: list) -> Occurrence:
+        """An occurrence the engine matched instruction by instruction."""
+        names = {n: vid for vid, n in tracker.namer.names.items()}
+        return cls(
+            tracker.namer.inputs,
+            getattr(tracker.namer, "scalars", ()),
+            [names[n] for n in block.canon.outputs],
+            [ins[1] for ins in buf if ins[0] == FREE],
+            instrs=buf,
+        )
+
+    @classmethod
+    def planned(cls, block: Block, inputs, produced, scalars) -> Occurrence:
+        """An occurrence the client matched against the block's plan (a RUN instruction)."""
+        frees = [e[1] for e in block.plan.entries if e[0] == "free"]
+        return cls(
+            inputs,
+            scalars,
+            [produced[n[1]] for n in block.canon.outputs],
+            [inputs[f.k] if f.kind == "i" else produced[f.k] for f in frees],
+            expand_=lambda: expand(block.plan, inputs, produced, scalars),
+        )
+
+
 class Engine:
     """Detects hot blocks in the stream, compiles them, and runs their occurrences."""
 
@@ -186,7 +236,8 @@ class Engine:
         with self._lock:  # the compile thread emits too
             self.events.append(e)
         if self.options.debug and (
-            type in _DEBUG_LINES or (self.options.debug >= 2 and type != ev.ITERATION)
+            type in _DEBUG_LINES
+            or (self.options.debug >= 2 and type not in (ev.ITERATION, ev.PLAN))
         ):
             detail = fields.get("reason") or fields.get("seconds") or fields.get("n_ops") or ""
             print(f"gt: {type} {fields.get('signature', '')} {detail}", flush=True)
@@ -235,6 +286,9 @@ class Engine:
         code = ins[0]
         if code == DEFOP:
             self.ex.execute(ins)
+            return
+        if code == RUN:
+            self._run_planned(ins)
             return
         if self.trackers:
             if code in BARRIERS:
@@ -310,7 +364,28 @@ class Engine:
         self.trackers = alive
         done = next((t for t in alive if t.complete), None)
         if done is not None:
-            self._run(done)
+            buf = self.buf
+            self._run(done.block, Occurrence.tracked(done.block, done, buf))
+
+    def _run_planned(self, ins) -> None:
+        """A RUN from the client: the whole occurrence, if its inputs fit the block."""
+        _, sig, inputs, produced, scalars = ins
+        if self.trackers:  # instructions before it that began to look like a block
+            self._flush_buffer(mismatch=False)
+        block = self.blocks[sig]
+        meta = block.canon.input_meta
+        if (
+            len(inputs) != len(meta)
+            or len(produced) != block.n_produced
+            or any(self.meta_of(v) != m for v, m in zip(inputs, meta, strict=True))
+        ):
+            # Same ops, other shapes (a last smaller batch, a new size): the instructions
+            # take the ordinary path, and the client stops using this plan.
+            self.emit(ev.PLAN, signature=sig, plan=None)
+            for x in expand(block.plan, inputs, produced, scalars):
+                self.step(x)
+            return
+        self._run(block, Occurrence.planned(block, inputs, produced, scalars))
 
     def _flush_buffer(self, mismatch: bool, got=None) -> None:
         """Run buffered instructions eagerly: the occurrence did not complete."""
@@ -338,9 +413,8 @@ class Engine:
             return self.op_name(ins[1])
         return {FREE: "free", SYNC: "sync point", MARK: "signal"}.get(ins[0], "upload/seed")
 
-    def _run(self, tracker: Tracker) -> None:
+    def _run(self, block: Block, occ: Occurrence) -> None:
         """A complete occurrence: run it compiled if we can, else its instructions eagerly."""
-        block, buf = tracker.block, self.buf
         self.buf, self.trackers = [], []
         self.history.clear(), self.keys.clear(), self.paths.clear()
         self.next_detect = 0
@@ -348,17 +422,17 @@ class Engine:
         fn = block.fn
         if fn is not None and block.status == Status.COMPILED and not block.probe:
             try:
-                self._run_compiled(block, tracker, fn, buf)
+                self._run_compiled(block, occ, fn)
             except Exception as exc:
                 block.status, block.fn = Status.FAILED, None
                 if block.mutates:
-                    self._failed_midway(block, tracker, buf, exc)
+                    self._failed_midway(block, occ, exc)
                     return
                 self.emit(ev.FALLBACK, signature=block.sig, reason=_reason(exc))
             else:
                 self._check_regression(block)
                 return
-        _, ms = timed(self._run_eagerly, buf)
+        _, ms = timed(self._run_eagerly, occ.instructions)
         if block.status == Status.COMPILING:
             # Slowed by the compile beside it: shown as such, never an eager baseline.
             self.emit(ev.ITERATION, signature=block.sig, kind="compiling", ms=ms)
@@ -379,7 +453,7 @@ class Engine:
             else:
                 self.ex.execute(ins)
 
-    def _failed_midway(self, block: Block, tracker: Tracker, buf, exc: Exception) -> None:
+    def _failed_midway(self, block: Block, occ: Occurrence, exc: Exception) -> None:
         """A compiled run of a block with in-place updates failed: never re-run it silently.
 
         Some inputs (parameters, optimizer state) may already hold this step's update, so
@@ -388,10 +462,8 @@ class Engine:
         """
         reason = _reason(exc)
         self.emit(ev.FALLBACK, signature=block.sig, reason=reason, midway=True)
-        names = {n: vid for vid, n in tracker.namer.names.items()}
-        outs = [names[n] for n in block.canon.outputs if n in names]
-        self.ex.poisoned.update(outs)
-        self._free(buf)
+        self.ex.poisoned.update(occ.out_ids)
+        self._drop(occ.free_ids)
         if self.ex.error is None:
             self.ex.error = CompiledRunFailed(
                 f"gt: the compiled hot path {block.sig} failed while running ({reason}). It "
@@ -401,30 +473,28 @@ class Engine:
                 "optimizer) for exact results."
             )
 
-    def _run_compiled(self, block: Block, tracker: Tracker, fn, buf) -> None:
+    def _run_compiled(self, block: Block, occ: Occurrence, fn) -> None:
         values = self.ex.values
-        inputs = [values[i] for i in tracker.namer.inputs]
+        inputs = [values[i] for i in occ.inputs]
         if block.scalar_dtypes:
             dev = self.ex.device
             inputs += [
                 torch.tensor(v, dtype=dt, device=dev)
-                for v, dt in zip(tracker.namer.scalars, block.scalar_dtypes, strict=True)
+                for v, dt in zip(occ.scalars, block.scalar_dtypes, strict=True)
             ]
         outs, ms = timed(fn, *inputs)
-        names = {n: vid for vid, n in tracker.namer.names.items()}
-        for name, value in zip(block.canon.outputs, outs, strict=True):
-            values[names[name]] = value
-        self._free(buf)
-        self.ex.executed += len(buf)
+        for vid, value in zip(occ.out_ids, outs, strict=True):
+            values[vid] = value
+        self._drop(occ.free_ids)
+        self.ex.executed += len(block.canon.entries)
         block.compiled_ms.append(ms)
         self.emit(ev.ITERATION, signature=block.sig, kind="compiled", ms=ms)
 
-    def _free(self, buf) -> None:
+    def _drop(self, ids) -> None:
         """Drop the values an occurrence frees (its ops ran as one call, or not at all)."""
         values = self.ex.values
-        for ins in buf:
-            if ins[0] == FREE:
-                values.pop(ins[1], None)
+        for vid in ids:
+            values.pop(vid, None)
 
     def _check_regression(self, block: Block) -> None:
         if block.judged or len(block.compiled_ms) < self.options.regression_samples:
@@ -603,6 +673,10 @@ class Engine:
 
     def _register(self, block: Block) -> None:
         self.blocks[block.sig] = block
+        index = {self.op_name(i): i for i in self.ex.ops}
+        block.plan = make_plan(block.canon, index, len(block.scalar_dtypes))
+        if self.options.client_match:
+            self.emit(ev.PLAN, signature=block.sig, plan=block.plan)
         if 0 in block.lift:
             self.lift_first.append(block)
         else:

@@ -35,6 +35,9 @@ class Scalar:
     def __repr__(self) -> str:
         return f"%s{self.k}"
 
+    def __reduce__(self):
+        return (Scalar, (self.k,))
+
     def __eq__(self, other) -> bool:
         return type(other) is Scalar and other.k == self.k
 

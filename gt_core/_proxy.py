@@ -19,7 +19,7 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._instructions import FREE, OP, PUT, Ref
+from ._instructions import OP, PUT, Ref
 from .errors import UnsupportedOperation, WorkerLost
 
 __all__ = ["Proxy", "record", "CaptureMode", "upload", "is_remote"]
@@ -65,7 +65,7 @@ class Proxy(torch.Tensor):
     def __del__(self):
         s = self.__dict__.get("_gt_s")
         if s is not None and not s.closed:
-            s.buf.append((FREE, self._gt_id))
+            s.freed.append(self._gt_id)  # joins the stream before the next instruction
             s.counters["frees"] += 1
 
     @classmethod
@@ -134,7 +134,7 @@ def _rebind(p: Proxy, fresh: Proxy) -> None:
     fresh.__dict__["_gt_s"] = None  # fresh's id now belongs to p
     s = p._gt_s
     if not s.closed:
-        s.buf.append((FREE, old))
+        s.freed.append(old)
 
 
 def is_remote(t) -> bool:
@@ -345,10 +345,7 @@ def record(func, args, kwargs):
                         outs = (vid,)
                     else:
                         outs = (None,)
-                    buf = session.buf
-                    buf.append((OP, idx, tuple(sent), kwargs, outs))
-                    if len(buf) >= session.flush_at:
-                        session.flush()
+                    session.emit((OP, idx, tuple(sent), kwargs, outs))
                     return Proxy(session, vid, t[1], t[2]) if kind == _NEW else proxies[t[1]]
     return _record(func, args, kwargs)
 

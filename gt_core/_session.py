@@ -2,15 +2,23 @@
 
 A session lives as long as its worker. Restarting the worker starts a new session, so a
 proxy can tell whether the worker that holds its value still exists.
+
+Every instruction goes through :meth:`Session.emit`. Once the worker has sent plans of its
+hot blocks, emit hands instructions to the :class:`~gt_core._plan.Replay`, which turns each
+complete occurrence into one RUN and sends it at once (the worker runs step i while the
+client records step i+1). Proxies that die only queue their id (``freed``): a free never
+re-enters the matcher from a destructor; it joins the stream before the next instruction.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+from collections import deque
 
 from . import events as ev
-from ._instructions import DEFOP, qualified_name
+from ._instructions import DEFOP, FREE, qualified_name
+from ._plan import Replay
 from .config import Options
 from .errors import WorkerDied, WorkerLost
 
@@ -29,15 +37,34 @@ class Session:
         self.gen = next(_generations)
         self.options = options
         self.log = log
-        cls = InProcessTransport if options.worker == "inprocess" else ProcessTransport
-        self.transport = cls(options, log.extend)
         self.buf: list = []
+        self.freed: deque = deque()  # ids of proxies that died since the last instruction
+        self.replay = Replay(self._out, self.flush)
+        cls = InProcessTransport if options.worker == "inprocess" else ProcessTransport
+        self.transport = cls(options, self._on_events)
         self.next_id = 1
         self.op_index: dict = {}
         self.closed = False
         self.dead: str | None = None  # why the worker died, once a send or a sync found out
         self.flush_at = FLUSH_AT
         self.counters = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0}
+
+    def _on_events(self, events) -> None:
+        """Events from the worker: plans go to the matcher, everything else to the log."""
+        if any(e["type"] == ev.PLAN for e in events):
+            for e in events:
+                if e["type"] == ev.PLAN and self.options.client_match:
+                    self.replay.offer(e["signature"], e["plan"])
+            events = [e for e in events if e["type"] != ev.PLAN]
+        if events:
+            self.log.extend(events)
+
+    def set_options(self, options: Options) -> None:
+        """New options for this session (the caller has sent them to the worker)."""
+        self.options = options
+        if not options.client_match:
+            self.flush()
+            self.replay.forget()
 
     # -- ids and ops ---------------------------------------------------------------------
     def new_ids(self, n: int) -> range:
@@ -55,12 +82,38 @@ class Session:
 
     # -- the stream ----------------------------------------------------------------------
     def emit(self, ins) -> None:
+        """Add one instruction to the stream."""
+        if self.freed:
+            self._frees()
+        if self.replay.live:
+            self.replay.feed(ins)
+        else:
+            buf = self.buf
+            buf.append(ins)
+            if len(buf) >= self.flush_at:
+                self.flush()
+
+    def _out(self, ins) -> None:
         buf = self.buf
         buf.append(ins)
         if len(buf) >= self.flush_at:
             self.flush()
 
+    def _frees(self) -> None:
+        freed, replay = self.freed, self.replay
+        while freed:
+            ins = (FREE, freed.popleft())
+            if replay.live:
+                replay.feed(ins)
+            else:
+                self.buf.append(ins)
+
     def flush(self) -> None:
+        """Send what is pending (an occurrence being matched goes out as instructions)."""
+        if self.freed:
+            self._frees()
+        if self.replay.kept:
+            self.replay.release()
         if self.buf and not self.closed:
             batch, self.buf = self.buf, []
             try:
@@ -84,6 +137,8 @@ class Session:
         """Raise if this session's worker can no longer run work."""
         if self.dead is not None:
             self.buf.clear()  # work for a dead worker: nothing will ever run it
+            self.freed.clear()
+            self.replay.forget()
             raise WorkerDied(self.dead)
         if self.closed:
             raise WorkerLost(

@@ -33,6 +33,7 @@ class Options:
     worker: str = "process"  # or "inprocess" (same executor, no second process)
     regression_samples: int = 5  # compiled runs timed before a revert is considered
     background: bool = True  # compile off the critical path (eager runs meanwhile)
+    client_match: bool = True  # the client sends a hot block's occurrence as one message
     signals: dict = field(default_factory=dict, compare=False)
 
     def replace(self, **changes) -> Options:
@@ -112,6 +113,7 @@ ENV = {
     "GT_CONFIG": ("config", str, "a YAML file path"),
     "GT_WORKER": ("worker", str, "process or inprocess"),
     "GT_BACKGROUND_COMPILE": ("background", _bool, "0/1, true/false"),
+    "GT_CLIENT_MATCH": ("client_match", _bool, "0/1, true/false"),
 }
 
 

@@ -28,6 +28,7 @@ REVERT = "revert"  # signature, reason, eager_ms, compiled_ms
 MISMATCH = "mismatch"  # signature, position, expected, got
 ITERATION = "iteration"  # signature, kind ("eager" | "compiled" | "compiling"), ms
 SIGNAL = "signal"  # name, phase ("enter" | "exit")
+PLAN = "hotpath.plan"  # signature, plan (a gt_core._plan.Plan, or None to withdraw it): for the client's matcher, never logged
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause
 STATS = "stats"  # ops, frees, syncs, uploads (client counters, cumulative)

@@ -15,7 +15,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # name -> (arguments, strings its stdout must hold)
 QUICK = {
-    "overhead": (["benchmarks/overhead.py", "--quick"], ["µs/op client"]),
+    "overhead": (
+        ["benchmarks/overhead.py", "--quick"],
+        ["client ms", "alone µs/op", "worker ms", "no-sync ms", "sync ms", "overlap", "one message"],
+    ),
     "hotpath": (["benchmarks/hotpath.py", "--quick"], ["gt vs eager", "gt vs 1-graph"]),
     "stall": (["benchmarks/stall.py", "--quick"], ["while compiling"]),
     "warm_start": (["benchmarks/warm_start.py", "--quick"], ["detection→compiled"]),

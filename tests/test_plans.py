@@ -1,0 +1,224 @@
+"""Issue 7: the client matches hot blocks itself and sends each occurrence as one RUN."""
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import assert_close
+from models import mlp
+
+import gt_core
+from gt_core import events as ev
+from gt_core._instructions import FREE, OP, PUT, RUN, Ref
+from gt_core._lift import Scalar
+from gt_core._plan import Plan, Replay, Slot, expand
+
+# -- the matcher on its own ----------------------------------------------------------------
+# mm(in0, in1) -> t0; mul(t0, <lifted float>) -> t1; free t0; add_(in0, t1, alpha=1)
+PLAN = Plan(
+    "sig",
+    (
+        ("op", 0, (Slot("i", 0), Slot("i", 1)), {}, (0,)),
+        ("op", 1, (Slot("t", 0), Scalar(0)), {}, (1,)),
+        ("free", Slot("t", 0)),
+        ("op", 2, (Slot("i", 0), Slot("t", 1)), {"alpha": 1}, (None,)),
+    ),
+    n_inputs=2,
+    n_scalars=1,
+)
+
+
+def occurrence(a=1, b=2, base=10, scale=0.5, alpha=1):
+    return [
+        (OP, 0, (Ref(a), Ref(b)), {}, (base,)),
+        (OP, 1, (Ref(base), scale), {}, (base + 1,)),
+        (FREE, base),
+        (OP, 2, (Ref(a), Ref(base + 1)), {"alpha": alpha}, (None,)),
+    ]
+
+
+def replay():
+    out, ready = [], []
+    r = Replay(out.append, lambda: ready.append(len(out)))
+    r.offer("sig", PLAN)
+    return r, out, ready
+
+
+def test_a_whole_occurrence_becomes_one_run_that_expands_back():
+    r, out, ready = replay()
+    for ins in occurrence() + occurrence(base=20, scale=0.25):
+        r.feed(ins)
+    assert out == [(RUN, "sig", [1, 2], [10, 11], [0.5]), (RUN, "sig", [1, 2], [20, 21], [0.25])]
+    assert ready == [1, 2]  # sent at once: the worker starts while the client goes on
+    assert expand(PLAN, [1, 2], [20, 21], [0.25]) == occurrence(base=20, scale=0.25)
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        occurrence(a=1, b=1),  # one value under two input names
+        occurrence(alpha=2),  # a constant that is not lifted differs
+        occurrence()[:2] + [(PUT, 99, None)] + occurrence()[2:],  # an upload cuts it
+        [(OP, 0, (Ref(1), Ref(2)), {}, (10,)), (OP, 1, (Ref(7), 0.5), {}, (11,))],  # wrong value
+    ],
+    ids=["aliased-inputs", "constant", "barrier", "wrong-value"],
+)
+def test_a_mismatch_sends_the_instructions_unchanged_in_order(broken):
+    r, out, _ = replay()
+    for ins in broken:
+        r.feed(ins)
+    r.release()  # what a flush does with an occurrence still in progress
+    assert out == broken
+    assert r.runs == 0
+
+
+def test_an_occurrence_may_begin_at_the_instruction_that_broke_the_last():
+    r, out, _ = replay()
+    first = occurrence()[:1]  # mm ... then a new mm starts over
+    for ins in first + occurrence(base=20):
+        r.feed(ins)
+    assert out == first + [(RUN, "sig", [1, 2], [20, 21], [0.5])]
+
+
+def test_a_withdrawn_plan_is_not_matched():
+    r, out, _ = replay()
+    r.offer("sig", None)
+    for ins in occurrence():
+        r.feed(ins)
+    assert out == occurrence()
+
+
+# -- through the worker ----------------------------------------------------------------------
+@pytest.fixture
+def hot(inprocess):
+    gt_core.configure(auto_compile=True, background=False, threshold=3)
+
+
+def _train(steps, on_worker, batch=16, opt=None, sched=None, body=None, sync_every=0):
+    ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+    with ctx:
+        torch.manual_seed(0)
+        model = mlp()
+        o = (opt or (lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)))(model.parameters())
+        s = sched(o) if sched else None
+        n = batch(0) if callable(batch) else batch
+        x, y = torch.randn(n, 32), torch.randn(n, 4)
+        losses = []
+        for i in range(steps):
+            xb, yb = (x, y) if not callable(batch) else (x[: batch(i)], y[: batch(i)])
+            out = model(xb)
+            if body is not None:
+                out = body(i, out)
+            loss = F.mse_loss(out, yb)
+            loss.backward()
+            o.step()
+            o.zero_grad()
+            if s is not None:
+                s.step()
+            if sync_every and i % sync_every == 0:
+                losses.append(loss.item())
+        losses.append(loss.item())
+        params = [p.detach().cpu() if gt_core.is_remote(p) else p.detach() for p in model.parameters()]
+    return params, losses
+
+
+def _sent(session):
+    """Count what the client sends: {"ops": OP instructions, "runs": RUN instructions}."""
+    counts = {"ops": 0, "runs": 0}
+    send = session.transport.send
+
+    def counting(batch):
+        counts["ops"] += sum(1 for ins in batch if ins[0] == OP)
+        counts["runs"] += sum(1 for ins in batch if ins[0] == RUN)
+        send(batch)
+
+    session.transport.send = counting
+    return counts
+
+
+def test_training_steps_travel_as_one_message_each_and_match_eager(hot):
+    counts = _sent(gt_core._capture.session())
+    params, losses = _train(40, True)
+    ref, ref_losses = _train(40, False)
+    for a, b in zip(params, ref, strict=True):
+        assert_close(a, b)
+    assert losses == pytest.approx(ref_losses)
+    runs = gt_core._capture.session().replay.runs
+    assert runs >= 30, f"only {runs} of 40 steps were sent as one message"
+    assert counts["runs"] == runs
+    # before the plan arrived every op travelled on its own; after it, none did
+    assert counts["ops"] < (40 - runs + 1) * 40
+    compiled = [e for e in gt_core.report().to_data()["events"] if e["type"] == ev.ITERATION]
+    assert sum(e["kind"] == "compiled" for e in compiled) >= runs - 3
+
+
+def test_plans_never_reach_the_event_log(hot):
+    _train(20, True)
+    types = {e["type"] for e in gt_core.events_log().snapshot()}
+    assert ev.PLAN not in types and ev.DETECTED in types
+
+
+def test_same_ops_on_other_shapes_run_correctly_and_withdraw_the_plan(hot):
+    # batch 16 until hot, then 8 (a smaller last batch, a new size): the same ops, other shapes
+    sizes = lambda i: 16 if i < 20 else 8  # noqa: E731
+    params, losses = _train(30, True, batch=sizes)
+    ref, ref_losses = _train(30, False, batch=sizes)
+    for a, b in zip(params, ref, strict=True):
+        assert_close(a, b)
+    assert losses == pytest.approx(ref_losses)
+    s = gt_core._capture.session()
+    assert s.replay.runs >= 1
+    blocks = gt_core.report().to_data()["hot_paths"]
+    assert len(blocks) == 2  # the new size is a block of its own, found by the worker
+
+
+def test_a_step_that_differs_midway_runs_its_instructions_eagerly(hot):
+    # every 4th step has an extra op in the middle of the block, and a sync inside it
+    def body(i, out):
+        if i % 4 == 3:
+            out = out * 1.0
+            out.sum().item()
+        return out
+
+    params, losses = _train(30, True, body=body)
+    ref, ref_losses = _train(30, False, body=body)
+    for a, b in zip(params, ref, strict=True):
+        assert_close(a, b)
+    assert losses == pytest.approx(ref_losses)
+    assert gt_core._capture.session().replay.runs >= 5
+
+
+def test_adam_with_a_schedule_sends_lifted_scalars_in_the_run(hot):
+    adam = lambda p: torch.optim.Adam(p, lr=1e-2)  # noqa: E731
+    cosine = lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=50)  # noqa: E731
+    params, losses = _train(30, True, opt=adam, sched=cosine)
+    ref, ref_losses = _train(30, False, opt=adam, sched=cosine)
+    for a, b in zip(params, ref, strict=True):
+        assert_close(a, b, atol=1e-5, rtol=1e-4)
+    assert gt_core._capture.session().replay.runs >= 15
+    data = gt_core.report().to_data()
+    assert sum(e["type"] == ev.COMPILE_FINISHED for e in data["events"]) == 1
+
+
+def test_client_match_off_sends_every_op(hot):
+    gt_core.configure(client_match=False)
+    counts = _sent(gt_core._capture.session())
+    params, _ = _train(20, True)
+    ref, _ = _train(20, False)
+    for a, b in zip(params, ref, strict=True):
+        assert_close(a, b)
+    assert gt_core._capture.session().replay.runs == 0 and counts["runs"] == 0
+    assert gt_core.report().to_data()["hot_paths"][0]["compiled_runs"] >= 10
+
+
+def test_plans_cross_to_a_worker_process(process):
+    gt_core.configure(auto_compile=True, background=False, threshold=3)
+    # a loss logged every few steps: the plan arrives while the loop runs (without any
+    # sync the client could record all 40 steps before the worker has run the first)
+    params, losses = _train(40, True, sync_every=4)
+    ref, ref_losses = _train(40, False, sync_every=4)
+    for a, b in zip(params, ref, strict=True):
+        assert_close(a, b)
+    assert losses == pytest.approx(ref_losses)
+    assert gt_core._capture.session().replay.runs >= 10
