@@ -58,6 +58,7 @@ class Executor:
         """A sync point: everything before it must have run."""
         if self.engine is not None:
             self.engine.feed([(SYNC, kind)])
+            self.engine.flush_events()  # whoever waits sees every event up to here
 
     def execute(self, ins) -> None:
         """Run one instruction eagerly."""

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 import threading
+import time
 import traceback
 
 import torch
@@ -40,6 +41,9 @@ _DEBUG_LINES = frozenset(
     (ev.DETECTED, ev.COMPILE_FINISHED, ev.COMPILE_FAILED, ev.RECOMPILE, ev.FALLBACK, ev.REVERT)
 )
 _BASELINE_RUNS = 2  # clean eager runs a regression check compares against
+# Iteration events wait up to this long to travel together (one message per step would cost
+# the client a wake-up of its event thread per step); anything else and every sync send at once.
+_EVENTS_EVERY_S = 0.05
 
 
 def _out_paths(result) -> list[tuple]:
@@ -229,6 +233,7 @@ class Engine:
         self.signal_seen: dict[str, str] = {}
         self._names: dict[int, str] = {}
         self._lock = threading.Lock()
+        self._published = 0.0  # perf_counter of the last publish
 
     # -- plumbing ------------------------------------------------------------------------
     def emit(self, type: str, **fields) -> None:
@@ -246,7 +251,17 @@ class Engine:
         with self._lock:
             events, self.events = self.events, []
         if events:
+            self._published = time.perf_counter()
             self._publish(events)
+
+    def _publish_soon(self) -> None:
+        """Publish now unless only iteration timings are pending and some went out just now."""
+        events = self.events
+        if events and (
+            time.perf_counter() - self._published >= _EVENTS_EVERY_S
+            or any(e["type"] != ev.ITERATION for e in events)
+        ):
+            self.flush_events()
 
     def op_name(self, idx: int) -> str:
         name = self._names.get(idx)
@@ -280,7 +295,7 @@ class Engine:
             self.step(ins)
             if self.gap < 0 and not self.trackers and len(self.history) >= self.next_detect:
                 self._maybe_detect()
-        self.flush_events()
+        self._publish_soon()
 
     def step(self, ins) -> None:
         code = ins[0]

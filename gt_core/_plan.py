@@ -128,10 +128,12 @@ def expand(plan: Plan, inputs, produced, scalars) -> list:
 class _Occurrence:
     """One candidate occurrence of a plan in the client's stream: position and bindings."""
 
-    __slots__ = ("plan", "pos", "inputs", "produced", "scalars", "bound")
+    __slots__ = ("plan", "entries", "n", "pos", "inputs", "produced", "scalars", "bound")
 
     def __init__(self, plan: Plan):
         self.plan = plan
+        self.entries = plan.entries
+        self.n = len(plan.entries)
         self.pos = 0
         self.inputs: list[int] = []
         self.produced: list[int] = []
@@ -139,7 +141,7 @@ class _Occurrence:
         self.bound: set[int] = set()  # ids named so far (an id has one name per occurrence)
 
     def match(self, ins) -> bool:
-        e = self.plan.entries[self.pos]
+        e = self.entries[self.pos]
         if e[0] == "free":
             if ins[0] != FREE or not self._bind(e[1], ins[1]):
                 return False
@@ -228,20 +230,31 @@ class Replay:
         self.live = True
 
     def feed(self, ins) -> None:
-        if self.cands:
-            alive = [c for c in self.cands if c.match(ins)]
-            if not alive:
+        cands = self.cands
+        if not cands:
+            self._start(ins)
+            return
+        if len(cands) == 1:  # the common case, without the list
+            c = cands[0]
+            if not c.match(ins):
                 self.release()
                 self._start(ins)
                 return
             self.kept.append(ins)
-            self.cands = alive
-            for c in alive:
-                if c.pos == len(c.plan.entries):
-                    self._complete(c)
-                    return
+            if c.pos == c.n:
+                self._complete(c)
             return
-        self._start(ins)
+        alive = [c for c in cands if c.match(ins)]
+        if not alive:
+            self.release()
+            self._start(ins)
+            return
+        self.kept.append(ins)
+        self.cands = alive
+        for c in alive:
+            if c.pos == c.n:
+                self._complete(c)
+                return
 
     def _start(self, ins) -> None:
         if self.inbox:
@@ -254,7 +267,7 @@ class Replay:
                 self.cands = cands
                 self.kept.append(ins)
                 for c in cands:
-                    if c.pos == len(c.plan.entries):
+                    if c.pos == c.n:
                         self._complete(c)
                         return
                 return

@@ -7,6 +7,7 @@ back on their own channel, read by a thread of the client, so the dashboard sees
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import multiprocessing as mp
 import os
@@ -89,11 +90,14 @@ def worker_main(conn, event_conn, options) -> None:
     torch.set_grad_enabled(False)  # autograd runs in the client; the worker sees plain aten ops
     ex = _make_executor(options, publish)
     publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(ex.device))])
+    share = _CpuShare(ex.device)
+    inbox = _Inbox(conn)
     while True:
         try:
-            msg = conn.recv()
+            msg = inbox.next()
         except (EOFError, OSError):
             break  # the client went away
+        share.set(client_waits=inbox.requests > 0 or msg[0] == "req")
         if msg[0] == "batch":
             ex.feed(msg[1])
         elif msg[0] == "req":
@@ -109,6 +113,62 @@ def worker_main(conn, event_conn, options) -> None:
         publish([ev.event(ev.WORKER, state="stopped", pid=os.getpid(), device=str(ex.device))])
     except Exception:
         pass
+
+
+class _Inbox:
+    """The worker's incoming messages, read as soon as they are sent: knows if a request waits."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.queue: collections.deque = collections.deque()
+        self.requests = 0  # requests queued: the client is blocked on one
+
+    def next(self):
+        if not self.queue:
+            self._take(self.conn.recv())
+        while self.conn.poll(0):
+            self._take(self.conn.recv())
+        msg = self.queue.popleft()
+        if msg[0] == "req":
+            self.requests -= 1
+        return msg
+
+    def _take(self, msg) -> None:
+        self.queue.append(msg)
+        if msg[0] == "req":
+            self.requests += 1
+
+
+class _CpuShare:
+    """The worker's intra-op threads on a CPU: every core while the client waits for an answer,
+    one fewer while the client records the next steps.
+
+    Two busy processes on too few cores stall each other: OpenMP's barriers spin for threads
+    the client's recording has preempted. Measured on 2 cores (benchmarks/overhead.py, MLP
+    batch 128, no sync): a compiled step took 3.4 ms on the worker with 2 threads beside the
+    client and 1.2 ms with 1.
+    """
+
+    def __init__(self, device):
+        import torch
+
+        self.torch = torch
+        self.all = torch.get_num_threads()
+        self.spare = max(1, self.all - 1)
+        self.active = device.type == "cpu" and self.all > 1
+        self.now = self.all
+        fixed = os.environ.get("GT_WORKER_THREADS")  # a fixed count instead (benchmarks)
+        if fixed:
+            torch.set_num_threads(int(fixed))
+            self.active = False
+
+    def set(self, client_waits: bool) -> None:
+        if not self.active:
+            return
+        n = self.all if client_waits else self.spare
+        if n != self.now:
+            self.torch.set_num_threads(n)
+            self.now = n
 
 
 @contextlib.contextmanager

@@ -222,3 +222,53 @@ def test_plans_cross_to_a_worker_process(process):
         assert_close(a, b)
     assert losses == pytest.approx(ref_losses)
     assert gt_core._capture.session().replay.runs >= 10
+
+
+def test_iteration_timings_travel_together_and_a_sync_brings_them_all(hot):
+    s = gt_core._capture.session()
+    published = []
+    on_events = s.transport._on_events
+
+    def counting(events):
+        published.append(len(events))
+        on_events(events)
+
+    s.transport._on_events = counting
+    s.transport.ex.engine._publish = counting
+    _train(60, True)  # ends with loss.item(): a sync
+    iterations = [e for e in gt_core.events_log().snapshot() if e["type"] == ev.ITERATION]
+    assert len(iterations) >= 50  # none held back after the sync
+    # far fewer messages than steps: timings wait up to 50 ms for one another
+    assert len(published) < len(iterations) / 2, published
+
+
+# -- the worker process's share of the CPU ------------------------------------------------
+def test_the_worker_inbox_knows_when_the_client_waits():
+    import multiprocessing as mp
+
+    from gt_core._transport import _Inbox
+
+    a, b = mp.Pipe()
+    for msg in [("batch", [1]), ("req", "fetch", 3), ("batch", [2])]:
+        a.send(msg)
+    inbox = _Inbox(b)
+    assert inbox.next() == ("batch", [1]) and inbox.requests == 1  # a request waits behind it
+    assert inbox.next() == ("req", "fetch", 3) and inbox.requests == 0
+    assert inbox.next() == ("batch", [2]) and inbox.requests == 0
+
+
+def test_the_worker_leaves_a_core_to_the_client_while_it_records():
+    from gt_core._transport import _CpuShare
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        share = _CpuShare(torch.device("cpu"))
+        share.set(client_waits=False)
+        assert torch.get_num_threads() == 1
+        share.set(client_waits=True)
+        assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        assert not _CpuShare(torch.device("cpu")).active  # one thread: nothing to share
+    finally:
+        torch.set_num_threads(before)
