@@ -126,6 +126,7 @@ class Block:
         self.thread: threading.Thread | None = None
         self.value_meta = value_meta or {}  # value name -> shape and dtype, for the graph
         self.plan = None  # set when registered: what the client matches and RUNs carry
+        self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan
         self.n_produced = sum(1 for e in canon.entries if e[0] == "op" for o in e[4] if o is not None)
 
     @property
@@ -277,6 +278,10 @@ class Engine:
 
     def control(self, what: str, value=None):
         if what == "options":
+            if value.client_match and not self.options.client_match:
+                for block in self.blocks.values():  # the client forgot its plans when it stopped
+                    if block.plan is not None and not block.withdrawn:
+                        self.emit(ev.PLAN, signature=block.sig, plan=block.plan)
             self.options = value
         elif what == "wait":
             for b in list(self.blocks.values()):
@@ -396,6 +401,7 @@ class Engine:
         ):
             # Same ops, other shapes (a last smaller batch, a new size): the instructions
             # take the ordinary path, and the client stops using this plan.
+            block.withdrawn = True
             self.emit(ev.PLAN, signature=sig, plan=None)
             for x in expand(block.plan, inputs, produced, scalars):
                 self.step(x)

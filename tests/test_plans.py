@@ -272,3 +272,15 @@ def test_the_worker_leaves_a_core_to_the_client_while_it_records():
         assert not _CpuShare(torch.device("cpu")).active  # one thread: nothing to share
     finally:
         torch.set_num_threads(before)
+
+
+def test_client_match_turned_back_on_gets_the_plans_again(hot):
+    gt_core.configure(client_match=False)
+    _train(20, True)
+    assert gt_core._capture.session().replay.runs == 0
+    gt_core.configure(client_match=True)
+    params, _ = _train(20, True)
+    ref, _ = _train(20, False)
+    for a, b in zip(params, ref, strict=True):
+        assert_close(a, b)
+    assert gt_core._capture.session().replay.runs >= 10
