@@ -53,18 +53,29 @@ def make_opt(model, workload):
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), None
 
 
-def eager_steps(batch, steps, workload="mlp"):
+def step_fn(batch, workload):
+    """One training step of a workload (returns the loss), built from seed 0."""
     model, x, y, loss_fn = make(batch, workload)
     opt, sched = make_opt(model, workload)
-    times = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
+
+    def step():
         loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
         if sched is not None:
             sched.step()
+        return loss
+
+    return step
+
+
+def eager_steps(batch, steps, workload="mlp"):
+    step = step_fn(batch, workload)
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
         times.append(time.perf_counter() - t0)
     return times
 
@@ -107,30 +118,18 @@ def gt_steps(batch, steps, backend, workload="mlp"):
     # Compiling on the critical path here, so the steady state is reached within the run
     # (background compilation is measured by benchmarks/stall.py).
     with gt_core.capture(backend=backend, background=False):
-        model, x, y, loss_fn = make(batch, workload)
-        opt, sched = make_opt(model, workload)
+        step = step_fn(batch, workload)
         for _ in range(steps):
             t0 = time.perf_counter()
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            if sched is not None:
-                sched.step()
-            loss.item()  # a sync per step: the time includes the worker's part
+            step().item()  # a sync per step: the time includes the worker's part
             times.append(time.perf_counter() - t0)
         # The same steps with nothing waiting on the worker (a loss logged now and then):
         # the client records step i+1 while the worker runs step i.
         n = max(steps // 3, 1)
         t0 = time.perf_counter()
-        for _ in range(n):
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            if sched is not None:
-                sched.step()
-        loss.item()
+        for _ in range(n - 1):
+            step()
+        step().item()
         no_sync = (time.perf_counter() - t0) / n
     data = gt_core.report().to_data()
     return times, data, no_sync
