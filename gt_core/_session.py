@@ -88,12 +88,10 @@ class Session:
         if self.replay.live:
             self.replay.feed(ins)
         else:
-            buf = self.buf
-            buf.append(ins)
-            if len(buf) >= self.flush_at:
-                self.flush()
+            self._out(ins)
 
     def _out(self, ins) -> None:
+        """Into the batch that goes out next (what the matcher lets through, too)."""
         buf = self.buf
         buf.append(ins)
         if len(buf) >= self.flush_at:
