@@ -126,6 +126,7 @@ class Block:
         self.thread: threading.Thread | None = None
         self.value_meta = value_meta or {}  # value name -> shape and dtype, for the graph
         self.plan = None  # set when registered: what the client matches and RUNs carry
+        self.free_slots: list = []  # the plan's freed values, in order (what a RUN frees)
         self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan
         self.n_produced = sum(1 for e in canon.entries if e[0] == "op" for o in e[4] if o is not None)
 
@@ -198,12 +199,11 @@ class Occurrence:
     @classmethod
     def planned(cls, block: Block, inputs, produced, scalars) -> Occurrence:
         """An occurrence the client matched against the block's plan (a RUN instruction)."""
-        frees = [e[1] for e in block.plan.entries if e[0] == "free"]
         return cls(
             inputs,
             scalars,
             [produced[n[1]] for n in block.canon.outputs],
-            [inputs[f.k] if f.kind == "i" else produced[f.k] for f in frees],
+            [inputs[f.k] if f.kind == "i" else produced[f.k] for f in block.free_slots],
             expand_=lambda: expand(block.plan, inputs, produced, scalars),
         )
 
@@ -696,6 +696,7 @@ class Engine:
         self.blocks[block.sig] = block
         index = {self.op_name(i): i for i in self.ex.ops}
         block.plan = make_plan(block.canon, index, len(block.scalar_dtypes))
+        block.free_slots = [e[1] for e in block.plan.entries if e[0] == "free"]
         if self.options.client_match:
             self.emit(ev.PLAN, signature=block.sig, plan=block.plan)
         if 0 in block.lift:
