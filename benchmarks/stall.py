@@ -74,6 +74,10 @@ def eager_median(batch: int, steps: int = 60) -> float:
     return statistics.median(times[steps // 3 :]) * 1e3
 
 
+def _pct(xs, q):
+    return sorted(xs)[min(len(xs) - 1, len(xs) * q // 100)] if xs else float("nan")
+
+
 def _med(xs):
     return statistics.median(xs) if xs else float("nan")
 
@@ -94,12 +98,13 @@ def main(argv=None) -> None:
     it = [e for e in events if e["type"] == ev.ITERATION]
     by = {k: [e["ms"] for e in it if e["kind"] == k] for k in ("eager", "compiling", "compiled")}
     fin = [e for e in events if e["type"] == ev.COMPILE_FINISHED]
+    where = next((e.get("where") for e in events if e["type"] == ev.COMPILE_STARTED), None)
     print(
         f"MLP 784→256→10 + SGD momentum, batch {args.batch}, backend {backend}, torch {torch.__version__}, "
         f"worker device {gt_core.worker().device}"
     )
     print(
-        f"compile: {fin[0]['seconds']:.1f} s in the background"
+        f"compile: {fin[0]['seconds']:.1f} s in the background ({where})"
         if fin
         else "compile: did not finish in time"
     )
@@ -116,6 +121,11 @@ def main(argv=None) -> None:
     print(f"eager PyTorch step (same run): {eager:.3f} ms")
     print(
         f"worst worker block run while compiling: {worst_w:.3f} ms = {worst_w / eager:.1f}x eager (target ≤ 3x)"
+    )
+    slow = [m for m in by["compiling"] if m > 3 * eager]
+    print(
+        f"worker block runs while compiling slower than 3x eager: {len(slow)} of {len(by['compiling'])}"
+        f" (p99 {_pct(by['compiling'], 99):.3f} ms)"
     )
     print(
         f"client steps (each with a sync) while compiling: {len(during)}, median {_med(during):.3f} ms, "

@@ -16,6 +16,7 @@ reverted; blocks marked by a signal start as recording.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -24,11 +25,13 @@ import traceback
 import torch
 
 from . import events as ev
+from ._compile_proc import CompileProcess
 from ._compiler import build_graph, compile_block
 from ._executor import timed
 from ._instructions import BARRIERS, DEFOP, FREE, MARK, OP, RUN, SYNC, Ref, op_name
 from ._lift import LiftNamer, lift_positions
 from ._plan import expand, make_plan
+from .config import Options
 from .errors import CompiledRunFailed
 from .report import Status
 from .signature import Canonical, Mismatch, Namer, _finish, _name, canonicalize
@@ -235,6 +238,8 @@ class Engine:
         self._names: dict[int, str] = {}
         self._lock = threading.Lock()
         self._published = 0.0  # perf_counter of the last publish
+        self._compiler: CompileProcess | None = None
+        self.compiling = 0  # compiles under way (the worker leaves them a core)
 
     # -- plumbing ------------------------------------------------------------------------
     def emit(self, type: str, **fields) -> None:
@@ -293,6 +298,50 @@ class Engine:
     def close(self) -> None:
         self._flush_buffer(mismatch=False)
         self.flush_events()
+        if self._compiler is not None:
+            self._compiler.close()
+
+    def compile_process(self) -> CompileProcess | None:
+        """Where inductor blocks compile off the critical path, or None (in the worker).
+
+        Background inductor compiles on a CPU worker go to a process of their own (see
+        _compile_proc); on a GPU they stay in a thread of the worker (not measured there yet).
+        """
+        o = self.options
+        if not (
+            o.compile_process
+            and o.background
+            and o.backend == "inductor"
+            and not o.dynamic
+            and self.ex.device.type == "cpu"
+        ):
+            return None
+        with self._lock:
+            if self._compiler is None:
+                self._compiler = CompileProcess()
+            return self._compiler
+
+    def warm(self) -> None:
+        """Start the compile process and import inductor's loading path (worker start)."""
+        cp = self.compile_process()
+        if cp is None:
+            return
+        with self._busy():
+            try:
+                cp.warm()
+            except Exception:  # the first block's compile reports the same failure, with its reason
+                if self.options.debug:
+                    traceback.print_exc()
+
+    @contextlib.contextmanager
+    def _busy(self):
+        with self._lock:
+            self.compiling += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.compiling -= 1
 
     # -- the stream ----------------------------------------------------------------------
     def feed(self, instrs) -> None:
@@ -742,33 +791,18 @@ class Engine:
     def _compile(self, block: Block) -> None:
         o = self.options
         block.status = Status.COMPILING
-        self.emit(ev.COMPILE_STARTED, signature=block.sig, backend=o.backend, mode=o.mode)
-        examples = [
-            torch.empty_strided(shape, stride, dtype=dtype, device=device)
-            for shape, stride, dtype, device in block.canon.input_meta
-        ]
-        examples += [torch.zeros((), dtype=dt, device=self.ex.device) for dt in block.scalar_dtypes]
+        cp = self.compile_process()
+        self.emit(
+            ev.COMPILE_STARTED,
+            signature=block.sig,
+            backend=o.backend,
+            mode=o.mode,
+            where="process" if cp else "thread" if o.background else "inline",
+        )
 
         def work():
-            try:
-                gm = build_graph(
-                    block.canon,
-                    block.ops,
-                    block.out_paths,
-                    o.backend == "inductor",
-                    len(block.scalar_dtypes),
-                )
-                fn, seconds = compile_block(gm, examples, o.backend, o.mode, o.dynamic)
-            except Exception as exc:
-                block.status = Status.FAILED
-                self.emit(ev.COMPILE_FAILED, signature=block.sig, reason=_reason(exc))
-                if o.debug:
-                    traceback.print_exc()
-            else:
-                block.fn = fn
-                if block.status == Status.COMPILING:
-                    block.status = Status.COMPILED
-                self.emit(ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds)
+            with self._busy():
+                self._compile_now(block, cp, o)
             if (
                 threading.current_thread() is not threading.main_thread()
                 and block.thread is not None
@@ -782,6 +816,36 @@ class Engine:
             block.thread.start()
         else:
             _no_grad(work)()
+
+    def _compile_now(self, block: Block, cp: CompileProcess | None, o: Options) -> None:
+        try:
+            fn, seconds = self._compiled(block, cp, o)
+        except Exception as exc:
+            block.status = Status.FAILED
+            self.emit(ev.COMPILE_FAILED, signature=block.sig, reason=_reason(exc))
+            if o.debug:
+                traceback.print_exc()
+        else:
+            block.fn = fn
+            if block.status == Status.COMPILING:
+                block.status = Status.COMPILED
+            self.emit(ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds)
+
+    def _compiled(self, block: Block, cp: CompileProcess | None, o: Options):
+        """(compiled callable, seconds): in the compile process, or here."""
+        n_scalars = len(block.scalar_dtypes)
+        if cp is not None:
+            cp.warm()  # once per worker (normally done at its start)
+            return cp.compile_block(
+                block.canon, block.ops, block.out_paths, block.scalar_dtypes, self.ex.device, o.mode
+            )
+        gm = build_graph(block.canon, block.ops, block.out_paths, o.backend == "inductor", n_scalars)
+        examples = [
+            torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            for shape, stride, dtype, device in block.canon.input_meta
+        ]
+        examples += [torch.zeros((), dtype=dt, device=self.ex.device) for dt in block.scalar_dtypes]
+        return compile_block(gm, examples, o.backend, o.mode, o.dynamic)
 
     # -- signals and compile-everything -------------------------------------------------
     def _signal(self, name: str, phase: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import multiprocessing as mp
 import os
 import signal
@@ -89,6 +90,11 @@ def worker_main(conn, event_conn, options) -> None:
 
     torch.set_grad_enabled(False)  # autograd runs in the client; the worker sees plain aten ops
     ex = _make_executor(options, publish)
+    if (options.auto_compile or options.compile_all) and ex.engine.compile_process():
+        # Before serving, not beside a step: seconds of imports in a thread would hold the GIL.
+        ex.engine.compile_process().imports()
+        threading.Thread(target=ex.engine.warm, name="gt-compile-warm", daemon=True).start()
+    gc.freeze()  # torch's own objects live as long as the worker: full collections skip them
     publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(ex.device))])
     share = _CpuShare(ex.device)
     inbox = _Inbox(conn)
@@ -97,7 +103,7 @@ def worker_main(conn, event_conn, options) -> None:
             msg = inbox.next()
         except (EOFError, OSError):
             break  # the client went away
-        share.set(client_waits=inbox.requests > 0 or msg[0] == "req")
+        share.set(inbox.requests > 0 or msg[0] == "req", ex.engine.compiling > 0)
         if msg[0] == "batch":
             ex.feed(msg[1])
         elif msg[0] == "req":
@@ -141,12 +147,13 @@ class _Inbox:
 
 class _CpuShare:
     """The worker's intra-op threads on a CPU: every core while the client waits for an answer,
-    one fewer while the client records the next steps.
+    one fewer while the client records the next steps, one fewer again while a block compiles.
 
     Two busy processes on too few cores stall each other: OpenMP's barriers spin for threads
     the client's recording has preempted. Measured on 2 cores (benchmarks/overhead.py, MLP
     batch 128, no sync): a compiled step took 3.4 ms on the worker with 2 threads beside the
-    client and 1.2 ms with 1.
+    client and 1.2 ms with 1. Beside an inductor compile (its process and C++ builds), eager
+    runs with 2 threads stalled up to 117 ms; with 1, at most 13 ms (benchmarks/stall.py).
     """
 
     def __init__(self, device):
@@ -154,7 +161,6 @@ class _CpuShare:
 
         self.torch = torch
         self.all = torch.get_num_threads()
-        self.spare = max(1, self.all - 1)
         self.active = device.type == "cpu" and self.all > 1
         self.now = self.all
         fixed = os.environ.get("GT_WORKER_THREADS")  # a fixed count instead (benchmarks)
@@ -162,10 +168,10 @@ class _CpuShare:
             torch.set_num_threads(int(fixed))
             self.active = False
 
-    def set(self, client_waits: bool) -> None:
+    def set(self, client_waits: bool, compiling: bool = False) -> None:
         if not self.active:
             return
-        n = self.all if client_waits else self.spare
+        n = max(1, self.all - (not client_waits) - compiling)
         if n != self.now:
             self.torch.set_num_threads(n)
             self.now = n

@@ -34,6 +34,7 @@ class Options:
     regression_samples: int = 5  # compiled runs timed before a revert is considered
     background: bool = True  # compile off the critical path (eager runs meanwhile)
     client_match: bool = True  # the client sends a hot block's occurrence as one message
+    compile_process: bool = True  # inductor compiles in a process of their own (CPU worker)
     signals: dict = field(default_factory=dict, compare=False)
 
     def replace(self, **changes) -> Options:
@@ -114,6 +115,7 @@ ENV = {
     "GT_WORKER": ("worker", str, "process or inprocess"),
     "GT_BACKGROUND_COMPILE": ("background", _bool, "0/1, true/false"),
     "GT_CLIENT_MATCH": ("client_match", _bool, "0/1, true/false"),
+    "GT_COMPILE_PROCESS": ("compile_process", _bool, "0/1, true/false"),
 }
 
 

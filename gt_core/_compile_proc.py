@@ -1,0 +1,215 @@
+"""Inductor compiles in a process of their own, so a compile cannot stall the worker.
+
+Compiling with inductor is seconds of Python (tracing, lowering, code generation) plus C++
+builds. In a thread of the worker it shares the worker's GIL and garbage collector: measured
+here (benchmarks/stall.py, MLP B=128), a block running eagerly beside it stalled for up to
+250-400 ms, each time a full collection of the objects inductor had just created or
+imported. So the worker hands the block's FX graph to a compile process (started once, at low
+priority, kept for later blocks) that runs ``torch._inductor.standalone_compile`` and saves
+the artifact; the worker only loads it (~15 ms once inductor's loading path is imported).
+
+:func:`warm` imports that path ahead of the first block (at worker start, with the collector
+paused) by compiling and loading a one-op graph, so no first-load import lands in a step.
+"""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from multiprocessing.connection import Connection
+
+__all__ = ["CompileProcess", "CompileProcessDied"]
+
+_NICE = 19  # the compile process yields the CPU to the client and the worker
+
+
+class CompileProcessDied(RuntimeError):
+    """The compile process exited while compiling a block (it is restarted for the next one)."""
+
+
+class CompileProcess:
+    """The worker's side: a block (or a graph) in, a loaded compiled callable out; thread-safe."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+        self._conn: Connection | None = None
+        self._lock = threading.Lock()  # one compile at a time; callers wait without the GIL
+        self._dir = tempfile.mkdtemp(prefix="gt-compile-")
+        self._ids = itertools.count()
+        self._warm = threading.Lock()
+        self._warmed = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None and self._proc.poll() is None else None
+
+    @staticmethod
+    def imports() -> None:
+        """Inductor's loading path imported and its source hash computed (~2.5 s of Python),
+        the collector paused: for the worker's start, before it serves anything."""
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            import torch._inductor.codecache as codecache
+            import torch._inductor.compile_fx  # noqa: F401
+            import torch._inductor.standalone_compile  # noqa: F401
+
+            codecache.torch_key()  # hashes torch's sources once per process (cached)
+        finally:
+            gc.freeze()
+            if collecting:
+                gc.enable()
+
+    def warm(self) -> None:
+        """Start the process, compile and load a one-op graph (once): the first load's setup
+        (CPU feature probes: subprocesses, so the GIL stays free) happens here, not in a step."""
+        with self._warm:
+            if self._warmed:
+                return
+            import torch
+            import torch.fx as fx
+
+            g = fx.Graph()
+            x = g.placeholder("x")
+            g.output((g.call_function(torch.ops.aten.add.Tensor, (x, 1)),))
+            self.compile_graph(fx.GraphModule(torch.nn.Module(), g), [torch.zeros(2)], None)
+            self._warmed = True
+
+    def compile_graph(self, gm, examples: list, mode: str | None):
+        """Compile an FX graph for ``examples``' metadata: (callable, seconds)."""
+        metas = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in examples]
+        return self._compile(("graph", pickle.dumps(gm)), metas, mode)
+
+    def compile_block(self, canon, ops: dict, out_paths, scalar_dtypes, device, mode):
+        """Compile a hot block (as ``build_graph`` takes it, for inductor): (callable, seconds).
+
+        The graph is built in the compile process, so not even that Python runs here.
+        """
+        names = {name: f"{op.namespace}::{op._opname}.{op._overloadname}" for name, op in ops.items()}
+        metas = list(canon.input_meta) + [((), (), dt, device) for dt in scalar_dtypes]
+        job = ("block", canon, names, out_paths, len(scalar_dtypes))
+        return self._compile(job, metas, mode)
+
+    def _compile(self, job: tuple, metas: list, mode: str | None):
+        from torch._inductor import list_mode_options
+
+        options = list_mode_options(mode) if mode not in (None, "default") else {}
+        path = os.path.join(self._dir, f"{next(self._ids)}.bin")
+        with self._lock:
+            t0 = time.perf_counter()
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+            try:
+                self._conn.send((job, metas, options, path))
+                status, reason = self._conn.recv()
+            except (EOFError, OSError) as exc:
+                code = self._stop(kill=True)
+                raise CompileProcessDied(
+                    f"gt's compile process (inductor) exited while compiling this block "
+                    f"(exit code {code}; {type(exc).__name__}). It is started again for the next "
+                    "block; this one runs eagerly."
+                ) from None
+            if status != "ok":
+                raise RuntimeError(reason)
+            fn = _load(path)
+            return fn, time.perf_counter() - t0
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop(kill=False)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def _start(self) -> None:
+        ours, theirs = socket.socketpair()
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", f"from gt_core._compile_proc import main; main({theirs.fileno()})"],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        theirs.close()
+        self._conn = Connection(ours.detach())
+
+    def _stop(self, kill: bool) -> int | None:
+        proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
+        if conn is not None:
+            conn.close()  # the process reads EOF and exits
+        if proc is None:
+            return None
+        if kill and proc.poll() is None:
+            proc.kill()
+        try:
+            return proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+def _load(path: str):
+    """The compiled artifact at ``path`` as a callable; the collector is paused meanwhile."""
+    from torch._inductor.standalone_compile import CompiledArtifact
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return CompiledArtifact.load(path=path, format="binary")
+    finally:
+        if collecting:
+            gc.enable()
+        os.remove(path)
+
+
+def _build(canon, names, out_paths, n_scalars):
+    from ._compiler import build_graph
+    from ._instructions import resolve_op
+
+    ops = {name: resolve_op(q) for name, q in names.items()}
+    return build_graph(canon, ops, out_paths, True, n_scalars)  # alpha rewritten for inductor
+
+
+def main(fd: int) -> None:
+    """The compile process: compile jobs from ``fd`` until the worker closes it."""
+    try:
+        os.nice(_NICE)
+    except OSError:
+        pass
+    conn = Connection(fd)
+    import torch
+    import torch._inductor.config as ic
+    from torch._inductor import standalone_compile
+
+    ic.fallback_random = True  # as in the worker: compiled random ops draw like eager ones
+    while True:
+        try:
+            job, metas, options, path = conn.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            gm = pickle.loads(job[1]) if job[0] == "graph" else _build(*job[1:])
+            examples = [
+                torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                for shape, stride, dtype, device in metas
+            ]
+            with torch.no_grad():
+                art = standalone_compile(
+                    gm, examples, dynamic_shapes="from_example_inputs", options=options
+                )
+            art.save(path=path, format="binary")
+            reply = ("ok", None)
+        except Exception as exc:
+            reply = ("err", f"{type(exc).__name__}: {exc}")
+        try:
+            conn.send(reply)
+        except OSError:  # the worker went away meanwhile
+            return
