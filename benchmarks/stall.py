@@ -22,11 +22,11 @@ import gt_core
 from gt_core import events as ev
 
 
-def run(batch: int, backend: str, max_s: float, after: int) -> tuple[list, list]:
+def run(batch: int, backend: str, max_s: float, after: int, process: bool) -> tuple[list, list]:
     """([(wall-clock start, seconds)] of the client's steps, the report's events)."""
     gt_core.reset()
     steps = []
-    with gt_core.capture(backend=backend, background=True):
+    with gt_core.capture(backend=backend, background=True, compile_process=process):
         torch.manual_seed(0)
         model = torch.nn.Sequential(
             torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
@@ -90,11 +90,18 @@ def main(argv=None) -> None:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--max-seconds", type=float, default=120.0)
+    ap.add_argument(
+        "--thread",
+        action="store_true",
+        help="compile in a thread of the worker (as before the compile process; GT_COMPILE_PROCESS=0)",
+    )
     args = ap.parse_args(argv)
     backend, max_s, after = (
         ("aot_eager", 20.0, 10) if args.quick else (args.backend, args.max_seconds, 40)
     )
-    steps, events = run(args.batch, backend, max_s, after)
+    if args.thread:  # the worker is spawned with it: no compile process warmed at its start
+        gt_core.configure(compile_process=False)
+    steps, events = run(args.batch, backend, max_s, after, not args.thread)
     it = [e for e in events if e["type"] == ev.ITERATION]
     by = {k: [e["ms"] for e in it if e["kind"] == k] for k in ("eager", "compiling", "compiled")}
     fin = [e for e in events if e["type"] == ev.COMPILE_FINISHED]

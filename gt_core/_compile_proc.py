@@ -180,10 +180,13 @@ def _build(canon, names, out_paths, n_scalars):
 
 def main(fd: int) -> None:
     """The compile process: compile jobs from ``fd`` until the worker closes it."""
-    try:
-        os.nice(_NICE)
-    except OSError:
-        pass
+    try:  # runs only when a core is idle; its C++ builds inherit this
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.nice(_NICE)
+        except OSError:
+            pass
     conn = Connection(fd)
     import torch
     import torch._inductor.config as ic

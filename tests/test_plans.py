@@ -268,6 +268,10 @@ def test_the_worker_leaves_a_core_to_the_client_while_it_records():
         assert torch.get_num_threads() == 1
         share.set(client_waits=True)
         assert torch.get_num_threads() == 2
+        share.set(client_waits=True, compiling=True)  # a compile (its process) gets a core
+        assert torch.get_num_threads() == 1
+        share.set(client_waits=False, compiling=True)  # never fewer than one
+        assert torch.get_num_threads() == 1
         torch.set_num_threads(1)
         assert not _CpuShare(torch.device("cpu")).active  # one thread: nothing to share
     finally:
