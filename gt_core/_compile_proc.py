@@ -112,7 +112,7 @@ class CompileProcess:
                 self._conn.send((job, metas, options, path))
                 status, reason = self._conn.recv()
             except (EOFError, OSError) as exc:
-                code = self._stop(kill=True)
+                code = self._stop()
                 raise CompileProcessDied(
                     f"gt's compile process (inductor) exited while compiling this block "
                     f"(exit code {code}; {type(exc).__name__}). It is started again for the next "
@@ -124,8 +124,8 @@ class CompileProcess:
             return fn, time.perf_counter() - t0
 
     def close(self) -> None:
-        with self._lock:
-            self._stop(kill=False)
+        """Stop the process now; a compile waiting on it ends with CompileProcessDied."""
+        self._stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def _start(self) -> None:
@@ -141,19 +141,18 @@ class CompileProcess:
         theirs.close()
         self._conn = Connection(ours.detach())
 
-    def _stop(self, kill: bool) -> int | None:
+    def _stop(self) -> int | None:
+        """Kill the process (its work is in inductor's cache or lost); a compile waiting on it
+        reads EOF. Returns its exit code."""
         proc, conn, self._proc, self._conn = self._proc, self._conn, None, None
+        code = None
+        if proc is not None:
+            if proc.poll() is None:
+                proc.kill()
+            code = proc.wait()
         if conn is not None:
-            conn.close()  # the process reads EOF and exits
-        if proc is None:
-            return None
-        if kill and proc.poll() is None:
-            proc.kill()
-        try:
-            return proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
+            conn.close()
+        return code
 
 
 def _load(path: str):

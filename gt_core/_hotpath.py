@@ -288,6 +288,10 @@ class Engine:
                     if block.plan is not None and not block.withdrawn:
                         self.emit(ev.PLAN, signature=block.sig, plan=block.plan)
             self.options = value
+            compiling = any(b.status == Status.COMPILING for b in self.blocks.values())
+            if self._compiler is not None and self.compile_process() is None and not compiling:
+                self._compiler.close()  # not needed now (a warm-up under way is cut short)
+                self._compiler = None
         elif what == "wait":
             for b in list(self.blocks.values()):
                 if b.thread is not None:

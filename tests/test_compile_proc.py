@@ -148,3 +148,15 @@ def test_where_a_compile_runs_is_in_its_event(inprocess, background, where):
 def test_compile_process_option_from_env():
     assert from_env({}).compile_process is True
     assert from_env({"GT_COMPILE_PROCESS": "0"}).compile_process is False
+
+
+def test_a_capture_without_inductor_stops_the_compile_process(inprocess):
+    gt_core.configure(backend="inductor", auto_compile=True, background=True)
+    try:
+        with gt_core.capture():
+            engine = gt_core._capture.session().transport.ex.engine
+            assert engine.compile_process() is not None
+        with gt_core.capture(backend="eager"):
+            assert engine._compiler is None  # a warm-up of a spawned worker is cut short too
+    finally:
+        gt_core.configure(auto_compile=False, backend="eager")
