@@ -69,14 +69,24 @@ class CompileProcess:
             if collecting:
                 gc.enable()
 
+    def start(self) -> None:
+        """Start the process (it imports torch and inductor: seconds) if it is not running."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._start()
+
     def warm(self) -> None:
         """Start the process, compile and load a one-op graph (once): the first load's setup
-        (CPU feature probes: subprocesses, so the GIL stays free) happens here, not in a step."""
+        happens here (at the worker's start), not beside a block's eager runs."""
         with self._warm:
             if self._warmed:
                 return
             import torch
             import torch.fx as fx
+            from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+            self.start()  # it imports meanwhile
+            pick_vec_isa()  # ~1 s of compiler probes (subprocesses: the GIL stays free)
 
             g = fx.Graph()
             x = g.placeholder("x")
@@ -118,10 +128,9 @@ class CompileProcess:
                     f"(exit code {code}; {type(exc).__name__}). It is started again for the next "
                     "block; this one runs eagerly."
                 ) from None
-            if status != "ok":
-                raise RuntimeError(reason)
-            fn = _load(path)
-            return fn, time.perf_counter() - t0
+        if status != "ok":
+            raise RuntimeError(reason)
+        return _load(path), time.perf_counter() - t0  # the next job compiles meanwhile
 
     def close(self) -> None:
         """Stop the process now; a compile waiting on it ends with CompileProcessDied."""
@@ -179,19 +188,24 @@ def _build(canon, names, out_paths, n_scalars):
 
 def main(fd: int) -> None:
     """The compile process: compile jobs from ``fd`` until the worker closes it."""
-    try:  # runs only when a core is idle; its C++ builds inherit this
+    conn = Connection(fd)
+    import torch
+    import torch._inductor.config as ic
+    from torch._inductor import standalone_compile
+
+    from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+    ic.fallback_random = True  # as in the worker: compiled random ops draw like eager ones
+    pick_vec_isa()  # its compiler probes, once per process
+    # Imported at normal priority (the worker is starting too, nothing runs yet); from here on
+    # it runs only on a core nothing else wants, and its C++ builds inherit that.
+    try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     except (AttributeError, OSError):
         try:
             os.nice(_NICE)
         except OSError:
             pass
-    conn = Connection(fd)
-    import torch
-    import torch._inductor.config as ic
-    from torch._inductor import standalone_compile
-
-    ic.fallback_random = True  # as in the worker: compiled random ops draw like eager ones
     while True:
         try:
             job, metas, options, path = conn.recv()

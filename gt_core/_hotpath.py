@@ -839,7 +839,6 @@ class Engine:
         """(compiled callable, seconds): in the compile process, or here."""
         n_scalars = len(block.scalar_dtypes)
         if cp is not None:
-            cp.warm()  # once per worker (normally done at its start)
             return cp.compile_block(
                 block.canon, block.ops, block.out_paths, block.scalar_dtypes, self.ex.device, o.mode
             )

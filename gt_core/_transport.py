@@ -90,9 +90,10 @@ def worker_main(conn, event_conn, options) -> None:
 
     torch.set_grad_enabled(False)  # autograd runs in the client; the worker sees plain aten ops
     ex = _make_executor(options, publish)
-    if (options.auto_compile or options.compile_all) and ex.engine.compile_process():
-        # Before serving, not beside a step: seconds of imports in a thread would hold the GIL.
-        ex.engine.compile_process().imports()
+    cp = ex.engine.compile_process() if options.auto_compile or options.compile_all else None
+    if cp is not None:
+        cp.start()  # the compile process imports beside this one
+        cp.imports()  # before serving, not beside a step: seconds of Python holding the GIL
         threading.Thread(target=ex.engine.warm, name="gt-compile-warm", daemon=True).start()
     gc.freeze()  # torch's own objects live as long as the worker: full collections skip them
     publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(ex.device))])
