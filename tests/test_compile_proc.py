@@ -41,6 +41,17 @@ def _train(on_worker: bool, before: int = 8, after: int = 6):
     return model, losses
 
 
+def _check_compiled_in_process_and_equal():
+    ref, ref_losses = _train(False)
+    with gt_core.capture():
+        got, losses = _train(True)
+    for a, b in zip(got.parameters(), ref.parameters(), strict=True):
+        assert_close(a, b, atol=1e-5)
+    assert losses == pytest.approx(ref_losses, rel=1e-5)
+    assert [e["where"] for e in _events(ev.COMPILE_STARTED)] == ["process"]
+    assert len(_events(ev.COMPILE_FINISHED)) == 1 and not _events(ev.COMPILE_FAILED)
+
+
 @pytest.fixture
 def inductor_background(inprocess):
     gt_core.configure(
@@ -56,14 +67,7 @@ def inductor_background(inprocess):
 
 @pytest.mark.inductor
 def test_block_compiled_in_the_compile_process_equals_eager(inductor_background):
-    ref, ref_losses = _train(False)
-    with gt_core.capture():
-        got, losses = _train(True)
-    for a, b in zip(got.parameters(), ref.parameters(), strict=True):
-        assert_close(a, b, atol=1e-5)
-    assert losses == pytest.approx(ref_losses, rel=1e-5)
-    assert [e["where"] for e in _events(ev.COMPILE_STARTED)] == ["process"]
-    assert len(_events(ev.COMPILE_FINISHED)) == 1 and not _events(ev.COMPILE_FAILED)
+    _check_compiled_in_process_and_equal()
     runs = [e["kind"] for e in _events(ev.ITERATION)]
     assert runs.count("compiled") >= 5  # every occurrence after the wait
 
@@ -77,14 +81,7 @@ def test_spawned_worker_warms_the_compile_process_and_its_blocks_equal_eager(pro
     try:
         gt_core.worker().restart()  # spawned with these options: warms at its start
         gt_core.reset()
-        ref, ref_losses = _train(False)
-        with gt_core.capture():
-            got, losses = _train(True)
-        for a, b in zip(got.parameters(), ref.parameters(), strict=True):
-            assert_close(a, b, atol=1e-5)
-        assert losses == pytest.approx(ref_losses, rel=1e-5)
-        assert [e["where"] for e in _events(ev.COMPILE_STARTED)] == ["process"]
-        assert len(_events(ev.COMPILE_FINISHED)) == 1 and not _events(ev.COMPILE_FAILED)
+        _check_compiled_in_process_and_equal()
     finally:
         gt_core.configure(auto_compile=False, backend="eager", regression_samples=5)
         gt_core.worker().restart()
