@@ -8,8 +8,9 @@ imported. So the worker hands the block's FX graph to a compile process (started
 priority, kept for later blocks) that runs ``torch._inductor.standalone_compile`` and saves
 the artifact; the worker only loads it (~15 ms once inductor's loading path is imported).
 
-:func:`warm` imports that path ahead of the first block (at worker start, with the collector
-paused) by compiling and loading a one-op graph, so no first-load import lands in a step.
+At a worker's start, :meth:`CompileProcess.imports` imports that path (before it serves, the
+collector paused) and :meth:`CompileProcess.warm` compiles and loads a one-op graph, so the
+first load's setup does not land beside a block's eager runs.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ import tempfile
 import threading
 import time
 from multiprocessing.connection import Connection
+
+from ._instructions import qualified_name
 
 __all__ = ["CompileProcess", "CompileProcessDied"]
 
@@ -72,8 +75,7 @@ class CompileProcess:
     def start(self) -> None:
         """Start the process (it imports torch and inductor: seconds) if it is not running."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
-                self._start()
+            self._ensure_running()
 
     def warm(self) -> None:
         """Start the process, compile and load a one-op graph (once): the first load's setup
@@ -104,7 +106,7 @@ class CompileProcess:
 
         The graph is built in the compile process, so not even that Python runs here.
         """
-        names = {name: f"{op.namespace}::{op._opname}.{op._overloadname}" for name, op in ops.items()}
+        names = {name: qualified_name(op) for name, op in ops.items()}
         metas = list(canon.input_meta) + [((), (), dt, device) for dt in scalar_dtypes]
         job = ("block", canon, names, out_paths, len(scalar_dtypes))
         return self._compile(job, metas, mode)
@@ -116,8 +118,7 @@ class CompileProcess:
         path = os.path.join(self._dir, f"{next(self._ids)}.bin")
         with self._lock:
             t0 = time.perf_counter()
-            if self._proc is None or self._proc.poll() is not None:
-                self._start()
+            self._ensure_running()
             try:
                 self._conn.send((job, metas, options, path))
                 status, reason = self._conn.recv()
@@ -137,7 +138,10 @@ class CompileProcess:
         self._stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
-    def _start(self) -> None:
+    def _ensure_running(self) -> None:
+        """Start the process unless it runs (the caller holds the lock)."""
+        if self._proc is not None and self._proc.poll() is None:
+            return
         ours, theirs = socket.socketpair()
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
@@ -192,7 +196,6 @@ def main(fd: int) -> None:
     import torch
     import torch._inductor.config as ic
     from torch._inductor import standalone_compile
-
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     ic.fallback_random = True  # as in the worker: compiled random ops draw like eager ones

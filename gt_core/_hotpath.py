@@ -326,7 +326,7 @@ class Engine:
             return self._compiler
 
     def warm(self) -> None:
-        """Start the compile process and import inductor's loading path (worker start)."""
+        """Warm the compile process up (worker start): see CompileProcess.warm."""
         cp = self.compile_process()
         if cp is None:
             return
