@@ -13,6 +13,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from ._instructions import DEFOP, FREE, MARK, OP, PUT, SEED, SYNC, Ref, op_name, resolve_op
+from ._portable import for_device
 
 __all__ = ["Executor", "describe_args"]
 
@@ -71,7 +72,7 @@ class Executor:
         elif code == PUT:
             self.values[ins[1]] = ins[2].to(self.device) if self.device.type != "cpu" else ins[2]
         elif code == DEFOP:
-            op = resolve_op(ins[2])
+            op = for_device(resolve_op(ins[2]), self.device)
             self.ops[ins[1]] = op
             self._device_arg[ins[1]] = any(a.name == "device" for a in op._schema.arguments)
         elif code == SEED:
