@@ -27,10 +27,13 @@ __all__ = ["Transport", "ProcessTransport", "InProcessTransport", "worker_main"]
 _POLL_S = 0.05
 
 
-def _device():
+def _device(choice: str = "auto"):
+    """The worker's device: the option's, or for "auto" CUDA where present, else the CPU."""
     import torch
 
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(choice)
 
 
 def _make_executor(options, publish):
@@ -44,7 +47,7 @@ def _make_executor(options, publish):
         ic.fallback_random = True  # compiled random ops draw from the same generator as eager
     except Exception:
         pass
-    ex = Executor(_device(), publish)
+    ex = Executor(_device(options.device), publish)
     ex.engine = Engine(ex, options, publish)
     return ex
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from dataclasses import dataclass, field
 
 from .errors import ConfigError
@@ -13,6 +14,18 @@ __all__ = ["Options", "from_env", "ENV", "load_signals"]
 BACKENDS_HINT = "a torch.compile backend name such as 'inductor', 'aot_eager' or 'eager'"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 WORKERS = ("process", "inprocess")
+DEVICE_HINT = "auto (CUDA if present, else the CPU), cpu, or cuda / cuda:N where a CUDA device is"
+
+
+def _device_ok(device) -> bool:
+    if device in ("auto", "cpu"):
+        return True
+    if not isinstance(device, str) or not re.fullmatch(r"cuda(:\d+)?", device):
+        return False
+    import torch
+
+    index = int(device.partition(":")[2] or 0)
+    return torch.cuda.is_available() and index < torch.cuda.device_count()
 
 
 @dataclass(frozen=True)
@@ -31,6 +44,7 @@ class Options:
     log: str | None = None  # instruction log: every event as a JSON line
     config: str | None = None  # YAML file of named signals
     worker: str = "process"  # or "inprocess" (same executor, no second process)
+    device: str = "auto"  # the worker's device: auto (CUDA if present), cpu, cuda, cuda:N
     regression_samples: int = 5  # compiled runs timed before a revert is considered
     background: bool = True  # compile off the critical path (eager runs meanwhile)
     client_match: bool = True  # the client sends a hot block's occurrence as one message
@@ -71,6 +85,7 @@ class Options:
         )
         check(self.mode in MODES, "mode", f"one of {', '.join(str(m) for m in MODES[1:])}")
         check(self.worker in WORKERS, "worker", f"one of {', '.join(WORKERS)}")
+        check(_device_ok(self.device), "device", DEVICE_HINT)
         check(isinstance(self.debug, int) and self.debug in (0, 1, 2), "debug", "0, 1 or 2")
         if self.window < self.threshold * self.min_seq:
             raise ConfigError(
@@ -113,6 +128,7 @@ ENV = {
     "GT_INSTRUCTION_LOG": ("log", str, "a file path"),
     "GT_CONFIG": ("config", str, "a YAML file path"),
     "GT_WORKER": ("worker", str, "process or inprocess"),
+    "GT_DEVICE": ("device", str, "auto, cpu, cuda or cuda:N"),
     "GT_BACKGROUND_COMPILE": ("background", _bool, "0/1, true/false"),
     "GT_CLIENT_MATCH": ("client_match", _bool, "0/1, true/false"),
     "GT_COMPILE_PROCESS": ("compile_process", _bool, "0/1, true/false"),

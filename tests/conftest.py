@@ -1,6 +1,9 @@
 import os
 
 os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
+# CPU eager is the oracle, compared to 1e-6: workers (and the benchmarks' subprocesses) run on
+# the CPU even where a GPU is; the gpu-marked tests choose CUDA themselves.
+os.environ.setdefault("GT_DEVICE", "cpu")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

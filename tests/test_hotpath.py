@@ -303,6 +303,8 @@ def test_compile_every_flushed_block(hot):
         ({"GT_COMPILE_MODE": "fast"}, "GT_COMPILE_MODE='fast'.*reduce-overhead"),
         ({"GT_DEBUG_COMPILE": "7"}, "GT_DEBUG_COMPILE=7"),
         ({"GT_WORKER": "gpu"}, "GT_WORKER='gpu'.*inprocess"),
+        ({"GT_DEVICE": "tpu"}, "GT_DEVICE='tpu'.*auto.*cpu.*cuda"),
+        ({"GT_DEVICE": "cuda:99"}, "GT_DEVICE='cuda:99'.*where a CUDA device is"),
         ({"GT_CONFIG": "/nonexistent.yaml"}, "GT_CONFIG='/nonexistent.yaml'.*readable"),
         ({"GT_BACKEND": "indcutor"}, "GT_BACKEND='indcutor'.*registered.*inductor, aot_eager"),
     ],
@@ -319,6 +321,13 @@ def test_a_log_path_that_cannot_be_opened_is_refused_and_the_old_options_stay(tm
     with pytest.raises(gt_core.ConfigError, match="GT_INSTRUCTION_LOG.*writable file path"):
         gt_core.configure(log=str(tmp_path / "no" / "such" / "dir" / "events.jsonl"))
     assert gt_core.config() == before
+
+
+def test_the_worker_runs_on_the_device_option(inprocess):
+    assert gt_core.worker().device == "cpu"  # the suite's fixtures pin it: CPU eager is the oracle
+    gt_core.configure(device="auto")
+    gt_core.worker().restart()
+    assert gt_core.worker().device == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def test_a_backend_registered_by_the_user_is_accepted():
