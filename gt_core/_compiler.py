@@ -9,7 +9,10 @@ our signature is its guard, so there is nothing for Dynamo to add.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import operator
+import threading
 import time
 
 import torch
@@ -18,7 +21,14 @@ import torch.fx as fx
 from ._lift import Scalar, _Lifted, lower
 from .signature import Canonical
 
-__all__ = ["build_graph", "compile_block", "rewrite_alpha"]
+__all__ = [
+    "build_graph",
+    "compile_block",
+    "cudagraph_skips",
+    "mutated_inputs",
+    "rewrite_alpha",
+    "uses_cudagraphs",
+]
 
 _aten = torch.ops.aten
 # Inductor on torch 2.13 (CPU) drops `alpha` in add(x, mm(a, b), alpha=...): see FINDINGS.md.
@@ -111,13 +121,122 @@ def rewrite_alpha(gm: fx.GraphModule) -> int:
 def compile_block(
     gm: fx.GraphModule, example_inputs: list, backend: str, mode: str | None, dynamic: bool
 ):
-    """(compiled callable taking the inputs positionally, seconds spent compiling)."""
+    """(compiled callable taking the inputs positionally, seconds spent compiling).
+
+    Where inductor's mode records CUDA graphs (reduce-overhead, max-autotune) on a GPU, the
+    inputs the block updates in place (parameters, optimizer state) are declared static, as
+    Dynamo declares a module's parameters: CUDA graph trees then keep them in place rather
+    than skipping graphs for "mutated inputs". Each call then starts a new step and returns
+    outputs of its own, so a value kept from an earlier step is never overwritten.
+    """
     t0 = time.perf_counter()
     with torch.no_grad():
         if dynamic:
             fn = torch.compile(gm, backend=backend, mode=mode, dynamic=True, fullgraph=True)
         elif backend == "inductor":
+            devices = [t.device for t in example_inputs if isinstance(t, torch.Tensor)]
+            graphs = bool(devices) and uses_cudagraphs(mode, devices[0])
+            if graphs:
+                _declare_static(gm, mutated_inputs(gm))
             fn = torch._TorchCompileInductorWrapper(mode, None, False)(gm, example_inputs)
+            if graphs:
+                fn = _steps(fn)
         else:
             fn = torch._dynamo.lookup_backend(backend)(gm, example_inputs)
     return fn, time.perf_counter() - t0
+
+
+def uses_cudagraphs(mode: str | None, device: torch.device) -> bool:
+    """Whether inductor's ``mode`` records CUDA graphs for a graph on ``device``."""
+    if device.type != "cuda":
+        return False
+    from torch._inductor import list_mode_options
+
+    return bool(list_mode_options(mode).get("triton.cudagraphs", False))
+
+
+def mutated_inputs(gm: fx.GraphModule) -> list[int]:
+    """Positions of the graph's inputs that an op updates in place (directly or via a view)."""
+    index = {n: k for k, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
+    views: dict[fx.Node, int] = {}  # a view's node -> the input it views
+
+    def root(a):
+        return index.get(a, views.get(a)) if isinstance(a, fx.Node) else None
+
+    out: set[int] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:  # an item of split/unbind views what they view
+            if root(node.args[0]) is not None:
+                views[node] = root(node.args[0])
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is None:
+                continue
+            v = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+            items = v if isinstance(v, (list, tuple)) else (v,)
+            bases = [b for b in map(root, items) if b is not None]
+            if a.alias_info.is_write:
+                out.update(bases)
+            elif bases and schema.returns and schema.returns[0].alias_info is not None:
+                views[node] = bases[0]
+    return sorted(out)
+
+
+def _declare_static(gm: fx.GraphModule, static: list[int]) -> None:
+    """Mark inputs as AOTAutograd reads Dynamo's static inputs (its metadata, nothing more)."""
+    from torch._dynamo.source import LocalSource
+
+    gm.meta["dynamo_compile_id"] = None
+    gm._param_name_to_source = {}
+    for k, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+        node._dynamo_source = LocalSource(node.name)
+        if k in static:
+            node.meta["tensor_dict"] = {"_dynamo_static_input_type": "unguarded"}
+
+
+def _steps(fn):
+    """``fn`` under CUDA graph trees, each call a step of its own with outputs it owns."""
+    mark = torch.compiler.cudagraph_mark_step_begin
+
+    def run(*args):
+        mark()
+        return [o.clone() if isinstance(o, torch.Tensor) else o for o in fn(*args)]
+
+    return run
+
+
+@contextlib.contextmanager
+def cudagraph_skips():
+    """Yields a list that collects why inductor skipped CUDA graphs in this thread meanwhile.
+
+    The reasons (its log, or its counter where nothing was logged) are reported in gt's events
+    instead of as warnings on the worker's stderr.
+    """
+    from torch._dynamo.utils import counters
+
+    reasons: list[str] = []
+    me = threading.get_ident()
+
+    def take(record: logging.LogRecord) -> bool:
+        if record.thread != me:
+            return True
+        reasons.append(record.getMessage().strip())
+        return False
+
+    logger = logging.getLogger("torch._inductor.cudagraph_utils.__cudagraphs")
+    before = counters["inductor"]["cudagraph_skips"]
+    logger.addFilter(take)
+    try:
+        yield reasons
+    finally:
+        logger.removeFilter(take)
+        unlogged = counters["inductor"]["cudagraph_skips"] - before - len(reasons)
+        reasons.extend(
+            ["skipped, no reason logged (counters['inductor']['cudagraph_skips'])"]
+            * max(unlogged, 0)
+        )

@@ -26,7 +26,7 @@ import torch
 
 from . import events as ev
 from ._compile_proc import CompileProcess
-from ._compiler import build_graph, compile_block
+from ._compiler import build_graph, compile_block, cudagraph_skips, uses_cudagraphs
 from ._executor import timed
 from ._instructions import BARRIERS, DEFOP, FREE, MARK, OP, RUN, SYNC, Ref, op_name
 from ._lift import LiftNamer, lift_positions
@@ -822,8 +822,10 @@ class Engine:
             _no_grad(work)()
 
     def _compile_now(self, block: Block, cp: CompileProcess | None, o: Options) -> None:
+        graphs = o.backend == "inductor" and uses_cudagraphs(o.mode, self.ex.device)
         try:
-            fn, seconds = self._compiled(block, cp, o)
+            with cudagraph_skips() if graphs else contextlib.nullcontext() as skips:
+                fn, seconds = self._compiled(block, cp, o)
         except Exception as exc:
             block.status = Status.FAILED
             self.emit(ev.COMPILE_FAILED, signature=block.sig, reason=_reason(exc))
@@ -833,7 +835,10 @@ class Engine:
             block.fn = fn
             if block.status == Status.COMPILING:
                 block.status = Status.COMPILED
-            self.emit(ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds)
+            extra = {}
+            if graphs:  # CUDA graphs asked for: whether inductor records them, and if not, why
+                extra = {"cudagraphs": "skipped" if skips else "used", "cudagraph_skips": skips}
+            self.emit(ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds, **extra)
 
     def _compiled(self, block: Block, cp: CompileProcess | None, o: Options):
         """(compiled callable, seconds): in the compile process, or here."""

@@ -11,6 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from . import events as ev
+from .causes import explain
 
 __all__ = ["Report", "summarize", "Status"]
 
@@ -40,6 +41,9 @@ def _new_path(signature: str) -> dict:
         "compiled_runs": 0,
         "eager_runs": 0,
         "compile_seconds": None,
+        "cudagraphs": None,  # on a GPU with a CUDA-graph mode: "used" or "skipped"
+        "cudagraph_skips": [],  # inductor's reasons when skipped
+        "cudagraph_explanations": [],  # each reason's {"id", "cause", "fix"} (gt_core.causes)
         "recompile_reasons": [],
         "fallback_reason": None,
         "timings": {"eager_ms": [], "compiled_ms": []},  # eager_ms: the baseline
@@ -102,8 +106,15 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         elif t == ev.COMPILE_FINISHED:
             p = path(sig)
             p.update(
-                status=Status.COMPILED, compile_seconds=e.get("seconds"), compiled_at=e.get("t")
+                status=Status.COMPILED,
+                compile_seconds=e.get("seconds"),
+                compiled_at=e.get("t"),
+                cudagraphs=e.get("cudagraphs"),
+                cudagraph_skips=list(e.get("cudagraph_skips") or []),
             )
+            p["cudagraph_explanations"] = [
+                explain("cudagraph_skip", r) for r in p["cudagraph_skips"]
+            ]
         elif t == ev.COMPILE_FAILED:
             p = path(sig)
             p.update(status=Status.FAILED, fallback_reason=e.get("reason"))
@@ -199,6 +210,8 @@ class Report:
                 lines.append(f"    recompile: {r}")
             if p["fallback_reason"]:
                 lines.append(f"    {p['status']}: {p['fallback_reason']}")
+            for r in p["cudagraph_skips"]:
+                lines.append(f"    cudagraphs skipped: {r}")
         for u in d["user_compiles"]:
             lines.append(
                 f"  torch.compile {u['function']}: {u['compiles']} compile(s), "

@@ -155,6 +155,10 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "what to do": FAILURE_ADVICE,
             }
         )
+    for r, why in zip(p.get("cudagraph_skips", []), p.get("cudagraph_explanations", []), strict=True):
+        rows.append(
+            {"where": sig, "kind": "cudagraphs skipped", "reason": r, "what to do": why["fix"]}
+        )
     cuts = p.get("sync_cuts", 0)
     diverged = p.get("mismatches", 0) - cuts
     if diverged:
