@@ -31,18 +31,22 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from models import Block  # noqa: E402  (the workloads shared by tests and benchmarks)
 
 
-def make(batch, workload="mlp"):
-    """(model, x, y, loss function) of a workload, built from seed 0."""
+def make(batch, workload="mlp", device=None):
+    """(model, x, y, loss function) of a workload, built from seed 0 (on ``device`` if given)."""
     torch.manual_seed(0)
     workload = workload.removesuffix("-adam")
     if workload == "transformer":
         model = Block()
         x, y = torch.randint(0, 50, (batch, 12)), torch.randint(0, 50, (batch, 12))
-        return model, x, y, lambda out, y: F.cross_entropy(out.flatten(0, 1), y.flatten())
-    model = torch.nn.Sequential(
-        torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
-    )
-    return model, torch.randn(batch, 784), torch.randn(batch, 10), F.mse_loss
+        loss = lambda out, y: F.cross_entropy(out.flatten(0, 1), y.flatten())  # noqa: E731
+    else:
+        model = torch.nn.Sequential(
+            torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+        )
+        x, y, loss = torch.randn(batch, 784), torch.randn(batch, 10), F.mse_loss
+    if device is not None:
+        model, x, y = model.to(device), x.to(device), y.to(device)
+    return model, x, y, loss
 
 
 def make_opt(model, workload):
@@ -53,9 +57,9 @@ def make_opt(model, workload):
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), None
 
 
-def step_fn(batch, workload):
+def step_fn(batch, workload, device=None):
     """One training step of a workload (returns the loss), built from seed 0."""
-    model, x, y, loss_fn = make(batch, workload)
+    model, x, y, loss_fn = make(batch, workload, device)
     opt, sched = make_opt(model, workload)
 
     def step():
