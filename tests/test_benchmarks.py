@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from gt_core import bench
 
@@ -62,6 +63,16 @@ def test_quick_benchmark_runs(name, tmp_path):
         ]
         assert {r[0] for r in rows} == {"mlp", "transformer"}
         assert all(r[4] != "-" and r[6].endswith("x") for r in rows), p.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: gpu.py runs in full")
+def test_gpu_benchmark_says_it_needs_a_gpu_where_there_is_none():
+    env = dict(os.environ, TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS="0")
+    p = subprocess.run(
+        [sys.executable, "benchmarks/gpu.py"], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert p.returncode == 2 and "needs a CUDA device" in p.stdout, p.stdout + p.stderr
 
 
 def check_bench(p, path):
