@@ -39,7 +39,7 @@ class Session:
         self.log = log
         self.buf: list = []
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
-        self.replay = Replay(self._out, self.flush)
+        self.replay = Replay(self._out, self._send)
         cls = InProcessTransport if options.worker == "inprocess" else ProcessTransport
         self.transport = cls(options, self._on_events)
         self.next_id = 1
@@ -112,6 +112,14 @@ class Session:
             self._frees()
         if self.replay.kept:
             self.replay.release()
+        self._send()
+
+    def _send(self) -> None:
+        """Send the batch as it is: after a RUN, so the worker starts on it at once.
+
+        (Not a flush: frees still pending are fed to the matcher later, in their order, and
+        may already start the next occurrence; releasing that would send it op by op.)
+        """
         if self.buf and not self.closed:
             batch, self.buf = self.buf, []
             try:

@@ -153,6 +153,35 @@ def test_training_steps_travel_as_one_message_each_and_match_eager(hot):
     assert sum(e["kind"] == "compiled" for e in compiled) >= runs - 3
 
 
+def test_every_step_is_one_run_when_the_dropped_loss_begins_the_block(hot):
+    """The loss a step returns and the caller drops is freed after the step's last free.
+
+    Detected with a sync per step, the block begins with that free; unsynced, it arrives while
+    the previous occurrence completes. It must start the next occurrence, not be sent alone
+    (which sent every other step op by op).
+    """
+    with gt_core.capture() as s:
+        torch.manual_seed(0)
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        x, y = torch.randn(16, 32), torch.randn(16, 4)
+
+        def step():
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        for _ in range(20):
+            step().item()
+        runs = s.replay.runs
+        for _ in range(20):
+            step()
+        assert s.replay.runs - runs >= 19, f"{s.replay.runs - runs} of 20 steps sent as one run"
+        step().item()
+
+
 def test_plans_never_reach_the_event_log(hot):
     _train(20, True)
     types = {e["type"] for e in gt_core.events_log().snapshot()}
