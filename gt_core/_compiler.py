@@ -26,6 +26,7 @@ __all__ = [
     "compile_block",
     "cudagraph_skips",
     "mutated_inputs",
+    "replay_here",
     "rewrite_alpha",
     "uses_cudagraphs",
 ]
@@ -153,6 +154,19 @@ def uses_cudagraphs(mode: str | None, device: torch.device) -> bool:
     from torch._inductor import list_mode_options
 
     return bool(list_mode_options(mode).get("triton.cudagraphs", False))
+
+
+def replay_here() -> None:
+    """Set up CUDA graph trees' per-thread state in this thread, the one that will call blocks.
+
+    The trees keep it in thread-local storage made where their module is first imported; a
+    block compiled in a background thread imports it there, and its first replay in the
+    worker's thread then failed an assertion. Called before a background compile starts.
+    """
+    from torch._inductor import cudagraph_trees as trees
+
+    if not torch._C._is_key_in_tls("tree_manager_containers"):
+        trees._initialize_tls(trees.local)
 
 
 def mutated_inputs(gm: fx.GraphModule) -> list[int]:

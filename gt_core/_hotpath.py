@@ -26,7 +26,13 @@ import torch
 
 from . import events as ev
 from ._compile_proc import CompileProcess
-from ._compiler import build_graph, compile_block, cudagraph_skips, uses_cudagraphs
+from ._compiler import (
+    build_graph,
+    compile_block,
+    cudagraph_skips,
+    replay_here,
+    uses_cudagraphs,
+)
 from ._executor import timed
 from ._instructions import BARRIERS, DEFOP, FREE, MARK, OP, RUN, SYNC, Ref, op_name
 from ._lift import LiftNamer, lift_positions
@@ -814,6 +820,8 @@ class Engine:
                 self.flush_events()
 
         if o.background:
+            if o.backend == "inductor" and uses_cudagraphs(o.mode, self.ex.device):
+                replay_here()  # before the compile thread imports CUDA graph trees
             block.thread = threading.Thread(
                 target=_no_grad(work), name=f"gt-compile-{block.sig}", daemon=True
             )

@@ -9,6 +9,7 @@ here on the CPU; the gpu-marked tests train on a CUDA worker against CPU eager.
 import functools
 import logging
 import threading
+import time
 
 import pytest
 import torch
@@ -20,8 +21,8 @@ from models import Block, mlp
 import gt_core
 from gt_core import _hotpath
 from gt_core import events as ev
-from gt_core._compiler import cudagraph_skips, mutated_inputs
-from gt_jupyter._tables import reason_rows
+from gt_core._compiler import cudagraph_skips, mutated_inputs, replay_here
+from gt_jupyter._tables import reason_rows, status_html, to_text
 
 aten = torch.ops.aten
 GRAPHS: list = []
@@ -96,6 +97,23 @@ def test_cudagraph_skips_takes_this_threads_reasons_and_counted_ones():
     assert seen == ["skipping cudagraphs due to elsewhere"]  # another thread's record passes
 
 
+def test_cuda_graph_trees_state_is_made_in_the_thread_that_replays():
+    """Their module, first imported by a compile thread, sets up only that thread."""
+    seen = []
+
+    def replaying_thread():
+        before = torch._C._is_key_in_tls("tree_manager_containers")
+        replay_here()
+        seen.extend([before, torch._C._is_key_in_tls("tree_manager_containers")])
+        from torch._inductor import cudagraph_trees
+
+        cudagraph_trees.get_container(0)  # what the first replay asks for (asserted there)
+
+    t = threading.Thread(target=replaying_thread)
+    t.start(), t.join()
+    assert seen == [False, True]
+
+
 @pytest.mark.inductor
 def test_a_skip_is_reported_with_its_reason_where_graphs_were_asked_for(inprocess, monkeypatch):
     """On the CPU inductor skips CUDA graphs; the engine, told graphs apply, reports it.
@@ -121,6 +139,7 @@ def test_a_skip_is_reported_with_its_reason_where_graphs_were_asked_for(inproces
     assert "cudagraphs skipped: skipped, no reason logged" in str(gt_core.report())
     (row,) = [r for r in reason_rows(data) if r["kind"] == "cudagraphs skipped"]
     assert row["where"] == p["signature"] and "on CPU" in row["what to do"]
+    assert "CUDA graphs skipped" in to_text(data) and "<th>CUDA graphs</th>" in status_html(data)
 
 
 # -- on a GPU --------------------------------------------------------------------------------
@@ -201,3 +220,71 @@ def test_training_step_runs_under_cuda_graphs_and_equals_eager(workload):
     (p,) = [p for p in gt_core.report().to_data()["hot_paths"] if p["compiled_runs"]]
     assert p["cudagraphs"] == "used", p["cudagraph_skips"]
     assert p["compiled_runs"] >= 5 and not p["recompile_reasons"]
+
+
+@pytest.mark.gpu
+@pytest.mark.inductor
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_defaults_on_a_gpu_spawned_worker_compile_in_the_background_under_cuda_graphs():
+    """What a notebook gets: a spawned worker, background compiles, CUDA graphs replayed in
+    the worker's main thread though compiled in another; eager runs meanwhile."""
+    gt_core.worker().stop()
+    gt_core.configure(
+        worker="process", device="cuda", auto_compile=True, backend="inductor",
+        mode="reduce-overhead", background=True, threshold=3, regression_samples=10_000,
+    )  # fmt: skip
+    gt_core.reset()
+
+    def train(on_worker, steps=None):
+        with gt_core.capture() if on_worker else torch.device("cuda"):
+            torch.manual_seed(0)
+            model = mlp()
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            x, y = torch.randn(16, 32), torch.randn(16, 4)
+            losses, t0 = [], time.monotonic()
+            for i in range(steps or 100_000):
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                losses.append(loss.detach())
+                if steps is None and i % 50 == 49:
+                    loss.item()  # now and then: the worker's events arrive
+                    runs = [p["compiled_runs"] for p in gt_core.report().to_data()["hot_paths"]]
+                    if max(runs, default=0) >= 20 or time.monotonic() - t0 > 120:
+                        break
+            return [float(v.cpu()) for v in losses]
+
+    try:
+        got = train(on_worker=True)
+        ref = train(on_worker=False, steps=len(got))
+        (p,) = [p for p in gt_core.report().to_data()["hot_paths"] if p["compiled_runs"]]
+        assert p["cudagraphs"] == "used" and p["compiled_runs"] >= 20, p
+        assert p["eager_runs"] >= 2  # the steps before the compile landed ran eagerly
+        assert got == pytest.approx(ref, rel=1e-4, abs=1e-5)
+    finally:
+        gt_core.worker().stop()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("worker", ["inprocess", "process"])
+def test_seeds_reach_a_cuda_worker_as_in_eager(worker):
+    """torch.manual_seed in a capture seeds the worker's CUDA generator: same draws as eager."""
+    gt_core.worker().stop()
+    gt_core.configure(worker=worker, device="cuda", auto_compile=False)
+    gt_core.reset()
+    try:
+        with gt_core.capture():
+            draws = []
+            for _ in range(2):
+                torch.manual_seed(0)
+                draws.append((mlp()[0].weight.cpu(), torch.randn(16, 32).cpu()))
+        with torch.device("cuda"):
+            torch.manual_seed(0)
+            want = (mlp()[0].weight.cpu(), torch.randn(16, 32).cpu())
+        for got in draws:
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b)
+    finally:
+        gt_core.worker().stop()
