@@ -37,6 +37,10 @@ class Executor:
 
     def __init__(self, device: torch.device, publish=None):
         self.device = torch.device(device)
+        if self.device.type == "cuda":
+            # Ops called as OpOverloads start CUDA below Python's lazy init, which then never
+            # runs: torch.manual_seed stayed queued (seeds ignored) and synchronize skipped.
+            torch.cuda.init()
         self.values: dict[int, torch.Tensor] = {}
         self.ops: dict[int, object] = {}
         self._device_arg: dict[int, bool] = {}
