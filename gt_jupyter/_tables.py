@@ -88,6 +88,7 @@ def status_rows(data: dict) -> list[dict]:
             "eager_note": " (while compiling)" if p.get("baseline_while_compiling") else "",
             "compiled_ms": p.get("compiled_median_ms"),
             "speedup": p.get("speedup"),
+            "cudagraphs": p.get("cudagraphs"),  # None unless asked for on a GPU
         }
         for p in data.get("hot_paths", [])
     ]
@@ -343,6 +344,8 @@ def to_text(data: dict) -> str:
         )
         if r["speedup"]:
             line += f" ({r['speedup']:.2f}x)"
+        if r["cudagraphs"]:
+            line += f", CUDA graphs {r['cudagraphs']}"
         be = _figures.timeline_data(events, r["signature"])["break_even"] if events else None
         if be is not None:
             line += f", break-even at iteration {be}"
@@ -419,9 +422,10 @@ def status_html(data: dict) -> str:
         "compiled ms",
         "speedup",
     )
-    return (
-        _table(status_rows(data), cols, keys) if data.get("hot_paths") else "<i>no hot path yet</i>"
-    )
+    rows = status_rows(data)
+    if any(r["cudagraphs"] for r in rows):  # a GPU worker asked for CUDA graphs
+        keys, cols = (*keys, "cudagraphs"), (*cols, "CUDA graphs")
+    return _table(rows, cols, keys) if rows else "<i>no hot path yet</i>"
 
 
 def reasons_html(data: dict) -> str:
