@@ -44,6 +44,10 @@ def _meta_id(meta: tuple) -> int:
     return mid
 
 
+_wrapper = torch.Tensor._make_wrapper_subclass
+_CPU = torch.device("cpu")  # what the client sees: a device object parses faster than "cpu"
+
+
 class Proxy(torch.Tensor):
     """A tensor whose value lives on the gt worker; ops on it are recorded, not run here."""
 
@@ -53,9 +57,10 @@ class Proxy(torch.Tensor):
     @staticmethod
     def __new__(cls, session, vid: int, meta: tuple, mid: int | None = None):
         shape, stride, offset, dtype = meta
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device="cpu"
-        )
+        if offset:
+            r = _wrapper(cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device=_CPU)
+        else:  # the common case: each keyword parsed costs (about 0.1 µs each here)
+            r = _wrapper(cls, shape, strides=stride, dtype=dtype, device=_CPU)
         r._gt_id = vid
         r._gt_s = session
         r._gt_m = meta
