@@ -21,7 +21,7 @@ from collections import deque
 from ._instructions import FREE, OP, RUN, Ref
 from ._lift import Scalar
 
-__all__ = ["Slot", "Plan", "make_plan", "expand", "Replay"]
+__all__ = ["Slot", "Plan", "make_plan", "expand", "instruction", "Replay"]
 
 
 class Slot:
@@ -42,7 +42,7 @@ class Slot:
 class Plan:
     """What both ends need to turn an occurrence into one RUN and back into instructions."""
 
-    __slots__ = ("sig", "entries", "n_inputs", "n_scalars", "first")
+    __slots__ = ("sig", "entries", "n_inputs", "n_scalars", "first", "learned")
 
     def __init__(self, sig: str, entries: tuple, n_inputs: int, n_scalars: int):
         self.sig = sig
@@ -53,6 +53,9 @@ class Plan:
         self.n_scalars = n_scalars
         e = entries[0]
         self.first = e[1] if e[0] == "op" else "free"
+        # Client side, per entry: what recording it found once, (op, metadata keys of its
+        # tensor arguments, its output), so later occurrences follow the plan without a lookup.
+        self.learned: list = [None] * len(entries)
 
     def __reduce__(self):
         return (Plan, (self.sig, self.entries, self.n_inputs, self.n_scalars))
@@ -95,6 +98,11 @@ def _template(a):
 
 def expand(plan: Plan, inputs, produced, scalars) -> list:
     """The instructions of one occurrence, given what its RUN bound."""
+    return [instruction(e, inputs, produced, scalars) for e in plan.entries]
+
+
+def instruction(e: tuple, inputs, produced, scalars) -> tuple:
+    """A plan entry as the instruction it stands for, given the occurrence's bindings."""
 
     def sub(a):
         t = type(a)
@@ -106,22 +114,16 @@ def expand(plan: Plan, inputs, produced, scalars) -> list:
             return t(sub(x) for x in a)
         return a
 
-    out = []
-    for e in plan.entries:
-        if e[0] == "free":
-            out.append((FREE, sub(e[1]).id))
-        else:
-            _, idx, args, kwargs, outs = e
-            out.append(
-                (
-                    OP,
-                    idx,
-                    tuple(sub(a) for a in args),
-                    {k: sub(v) for k, v in kwargs.items()},
-                    tuple(None if o is None else produced[o] for o in outs),
-                )
-            )
-    return out
+    if e[0] == "free":
+        return (FREE, sub(e[1]).id)
+    _, idx, args, kwargs, outs = e
+    return (
+        OP,
+        idx,
+        tuple(sub(a) for a in args),
+        {k: sub(v) for k, v in kwargs.items()},
+        tuple(None if o is None else produced[o] for o in outs),
+    )
 
 
 # -- the client's side --------------------------------------------------------------------
@@ -223,6 +225,7 @@ class Replay:
         self.cands: list[_Occurrence] = []
         self.kept: list = []  # the instructions of the occurrence being matched
         self.runs = 0  # occurrences sent as one RUN
+        self.followed = 0  # ops recorded by following a plan (_proxy.follow)
 
     def offer(self, sig: str, plan: Plan | None) -> None:
         """A plan from the worker (None withdraws it); any thread."""
@@ -280,9 +283,17 @@ class Replay:
         self._ready()
 
     def release(self) -> None:
-        """The occurrence in progress did not complete: its instructions go out as they are."""
-        kept, self.kept, self.cands = self.kept, [], []
-        for ins in kept:
+        """The occurrence in progress did not complete: its instructions go out as they are.
+
+        An op recorded by following the plan (``_proxy.follow``) is kept as None: it is its
+        entry with the candidate's bindings, rebuilt here.
+        """
+        kept, cands = self.kept, self.cands
+        self.kept, self.cands = [], []
+        c = cands[0] if cands else None
+        for k, ins in enumerate(kept):
+            if ins is None:
+                ins = instruction(c.entries[k], c.inputs, c.produced, c.scalars)
             self._sink(ins)
 
     def forget(self) -> None:

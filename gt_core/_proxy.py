@@ -20,6 +20,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._instructions import OP, PUT, Ref
+from ._lift import Scalar
+from ._plan import Slot
 from .errors import UnsupportedOperation, WorkerLost
 
 __all__ = ["Proxy", "record", "CaptureMode", "upload", "is_remote"]
@@ -44,8 +46,7 @@ def _meta_id(meta: tuple) -> int:
     return mid
 
 
-_wrapper = torch.Tensor._make_wrapper_subclass
-_CPU = torch.device("cpu")  # what the client sees: a device object parses faster than "cpu"
+_wrapper = torch.Tensor._make_wrapper_subclass  # _CPU (below): a device parses faster than "cpu"
 
 
 class Proxy(torch.Tensor):
@@ -298,6 +299,19 @@ _CPU = torch.device("cpu")
 
 def record(func, args, kwargs):
     """Record ``func(*args, **kwargs)`` as an instruction and return proxies for its outputs."""
+    # Inside a hot block's occurrence: the op the plan expects next, checked against what
+    # recording it found before, bound without building an instruction (see follow).
+    if args:
+        a = args[0]
+        if type(a) is Proxy:
+            s = a._gt_s
+            if s.replay.cands and not s.closed:
+                if s.freed:
+                    s._frees()  # they come first, as emit would put them
+                if len(s.replay.cands) == 1:
+                    out = follow(s, func, args, kwargs)
+                    if out is not None:
+                        return out
     # The steady state's common case, inline: proxies, scalars, int lists and scalar keyword
     # arguments. The key is built exactly as _record builds it, so both share cache entries.
     session = None
@@ -350,9 +364,92 @@ def record(func, args, kwargs):
                         outs = (vid,)
                     else:
                         outs = (None,)
+                    if session.freed:
+                        session._frees()  # first, so the position below is this op's
+                    cands = session.replay.cands
+                    c = cands[0] if len(cands) == 1 else None
+                    pos = c.pos if c is not None else -1
                     session.emit((OP, idx, tuple(sent), kwargs, outs))
+                    if c is not None and c.pos == pos + 1:
+                        # matched as the plan's entry pos: what the next occurrences reuse
+                        c.plan.learned[pos] = (func, tuple(key[1:]), t, len(proxies))
                     return Proxy(session, vid, t[1], t[2]) if kind == _NEW else proxies[t[1]]
     return _record(func, args, kwargs)
+
+
+def follow(session, func, args, kwargs):
+    """The op the plan of the occurrence being matched expects next, recorded by the plan.
+
+    Taken only where recording that entry once found this op with arguments of the same
+    metadata (its cache key, rebuilt here from the template's bindings and compared), so the
+    output's metadata is what the cache would give. Anything else returns None: the op is
+    recorded the usual way, and matched (or not) as an instruction.
+    """
+    rp = session.replay
+    c = rp.cands[0]
+    pos = c.pos
+    learned = c.plan.learned[pos]
+    if learned is None or learned[0] is not func:
+        return None
+    _, want, t, n_proxies = learned
+    e = c.entries[pos]
+    eargs, ekw = e[2], e[3]
+    if len(args) != len(eargs) or len(kwargs) != len(ekw):
+        return None
+    key = []
+    proxies = []
+    for tmpl, a in zip(eargs, args):  # noqa: B905 (lengths checked)
+        ta = type(a)
+        if ta is Proxy:
+            if a._gt_s is not session or a._gt_v is not None or type(tmpl) is not Slot:
+                return None
+            if not c._bind(tmpl, a._gt_id):
+                return None
+            key.append(a._gt_k)
+            proxies.append(a)
+        elif ta in _SCALARS:
+            if type(tmpl) is Scalar:
+                if ta is not float and ta is not int or not _floats_free(func):
+                    return None
+                c.scalars[tmpl.k] = float(a)
+            elif type(tmpl) is not ta or tmpl != a:
+                return None
+            key.append(_ANY_FLOAT if ta is float and _floats_free(func) else (ta, a))
+        elif (ta is list or ta is tuple) and all(type(x) is int for x in a):
+            if type(tmpl) is not ta or tmpl != a:
+                return None
+            key.append((ta, tuple([(int, x) for x in a])))
+        else:
+            return None
+    for k, v in kwargs.items():
+        tv = type(v)
+        tmpl = ekw.get(k, _MISSING)
+        if tv not in _SCALARS or type(tmpl) is not tv or tmpl != v:
+            return None
+        key.append((k, _ANY_FLOAT if tv is float and _floats_free(func) else (tv, v)))
+    if tuple(key) != want or len(proxies) != n_proxies:
+        return None
+    outs = e[4]
+    if t[0] == _NEW:
+        if outs[0] != len(c.produced):
+            return None
+        vid = session.next_id
+        session.next_id = vid + 1
+        c.produced.append(vid)
+        c.bound.add(vid)
+        result = Proxy(session, vid, t[1], t[2])
+    else:
+        result = proxies[t[1]]
+    session.counters["ops"] += 1
+    rp.followed += 1
+    c.pos = pos + 1
+    rp.kept.append(None)
+    if c.pos == c.n:
+        rp._complete(c)
+    return result
+
+
+_MISSING = object()
 
 
 def _record(func, args, kwargs):

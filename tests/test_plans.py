@@ -182,6 +182,71 @@ def test_every_step_is_one_run_when_the_dropped_loss_begins_the_block(hot):
         step().item()
 
 
+def _loop(on_worker: bool, steps: int = 36):
+    """SGD momentum; an op more in steps 24 and 31; from step 28 on, a batch of another size
+    (new tensors, no new op: only their metadata differs)."""
+    with gt_core.capture() if on_worker else contextlib.nullcontext():
+        torch.manual_seed(0)
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        data = {16: (torch.randn(16, 32), torch.randn(16, 4)), 8: (torch.randn(8, 32), torch.randn(8, 4))}
+        losses = []
+        for i in range(steps):
+            x, y = data[16 if i < 28 else 8]
+            out = model(x)
+            if i in (24, 31):
+                out = out * 1.0
+            loss = F.mse_loss(out, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if i % 7 == 0:
+                losses.append(loss.item())
+        losses.append(loss.item())
+        params = [p.detach().cpu() if gt_core.is_remote(p) else p.detach() for p in model.parameters()]
+    return params, losses
+
+
+def _stream(client_match: bool) -> tuple:
+    """Every instruction the worker is told to run (RUNs expanded by their plans), the result."""
+    gt_core.worker().restart()  # ids from 1 again, plans learned afresh
+    gt_core.reset()
+    gt_core.configure(client_match=client_match)
+    sent = []
+    s = gt_core._capture.session()
+    send = s.transport.send
+
+    def spying(batch):
+        for ins in batch:
+            if ins[0] == RUN:
+                sent.extend(expand(s.replay.plans[ins[1]], *ins[2:]))
+            else:
+                sent.append(ins)
+        send(batch)
+
+    s.transport.send = spying
+    params, losses = _loop(True)
+    return [ins for ins in sent if ins[0] in (OP, FREE)], params, losses
+
+
+def test_following_plans_sends_exactly_the_stream_recording_would(hot):
+    """Ops recorded by following a plan (the client's steady state) and occurrences that leave
+    it midway (an op more, inputs of another size) reach the worker as the same instructions,
+    in the same order, with the same ids, as without plans; the results are eager's."""
+    with_plans, params, losses = _stream(True)
+    r = gt_core._capture.session().replay
+    runs, followed = r.runs, r.followed
+    without, _, _ = _stream(False)
+    assert runs >= 10 and followed >= 10 * 30, (runs, followed)
+    ref, ref_losses = _loop(False)
+    assert losses == pytest.approx(ref_losses)
+    for a, b in zip(params, ref, strict=True):
+        assert_close(a, b)
+    assert len(with_plans) == len(without)
+    for k, (a, b) in enumerate(zip(with_plans, without, strict=True)):
+        assert repr(a) == repr(b), f"instruction {k}: {a} with plans, {b} without"
+
+
 def test_plans_never_reach_the_event_log(hot):
     _train(20, True)
     types = {e["type"] for e in gt_core.events_log().snapshot()}
