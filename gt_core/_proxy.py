@@ -678,7 +678,7 @@ class CaptureMode(TorchDispatchMode):
 
 def _capture_dispatch(self, func, types, args=(), kwargs=None):
     kwargs = kwargs or {}
-    if _has_proxy(args) or _has_proxy(kwargs.values()):
+    if (args and type(args[0]) is Proxy) or _has_proxy(args) or _has_proxy(kwargs.values()):
         return record(func, args, kwargs)
     if func in _LIFTS or (
         _makes_tensors(func) and not _has_tensor(args) and not _has_tensor(kwargs.values())
