@@ -186,8 +186,10 @@ def main(argv=None):
             if workload in ONE_GRAPH:
                 og_t, _ = one_graph_steps(b, args.steps, args.backend, workload)
                 o = statistics.median(og_t[-tail:]) * 1e3
-            paths = data["hot_paths"]
-            comp = paths[0]["compile_seconds"] if paths else None
+            # this run's paths (a worker kept from the last workload still lists its old ones)
+            paths = [p for p in data["hot_paths"] if p["compiled_runs"] + p["eager_runs"]]
+            main = max(paths, key=lambda p: p["compiled_runs"] + p["eager_runs"], default=None)
+            comp = main["compile_seconds"] if main else None
             be = break_even([t * 1e3 for t in gt_t], e)
             print(
                 f"{workload:<12} {b:>6} {e:>9.3f} {g:>7.3f} {_fmt(o, '.3f'):>11} "
