@@ -127,7 +127,9 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         elif t == ev.RECOMPILE:
             path(sig)["recompile_reasons"].append(e.get("reason", ""))
         elif t == ev.MISMATCH:
-            p = path(sig)
+            if sig not in paths:
+                continue  # a block known only before a reset(): nothing to show it against
+            p = paths[sig]
             p["mismatches"] += 1
             if e.get("got") in _SYNC_CUTS:
                 p["sync_cuts"] += 1

@@ -122,6 +122,30 @@ def test_transformer_block_step(hot):
     assert any(p["status"] == "compiled" and p["compiled_runs"] >= 3 for p in _paths())
 
 
+def test_after_a_reset_an_old_blocks_mismatch_lists_no_empty_hot_path(hot):
+    """reset() clears the events; a block the worker still knows may then report a mismatch,
+    which must not show up as a hot path of no ops 'recording'."""
+
+    def steps(batch, n=12):
+        torch.manual_seed(0)
+        model = mlp()
+        opt = SGD(model.parameters(), lr=0.05)
+        x, y = torch.randn(batch, 32), torch.randn(batch, 4)
+        for _ in range(n):
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            model[0].weight.sum().item()
+
+    with gt_core.capture():
+        steps(16)
+    gt_core.reset()
+    with gt_core.capture():
+        steps(8)
+    data = gt_core.report().to_data()
+    assert data["hot_paths"] and all(p["n_ops"] > 0 for p in data["hot_paths"]), data["hot_paths"]
+
+
 def test_mismatch_mid_block_runs_eagerly_and_is_recorded(hot):
     def loop(extra_at):
         torch.manual_seed(0)
