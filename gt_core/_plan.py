@@ -259,6 +259,21 @@ class Replay:
                 self._complete(c)
                 return
 
+    def free(self, vid: int) -> None:
+        """A free: taken as the one candidate's next entry where it names this value (kept
+        as None, like a followed op), else fed as an instruction."""
+        cands = self.cands
+        if len(cands) == 1:
+            c = cands[0]
+            e = c.entries[c.pos]
+            if e[0] == "free" and c._bind(e[1], vid):
+                c.pos += 1
+                self.kept.append(None)
+                if c.pos == c.n:
+                    self._complete(c)
+                return
+        self.feed((FREE, vid))
+
     def _start(self, ins) -> None:
         if self.inbox:
             self._take_inbox()

@@ -100,11 +100,11 @@ class Session:
     def _frees(self) -> None:
         freed, replay = self.freed, self.replay
         while freed:
-            ins = (FREE, freed.popleft())
+            vid = freed.popleft()
             if replay.live:
-                replay.feed(ins)
+                replay.free(vid)
             else:
-                self.buf.append(ins)
+                self.buf.append((FREE, vid))
 
     def flush(self) -> None:
         """Send what is pending (an occurrence being matched goes out as instructions)."""
