@@ -50,6 +50,7 @@ class CompileProcess:
         self._ids = itertools.count()
         self._warm = threading.Lock()
         self._warmed = False
+        self._closed = False
 
     @property
     def pid(self) -> int | None:
@@ -134,12 +135,19 @@ class CompileProcess:
         return _load(path), time.perf_counter() - t0  # the next job compiles meanwhile
 
     def close(self) -> None:
-        """Stop the process now; a compile waiting on it ends with CompileProcessDied."""
+        """Stop the process now, for good; a compile waiting on it ends with CompileProcessDied.
+
+        (A warm-up under way must not start it again: that process outlived the worker, its
+        imports taking a core for seconds after the worker stopped.)
+        """
+        self._closed = True
         self._stop()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def _ensure_running(self) -> None:
         """Start the process unless it runs (the caller holds the lock)."""
+        if self._closed:
+            raise RuntimeError("gt's compile process was closed (the worker stops or no longer needs it)")
         if self._proc is not None and self._proc.poll() is None:
             return
         ours, theirs = socket.socketpair()

@@ -87,6 +87,23 @@ def test_spawned_worker_warms_the_compile_process_and_its_blocks_equal_eager(pro
         gt_core.worker().restart()
 
 
+def test_a_closed_compile_process_is_never_started_again():
+    """A warm-up cut short by close() asked for the process again: it outlived its worker."""
+    cp = CompileProcess()
+    cp.start()
+    pid = cp.pid
+    assert pid is not None
+    cp.close()
+    assert cp.pid is None
+    with pytest.raises(RuntimeError, match="compile process was closed"):
+        cp.start()
+    with pytest.raises(RuntimeError, match="compile process was closed"):
+        cp.warm()
+    assert cp.pid is None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
 @pytest.mark.inductor
 def test_compile_process_reports_errors_and_survives_its_own_death():
     cp = CompileProcess()
