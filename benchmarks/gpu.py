@@ -34,11 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hotpath import step_fn  # noqa: E402  (the workloads of the CPU table)
 
 
-def eager(batch: int, steps: int, workload: str) -> tuple[float, float]:
+def timed_steps(step, steps: int) -> tuple[float, float]:
     """(median ms with loss.item() every step, ms per step with one sync at the end)."""
-    step = step_fn(batch, workload, device="cuda")
-    for _ in range(10):
-        step().item()
     times = []
     for _ in range(steps):
         t0 = time.perf_counter()
@@ -49,6 +46,13 @@ def eager(batch: int, steps: int, workload: str) -> tuple[float, float]:
         step()
     step().item()
     return statistics.median(times) * 1e3, (time.perf_counter() - t0) / steps * 1e3
+
+
+def eager(batch: int, steps: int, workload: str) -> tuple[float, float]:
+    step = step_fn(batch, workload, device="cuda")
+    for _ in range(10):
+        step().item()
+    return timed_steps(step, steps)
 
 
 def through_gt(batch: int, steps: int, workload: str, mode: str | None) -> dict:
@@ -62,20 +66,11 @@ def through_gt(batch: int, steps: int, workload: str, mode: str | None) -> dict:
             hot = _main_block()
             if hot and hot["compiled_runs"] >= 10:
                 break
-        times = []
-        for _ in range(steps):
-            t0 = time.perf_counter()
-            step().item()
-            times.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        for _ in range(steps - 1):
-            step()
-        step().item()
-        no_sync = (time.perf_counter() - t0) / steps
+        synced, no_sync = timed_steps(step, steps)
     hot = _main_block()
     return {
-        "gt": statistics.median(times) * 1e3,
-        "no_sync": no_sync * 1e3,
+        "gt": synced,
+        "no_sync": no_sync,
         "block": hot["compiled_median_ms"] if hot else None,
         "status": hot["status"] if hot else "not detected",
         "compile_s": hot["compile_seconds"] if hot else None,
