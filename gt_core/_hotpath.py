@@ -820,7 +820,7 @@ class Engine:
                 self.flush_events()
 
         if o.background:
-            if o.backend == "inductor" and uses_cudagraphs(o.mode, self.ex.device):
+            if self._graphs(o):
                 replay_here()  # before the compile thread imports CUDA graph trees
             block.thread = threading.Thread(
                 target=_no_grad(work), name=f"gt-compile-{block.sig}", daemon=True
@@ -829,8 +829,13 @@ class Engine:
         else:
             _no_grad(work)()
 
+    def _graphs(self, o: Options) -> bool:
+        """Whether a block compiled with ``o`` is recorded as CUDA graphs (see compile_block);
+        with dynamic shapes Dynamo compiles at the first call, out of gt's sight."""
+        return o.backend == "inductor" and not o.dynamic and uses_cudagraphs(o.mode, self.ex.device)
+
     def _compile_now(self, block: Block, cp: CompileProcess | None, o: Options) -> None:
-        graphs = o.backend == "inductor" and uses_cudagraphs(o.mode, self.ex.device)
+        graphs = self._graphs(o)
         try:
             with cudagraph_skips() if graphs else contextlib.nullcontext() as skips:
                 fn, seconds = self._compiled(block, cp, o)
