@@ -372,7 +372,8 @@ def record(func, args, kwargs):
                     session.emit((OP, idx, tuple(sent), kwargs, outs))
                     if c is not None and c.pos == pos + 1:
                         # matched as the plan's entry pos: what the next occurrences reuse
-                        c.plan.learned[pos] = (func, tuple(key[1:]), t, len(proxies))
+                        want = _varying(c.entries[pos], args, kwargs, func)
+                        c.plan.learned[pos] = (func, want, t, len(proxies))
                     return Proxy(session, vid, t[1], t[2]) if kind == _NEW else proxies[t[1]]
     return _record(func, args, kwargs)
 
@@ -380,8 +381,9 @@ def record(func, args, kwargs):
 def follow(session, func, args, kwargs):
     """The op the plan of the occurrence being matched expects next, recorded by the plan.
 
-    Taken only where recording that entry once found this op with arguments of the same
-    metadata (its cache key, rebuilt here from the template's bindings and compared), so the
+    Taken only where recording that entry once found this op, and the parts of its cache key
+    that can vary between occurrences (its tensors' metadata, its lifted scalars' kind) are
+    the same now; the rest of the key is the template's literals, checked equal. So the
     output's metadata is what the cache would give. Anything else returns None: the op is
     recorded the usual way, and matched (or not) as an instruction.
     """
@@ -396,7 +398,7 @@ def follow(session, func, args, kwargs):
     eargs, ekw = e[2], e[3]
     if len(args) != len(eargs) or len(kwargs) != len(ekw):
         return None
-    key = []
+    parts = []
     proxies = []
     for tmpl, a in zip(eargs, args):  # noqa: B905 (lengths checked)
         ta = type(a)
@@ -405,29 +407,32 @@ def follow(session, func, args, kwargs):
                 return None
             if not c._bind(tmpl, a._gt_id):
                 return None
-            key.append(a._gt_k)
+            parts.append(a._gt_k)
             proxies.append(a)
-        elif ta in _SCALARS:
-            if type(tmpl) is Scalar:
-                if ta is not float and ta is not int or not _floats_free(func):
-                    return None
-                c.scalars[tmpl.k] = float(a)
-            elif type(tmpl) is not ta or tmpl != a:
+        elif type(tmpl) is Scalar:
+            if ta is not float and ta is not int:
                 return None
-            key.append(_ANY_FLOAT if ta is float and _floats_free(func) else (ta, a))
-        elif (ta is list or ta is tuple) and all(type(x) is int for x in a):
+            c.scalars[tmpl.k] = float(a)
+            parts.append(_scalar_part(a, func))
+        else:  # a literal: only record's inline kinds, equal to the template's
+            if ta is list or ta is tuple:
+                if not all(type(x) is int for x in a):
+                    return None  # (before comparing: a proxy in a list must not be compared)
+            elif ta not in _SCALARS:
+                return None
             if type(tmpl) is not ta or tmpl != a:
                 return None
-            key.append((ta, tuple([(int, x) for x in a])))
-        else:
-            return None
     for k, v in kwargs.items():
-        tv = type(v)
         tmpl = ekw.get(k, _MISSING)
-        if tv not in _SCALARS or type(tmpl) is not tv or tmpl != v:
+        tv = type(v)
+        if type(tmpl) is Scalar:
+            if tv is not float and tv is not int:
+                return None
+            c.scalars[tmpl.k] = float(v)
+            parts.append(_scalar_part(v, func))
+        elif tv is not type(tmpl) or tmpl != v or tv not in _SCALARS:
             return None
-        key.append((k, _ANY_FLOAT if tv is float and _floats_free(func) else (tv, v)))
-    if tuple(key) != want or len(proxies) != n_proxies:
+    if tuple(parts) != want or len(proxies) != n_proxies:
         return None
     outs = e[4]
     if t[0] == _NEW:
@@ -447,6 +452,26 @@ def follow(session, func, args, kwargs):
     if c.pos == c.n:
         rp._complete(c)
     return result
+
+
+def _scalar_part(a, func):
+    """A lifted scalar's part of the cache key (as record builds it)."""
+    return _ANY_FLOAT if type(a) is float and _floats_free(func) else (type(a), a)
+
+
+def _varying(e, args, kwargs, func) -> tuple:
+    """The parts of an op's cache key a plan entry's template leaves free: its tensors'
+    metadata and its lifted scalars' (the template's literals fix the rest)."""
+    parts = []
+    for tmpl, a in zip(e[2], args):  # noqa: B905 (the entry matched these arguments)
+        if type(a) is Proxy:
+            parts.append(a._gt_k)
+        elif type(tmpl) is Scalar:
+            parts.append(_scalar_part(a, func))
+    for k, v in kwargs.items():
+        if type(e[3].get(k)) is Scalar:
+            parts.append(_scalar_part(v, func))
+    return tuple(parts)
 
 
 _MISSING = object()

@@ -182,13 +182,18 @@ def test_every_step_is_one_run_when_the_dropped_loss_begins_the_block(hot):
         step().item()
 
 
-def _loop(on_worker: bool, steps: int = 36):
-    """SGD momentum; an op more in steps 24 and 31; from step 28 on, a batch of another size
-    (new tensors, no new op: only their metadata differs)."""
+def _loop(on_worker: bool, adam: bool = False, steps: int = 36):
+    """SGD momentum (or Adam with a cosine schedule: lifted scalars); an op more in steps 24
+    and 31; from step 28 on, a batch of another size (new tensors, no new op: only their
+    metadata differs)."""
     with gt_core.capture() if on_worker else contextlib.nullcontext():
         torch.manual_seed(0)
         model = mlp()
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        if adam:
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+            sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
+        else:
+            opt, sched = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), None
         data = {16: (torch.randn(16, 32), torch.randn(16, 4)), 8: (torch.randn(8, 32), torch.randn(8, 4))}
         losses = []
         for i in range(steps):
@@ -200,6 +205,8 @@ def _loop(on_worker: bool, steps: int = 36):
             loss.backward()
             opt.step()
             opt.zero_grad()
+            if sched is not None:
+                sched.step()
             if i % 7 == 0:
                 losses.append(loss.item())
         losses.append(loss.item())
@@ -207,7 +214,7 @@ def _loop(on_worker: bool, steps: int = 36):
     return params, losses
 
 
-def _stream(client_match: bool) -> tuple:
+def _stream(client_match: bool, adam: bool) -> tuple:
     """Every instruction the worker is told to run (RUNs expanded by their plans), the result."""
     gt_core.worker().restart()  # ids from 1 again, plans learned afresh
     gt_core.reset()
@@ -225,20 +232,21 @@ def _stream(client_match: bool) -> tuple:
         send(batch)
 
     s.transport.send = spying
-    params, losses = _loop(True)
+    params, losses = _loop(True, adam)
     return [ins for ins in sent if ins[0] in (OP, FREE)], params, losses
 
 
-def test_following_plans_sends_exactly_the_stream_recording_would(hot):
+@pytest.mark.parametrize("adam", [False, True], ids=["sgd-momentum", "adam-cosine"])
+def test_following_plans_sends_exactly_the_stream_recording_would(hot, adam):
     """Ops recorded by following a plan (the client's steady state) and occurrences that leave
     it midway (an op more, inputs of another size) reach the worker as the same instructions,
     in the same order, with the same ids, as without plans; the results are eager's."""
-    with_plans, params, losses = _stream(True)
+    with_plans, params, losses = _stream(True, adam)
     r = gt_core._capture.session().replay
     runs, followed = r.runs, r.followed
-    without, _, _ = _stream(False)
+    without, _, _ = _stream(False, adam)
     assert runs >= 10 and followed >= 10 * 30, (runs, followed)
-    ref, ref_losses = _loop(False)
+    ref, ref_losses = _loop(False, adam)
     assert losses == pytest.approx(ref_losses)
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
