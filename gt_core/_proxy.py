@@ -305,7 +305,7 @@ def record(func, args, kwargs):
         a = args[0]
         if type(a) is Proxy:
             s = a._gt_s
-            if s.replay.cands and not s.closed:
+            if s.replay.cands and not s.closed and s.dead is None:
                 if s.freed:
                     s._frees()  # they come first, as emit would put them
                 if len(s.replay.cands) == 1:
