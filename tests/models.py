@@ -1,6 +1,7 @@
 """Workloads shared by tests and benchmarks: each built from a seed, so eager is the oracle."""
 
 import contextlib
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +50,16 @@ class Block(nn.Module):
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
         x = x + self.ff(self.ln2(x))
         return self.head(x)
+
+
+# The transformer block's training step (SGD momentum, a batch of 4 sequences of 12 tokens),
+# as ``train`` takes it: make_model, make_opt, make_data, loss_fn.
+TRANSFORMER = dict(
+    make_model=Block,
+    make_opt=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+    make_data=lambda: (torch.randint(0, 50, (4, 12)), torch.randint(0, 50, (4, 12))),
+    loss_fn=lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten()),
+)
 
 
 def train(make_model, make_opt, make_data, loss_fn, steps, on_worker, seed=0, sync_every=0, **options):

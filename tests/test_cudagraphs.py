@@ -16,7 +16,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 from conftest import assert_close
-from models import Block, mlp
+from models import TRANSFORMER, mlp
 
 import gt_core
 from gt_core import _hotpath
@@ -196,12 +196,7 @@ WORKLOADS = {
         lambda: (torch.randn(16, 32), torch.randn(16, 4)),
         F.mse_loss,
     ),
-    "transformer": (
-        Block,
-        functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
-        lambda: (torch.randint(0, 50, (4, 12)), torch.randint(0, 50, (4, 12))),
-        lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten()),
-    ),
+    "transformer": tuple(TRANSFORMER.values()),
 }
 
 

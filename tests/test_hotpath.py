@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from conftest import assert_close
-from models import Block, mlp, train
+from models import TRANSFORMER, mlp, train
 
 import gt_core
 from gt_core import events as ev
@@ -108,10 +108,7 @@ def test_whole_mlp_step_with_aot_eager(hot):
 def test_transformer_block_step(hot):
     gt_core.configure(backend="aot_eager")
     kw = dict(
-        make_model=Block,
-        make_opt=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
-        make_data=lambda: (torch.randint(0, 50, (4, 12)), torch.randint(0, 50, (4, 12))),
-        loss_fn=lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten()),
+        **TRANSFORMER,
         steps=10,
     )
     ref, ref_losses = train(on_worker=False, **kw)

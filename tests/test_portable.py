@@ -5,13 +5,11 @@ and their output layouts. A worker forced to use them trains the transformer blo
 and compiled) exactly as eager does.
 """
 
-import functools
 
 import pytest
 import torch
-import torch.nn.functional as F
 from conftest import assert_close
-from models import Block, train
+from models import TRANSFORMER, train
 
 import gt_core
 from gt_core import _executor, _portable
@@ -77,10 +75,7 @@ def as_if_on_gpu(inprocess, monkeypatch):
 
 def test_transformer_block_trains_through_portable_attention_compiled_and_equal(as_if_on_gpu):
     kw = dict(
-        make_model=Block,
-        make_opt=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
-        make_data=lambda: (torch.randint(0, 50, (4, 12)), torch.randint(0, 50, (4, 12))),
-        loss_fn=lambda logits, y: F.cross_entropy(logits.flatten(0, 1), y.flatten()),
+        **TRANSFORMER,
         steps=16,
         sync_every=1,
     )
