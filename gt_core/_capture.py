@@ -152,8 +152,10 @@ def capture(**options):
         opts = _options().replace(**options) if options else _options()
         s = session()
         if opts != s.options:
-            s.request("engine", ("options", opts))
+            # The session first: plans the worker offers in answer (client_match turned on)
+            # reach its event thread at once, and are taken only if it already matches.
             s.set_options(opts)
+            s.request("engine", ("options", opts))
         _apply_log(opts)
         _state["depth"] += 1
     seed = torch.manual_seed

@@ -60,10 +60,14 @@ class Executor:
             self.engine.feed(instrs)
 
     def barrier(self, kind: str) -> None:
-        """A sync point: everything before it must have run."""
+        """A sync point: everything before it must have run (its events: see publish_events)."""
         if self.engine is not None:
             self.engine.feed([(SYNC, kind)])
-            self.engine.flush_events()  # whoever waits sees every event up to here
+
+    def publish_events(self) -> None:
+        """Send the events still held back (after a sync's answer: see worker_main)."""
+        if self.engine is not None:
+            self.engine.flush_events()
 
     def execute(self, ins) -> None:
         """Run one instruction eagerly."""

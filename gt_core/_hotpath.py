@@ -246,6 +246,7 @@ class Engine:
         self._published = 0.0  # perf_counter of the last publish
         self._compiler: CompileProcess | None = None
         self.compiling = 0  # compiles under way (the worker leaves them a core)
+        self.cpu_share = None  # the worker process's intra-op threads (_transport._CpuShare)
 
     # -- plumbing ------------------------------------------------------------------------
     def emit(self, type: str, **fields) -> None:
@@ -562,7 +563,11 @@ class Engine:
                 torch.tensor(v, dtype=dt, device=dev)
                 for v, dt in zip(occ.scalars, block.scalar_dtypes, strict=True)
             ]
+        share = self.cpu_share
+        n = share.choose(block.sig) if share is not None else None
         outs, ms = timed(fn, *inputs)
+        if share is not None:
+            share.learn(block.sig, n, ms)
         for vid, value in zip(occ.out_ids, outs, strict=True):
             values[vid] = value
         self._drop(occ.free_ids)

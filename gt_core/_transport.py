@@ -13,6 +13,7 @@ import gc
 import multiprocessing as mp
 import os
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -71,6 +72,7 @@ def _serve(ex, msg):
         if kind == "engine":
             return ("ok", ex.engine.control(*payload))
         if kind == "events_sent":
+            ex.publish_events()  # the count includes every event up to here
             return ("ok", _sent[0])
         return ("err", ValueError(f"gt worker: unknown request {kind!r}"))
     except Exception as exc:
@@ -100,7 +102,7 @@ def worker_main(conn, event_conn, options) -> None:
         threading.Thread(target=ex.engine.warm, name="gt-compile-warm", daemon=True).start()
     gc.freeze()  # torch's own objects live as long as the worker: full collections skip them
     publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(ex.device))])
-    share = _CpuShare(ex.device)
+    share = ex.engine.cpu_share = _CpuShare(ex.device)
     inbox = _Inbox(conn)
     while True:
         try:
@@ -116,6 +118,10 @@ def worker_main(conn, event_conn, options) -> None:
                 conn.send(reply)
             except Exception as exc:  # an unpicklable exception or value
                 conn.send(("err", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}\n{exc}")))
+            # The events up to this sync go out after its answer, not before it: publishing
+            # (pickling, a write) cost every .item() about 30 µs of waiting. The client's
+            # event thread receives them either way; wait() and report() drain them.
+            ex.publish_events()
         elif msg[0] == "stop":
             ex.engine.close()
             break
@@ -158,7 +164,16 @@ class _CpuShare:
     batch 128, no sync): a compiled step took 3.4 ms on the worker with 2 threads beside the
     client and 1.2 ms with 1. Beside an inductor compile (its process and C++ builds), eager
     runs with 2 threads stalled up to 117 ms; with 1, at most 13 ms (benchmarks/stall.py).
+
+    Whether a compiled block gains from the extra core while the client waits depends on the
+    block: the MLP step at batch 128 took 0.73 ms with 2 threads and 1.18 ms with 1, at batch
+    8 it took 0.35 ms with 2 and 0.19 ms with 1 (waking the second thread for each of its
+    small kernels costs more than it saves, and its spinning afterwards slowed the client's
+    recording of the next step). So each block tries both counts a few times and keeps the
+    one with the lower median (see choose and learn).
     """
+
+    TRIALS = 5  # runs per thread count before a block's choice is made
 
     def __init__(self, device):
         import torch
@@ -167,6 +182,9 @@ class _CpuShare:
         self.all = torch.get_num_threads()
         self.active = device.type == "cpu" and self.all > 1
         self.now = self.all
+        self.waits = False
+        self.trials: dict[str, dict[int, list[float]]] = {}  # block -> thread count -> ms
+        self.chosen: dict[str, int] = {}
         fixed = os.environ.get("GT_WORKER_THREADS")  # a fixed count instead (benchmarks)
         if fixed:
             torch.set_num_threads(int(fixed))
@@ -175,10 +193,34 @@ class _CpuShare:
     def set(self, client_waits: bool, compiling: bool = False) -> None:
         if not self.active:
             return
-        n = max(1, self.all - (not client_waits) - compiling)
+        self.waits = client_waits
+        self._use(max(1, self.all - (not client_waits) - compiling))
+
+    def _use(self, n: int) -> None:
         if n != self.now:
             self.torch.set_num_threads(n)
             self.now = n
+
+    def choose(self, block: str) -> int | None:
+        """The thread count for a compiled run of ``block`` now (None: the current one)."""
+        if not self.active or not self.waits or self.now < 2:
+            return None  # nothing to choose: the client records beside it, or one core
+        n = self.chosen.get(block)
+        if n is None:
+            tried = self.trials.setdefault(block, {self.now: [], self.now - 1: []})
+            n = min(tried, key=lambda k: len(tried.get(k, ())))
+        n = min(n, self.now)
+        self._use(n)
+        return n
+
+    def learn(self, block: str, n: int | None, ms: float) -> None:
+        """A compiled run of ``block`` with ``n`` threads took ``ms``."""
+        if n is None or block in self.chosen:
+            return
+        tried = self.trials[block]
+        tried.setdefault(n, []).append(ms)
+        if all(len(v) >= self.TRIALS for v in tried.values()):
+            self.chosen[block] = min(tried, key=lambda k: statistics.median(tried[k]))
 
 
 @contextlib.contextmanager
@@ -250,6 +292,7 @@ class InProcessTransport(Transport):
     def request(self, kind, payload=None):
         with _isolated():
             status, value = _serve(self.ex, ("req", kind, payload))
+            self.ex.publish_events()
         if status == "err":
             raise value
         return value

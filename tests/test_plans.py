@@ -380,6 +380,57 @@ def test_the_worker_leaves_a_core_to_the_client_while_it_records():
         torch.set_num_threads(before)
 
 
+def test_each_block_keeps_the_thread_count_it_ran_faster_with_while_the_client_waits():
+    from gt_core._transport import _CpuShare
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        share = _CpuShare(torch.device("cpu"))
+        share.set(client_waits=False)
+        assert share.choose("a") is None  # the client records beside it: nothing to choose
+        share.set(client_waits=True)
+        fast = {"small": 1, "big": 2}  # the count each block runs faster with
+        tried = {"small": [], "big": []}
+        for _ in range(2 * _CpuShare.TRIALS):
+            for block, best in fast.items():
+                share.set(client_waits=True)
+                n = share.choose(block)
+                assert torch.get_num_threads() == n
+                tried[block].append(n)
+                share.learn(block, n, 1.0 if n == best else 1.6)
+        for block, best in fast.items():
+            assert sorted(set(tried[block])) == [1, 2]  # both counts were tried
+            share.set(client_waits=True)
+            assert share.choose(block) == best and torch.get_num_threads() == best
+        share.set(client_waits=True, compiling=True)  # one thread left: no choice to make
+        assert share.choose("big") is None and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_compiled_runs_ask_the_cpu_share_for_their_thread_count(hot):
+    class Share:  # what the worker process's _CpuShare is asked, and told
+        def __init__(self):
+            self.asked, self.told = [], []
+
+        def choose(self, block):
+            self.asked.append(block)
+            return 1
+
+        def learn(self, block, n, ms):
+            self.told.append((block, n, ms))
+
+    share = Share()
+    gt_core._capture.session().transport.ex.engine.cpu_share = share
+    params, _ = _train(20, True)
+    ref, _ = _train(20, False)
+    for a, b in zip(params, ref, strict=True):
+        assert_close(a, b)
+    assert share.asked and len(share.told) == len(share.asked)
+    assert all(block == share.asked[0] and n == 1 and ms > 0 for block, n, ms in share.told)
+
+
 def test_client_match_turned_back_on_gets_the_plans_again(hot):
     gt_core.configure(client_match=False)
     _train(20, True)
