@@ -50,6 +50,7 @@ _DEBUG_LINES = frozenset(
     (ev.DETECTED, ev.COMPILE_FINISHED, ev.COMPILE_FAILED, ev.RECOMPILE, ev.FALLBACK, ev.REVERT)
 )
 _BASELINE_RUNS = 2  # clean eager runs a regression check compares against
+_MAX_PROBES = 4 * _BASELINE_RUNS  # eager runs timed for it at most, after the compile
 # Iteration events wait up to this long to travel together (one message per step would cost
 # the client a wake-up of its event thread per step); anything else and every sync send at once.
 _EVENTS_EVERY_S = 0.05
@@ -128,6 +129,9 @@ class Block:
         self.eager_ms: list[float] = []  # clean eager runs: the baseline of regression checks
         self.compiled_ms: list[float] = []
         self.probe = 0  # eager runs still wanted as a baseline before judging the compiled one
+        self.probed = 0  # eager runs timed as such a baseline
+        # (kind, the worker's CPU condition) -> ms: what a regression check compares
+        self.samples: dict[tuple, list[float]] = {}
         self.judged = False  # regression check done
         # Any in-place op: a failure mid-run may have written some inputs already.
         self.mutates = any(ops[name]._schema.is_mutable for name in set(canon.ops))
@@ -513,17 +517,19 @@ class Engine:
             else:
                 self._check_regression(block)
                 return
-        _, ms = timed(self._run_eagerly, occ.instructions)
+        _, ms = self._timed(block.sig + "/eager", self._run_eagerly, occ.instructions)
         if block.status == Status.COMPILING:
             # Slowed by the compile beside it: shown as such, never an eager baseline.
             self.emit(ev.ITERATION, signature=block.sig, kind="compiling", ms=ms)
             return
         block.eager_ms.append(ms)
+        block.samples.setdefault(("eager", self._condition()), []).append(ms)
         self.emit(ev.ITERATION, signature=block.sig, kind="eager", ms=ms)
         if block.probe:
             block.probe -= 1
+            block.probed += 1
             if not block.probe:
-                self._judge(block)
+                self._check_regression(block)
         if block.status == Status.HOT and self.options.auto_compile and len(block.eager_ms) >= 2:
             self._compile(block)
 
@@ -563,17 +569,29 @@ class Engine:
                 torch.tensor(v, dtype=dt, device=dev)
                 for v, dt in zip(occ.scalars, block.scalar_dtypes, strict=True)
             ]
-        share = self.cpu_share
-        n = share.choose(block.sig) if share is not None else None
-        outs, ms = timed(fn, *inputs)
-        if share is not None:
-            share.learn(block.sig, n, ms)
+        outs, ms = self._timed(block.sig, fn, *inputs)
         for vid, value in zip(occ.out_ids, outs, strict=True):
             values[vid] = value
         self._drop(occ.free_ids)
         self.ex.executed += len(block.canon.entries)
         block.compiled_ms.append(ms)
+        block.samples.setdefault(("compiled", self._condition()), []).append(ms)
         self.emit(ev.ITERATION, signature=block.sig, kind="compiled", ms=ms)
+
+    def _timed(self, key: str, fn, *args):
+        """timed(fn, *args) with the thread count the worker's CPU share chose for ``key``."""
+        share = self.cpu_share
+        if share is None:
+            return timed(fn, *args)
+        n = share.choose(key)
+        out, ms = timed(fn, *args)
+        share.learn(key, n, ms)
+        return out, ms
+
+    def _condition(self):
+        """What the worker's CPU was shared with during a run: timings compare within one."""
+        share = self.cpu_share
+        return None if share is None else (share.waits, self.compiling > 0)
 
     def _drop(self, ids) -> None:
         """Drop the values an occurrence frees (its ops ran as one call, or not at all)."""
@@ -582,21 +600,31 @@ class Engine:
             values.pop(vid, None)
 
     def _check_regression(self, block: Block) -> None:
-        if block.judged or len(block.compiled_ms) < self.options.regression_samples:
+        if block.judged:
             return
-        if len(block.eager_ms) < _BASELINE_RUNS:
-            # Compiled in the background before a clean eager run was timed (runs beside a
-            # compile are slowed by it): time a few eager occurrences now, then judge.
-            block.probe = _BASELINE_RUNS - len(block.eager_ms)
+        cond = self._condition()
+        compiled = block.samples.get(("compiled", cond), ())
+        if len(compiled) < self.options.regression_samples:
             return
-        self._judge(block)
+        eager = block.samples.get(("eager", cond), ())
+        if len(eager) < _BASELINE_RUNS:
+            if block.probed >= _MAX_PROBES:  # the condition keeps changing: all runs
+                self._judge(block, block.eager_ms, block.compiled_ms)
+                return
+            # No clean eager run timed as the compiled ones ran (compiled in the background
+            # before one was: runs beside a compile are slowed by it; or the client waited
+            # for those and records beside these, which leaves the worker a core fewer):
+            # time a few eager occurrences now, then judge.
+            block.probe = _BASELINE_RUNS - len(eager)
+            return
+        self._judge(block, eager, compiled)
 
-    def _judge(self, block: Block) -> None:
+    def _judge(self, block: Block, eager_ms, compiled_ms) -> None:
         """Revert to eager if the compiled median is slower than the eager one."""
         block.judged = True
-        n = len(block.compiled_ms)
-        eager = statistics.median(block.eager_ms)
-        comp = statistics.median(block.compiled_ms)
+        n = len(compiled_ms)
+        eager = statistics.median(eager_ms)
+        comp = statistics.median(compiled_ms)
         if comp > eager * 1.05:
             block.status, block.fn = Status.REVERTED, None
             self.emit(
