@@ -517,7 +517,7 @@ class Engine:
             else:
                 self._check_regression(block)
                 return
-        _, ms = self._timed(block.sig + "/eager", self._run_eagerly, occ.instructions)
+        _, ms = timed(self._run_eagerly, occ.instructions)
         if block.status == Status.COMPILING:
             # Slowed by the compile beside it: shown as such, never an eager baseline.
             self.emit(ev.ITERATION, signature=block.sig, kind="compiling", ms=ms)
@@ -569,24 +569,18 @@ class Engine:
                 torch.tensor(v, dtype=dt, device=dev)
                 for v, dt in zip(occ.scalars, block.scalar_dtypes, strict=True)
             ]
-        outs, ms = self._timed(block.sig, fn, *inputs)
+        share = self.cpu_share
+        n = share.choose(block.sig) if share is not None else None
+        outs, ms = timed(fn, *inputs)
         for vid, value in zip(occ.out_ids, outs, strict=True):
             values[vid] = value
         self._drop(occ.free_ids)
         self.ex.executed += len(block.canon.entries)
         block.compiled_ms.append(ms)
-        block.samples.setdefault(("compiled", self._condition()), []).append(ms)
+        if share is None or share.learn(block.sig, n, ms):
+            # (a run trying the other thread count is no sample of the compiled block)
+            block.samples.setdefault(("compiled", self._condition()), []).append(ms)
         self.emit(ev.ITERATION, signature=block.sig, kind="compiled", ms=ms)
-
-    def _timed(self, key: str, fn, *args):
-        """timed(fn, *args) with the thread count the worker's CPU share chose for ``key``."""
-        share = self.cpu_share
-        if share is None:
-            return timed(fn, *args)
-        n = share.choose(key)
-        out, ms = timed(fn, *args)
-        share.learn(key, n, ms)
-        return out, ms
 
     def _condition(self):
         """What the worker's CPU was shared with during a run: timings compare within one."""

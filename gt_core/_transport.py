@@ -213,14 +213,15 @@ class _CpuShare:
         self._use(n)
         return n
 
-    def learn(self, block: str, n: int | None, ms: float) -> None:
-        """A compiled run of ``block`` with ``n`` threads took ``ms``."""
+    def learn(self, block: str, n: int | None, ms: float) -> bool:
+        """A compiled run of ``block`` with ``n`` threads took ``ms``; False while trying."""
         if n is None or block in self.chosen:
-            return
+            return True
         tried = self.trials[block]
         tried.setdefault(n, []).append(ms)
         if all(len(v) >= self.TRIALS for v in tried.values()):
             self.chosen[block] = min(tried, key=lambda k: statistics.median(tried[k]))
+        return False
 
 
 @contextlib.contextmanager

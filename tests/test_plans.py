@@ -398,11 +398,13 @@ def test_each_block_keeps_the_thread_count_it_ran_faster_with_while_the_client_w
                 n = share.choose(block)
                 assert torch.get_num_threads() == n
                 tried[block].append(n)
-                share.learn(block, n, 1.0 if n == best else 1.6)
+                settled = share.learn(block, n, 1.0 if n == best else 1.6)
+                assert settled == (len(tried[block]) > 2 * _CpuShare.TRIALS)  # trials: not samples
         for block, best in fast.items():
             assert sorted(set(tried[block])) == [1, 2]  # both counts were tried
             share.set(client_waits=True)
             assert share.choose(block) == best and torch.get_num_threads() == best
+            assert share.learn(block, best, 1.0)  # chosen: its runs are the block's samples
         share.set(client_waits=True, compiling=True)  # one thread left: no choice to make
         assert share.choose("big") is None and torch.get_num_threads() == 1
     finally:
@@ -420,6 +422,7 @@ def test_compiled_runs_ask_the_cpu_share_for_their_thread_count(hot):
 
         def learn(self, block, n, ms):
             self.told.append((block, n, ms))
+            return len(self.told) > 3  # the first three runs tried a thread count
 
     share = Share()
     gt_core._capture.session().transport.ex.engine.cpu_share = share
@@ -428,9 +431,9 @@ def test_compiled_runs_ask_the_cpu_share_for_their_thread_count(hot):
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
     assert share.asked and len(share.told) == len(share.asked)
-    sig = next(k for k in share.asked if "/" not in k)
-    assert {k for k in share.asked} == {sig, sig + "/eager"}  # compiled runs and eager ones
-    assert all(n == 1 and ms > 0 for _, n, ms in share.told)
+    assert all(block == share.asked[0] and n == 1 and ms > 0 for block, n, ms in share.told)
+    (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
+    assert len(block.samples[("compiled", (True, False))]) == len(share.told) - 3
 
 
 @pytest.mark.parametrize("client_waits_later", [True, False])
@@ -440,13 +443,12 @@ def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
     class Share:  # the client waits for the eager runs, then perhaps records beside
         waits = True
 
-        def choose(self, block):
-            if "/" not in block:  # from the first compiled run on
-                self.waits = client_waits_later
+        def choose(self, block):  # asked for compiled runs only
+            self.waits = client_waits_later
             return None
 
         def learn(self, block, n, ms):
-            pass
+            return True
 
     gt_core.configure(regression_samples=5)
     gt_core._capture.session().transport.ex.engine.cpu_share = Share()
