@@ -21,7 +21,7 @@ QUICK = {
         ["client ms", "alone µs/op", "worker ms", "no-sync ms", "sync ms", "overlap", "one message"],
     ),
     "hotpath": (["benchmarks/hotpath.py", "--quick"], ["gt vs eager", "gt vs 1-graph"]),
-    "stall": (["benchmarks/stall.py", "--quick"], ["while compiling"]),
+    "stall": (["benchmarks/stall.py", "--quick"], ["while compiling", "no compile in flight"]),
     "warm_start": (["benchmarks/warm_start.py", "--quick"], ["detection→compiled"]),
     "bench": (
         ["-m", "gt_core.bench", "--quick"],
