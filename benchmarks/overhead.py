@@ -12,6 +12,10 @@ block, sent by the client as one message per step). Per batch size, medians over
   µs/op        client ms / ops per step, all in; eager's own µs/op beside it for scale
   alone µs/op  the same with the worker's share of the CPU taken away (its batches are
                dropped, measured last): the client's own cost per recorded op
+  floor µs/op  the same step on tensors that only know their metadata (a subclass whose
+               __torch_dispatch__ returns a cached output template, nothing recorded or
+               sent): what intercepting each op in Python costs any per-op client, gt's
+               included; autograd and the optimizer's Python run as for gt
   worker ms    the compiled block's median on the worker (its own events)
   no-sync ms   a step through gt when nothing waits on the worker (total time / steps)
   sync ms      a step through gt with loss.item() every step
@@ -39,9 +43,11 @@ def _step_fn(batch: int):
         torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(batch, 784), torch.randn(batch, 10)
+    data = [torch.randn(batch, 784), torch.randn(batch, 10)]
+    _step_fn.last, _step_fn.data = (model, opt), data  # (floor swaps them for _Floor tensors)
 
     def step():
+        x, y = data
         loss = F.mse_loss(model(x), y)
         loss.backward()
         opt.step()
@@ -57,6 +63,99 @@ def _per_step(step, steps: int) -> float:
     for _ in range(steps):
         step()
     return (time.perf_counter() - t0) / steps
+
+
+class _Floor(torch.Tensor):
+    """Metadata only: each op's outputs come from a template found once on meta tensors."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+    _templates: dict = {}
+
+    @staticmethod
+    def __new__(cls, meta):
+        shape, stride, dtype = meta
+        r = torch.Tensor._make_wrapper_subclass(cls, shape, strides=stride, dtype=dtype)
+        r._m = meta
+        return r
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        key = (func, _floor_key(args), _floor_key(tuple(kwargs.items())))
+        t = cls._templates.get(key)
+        if t is None:
+            t = cls._templates[key] = _floor_template(func, args, kwargs)
+        return _floor_build(t, args)
+
+
+def _floor_key(a):
+    if type(a) is _Floor:
+        return a._m
+    if type(a) in (list, tuple):
+        return tuple(_floor_key(x) for x in a)
+    return (type(a), a)
+
+
+def _floor_meta(a):
+    if type(a) is _Floor:
+        return torch.empty_strided(a._m[0], a._m[1], dtype=a._m[2], device="meta")
+    if type(a) in (list, tuple):
+        return type(a)(_floor_meta(x) for x in a)
+    return a
+
+
+def _floor_template(func, args, kwargs):
+    margs = [_floor_meta(a) for a in args]
+    out = func(*margs, **{k: _floor_meta(v) for k, v in kwargs.items()})
+
+    def template(o):
+        if isinstance(o, torch.Tensor):
+            for i, m in enumerate(margs):
+                if o is m:
+                    return ("alias", i)
+            return ("new", (tuple(o.shape), o.stride(), o.dtype))
+        if type(o) in (list, tuple):
+            return (type(o), [template(x) for x in o])
+        return ("value", o)
+
+    return template(out)
+
+
+def _floor_build(t, args):
+    kind = t[0]
+    if kind == "new":
+        return _Floor(t[1])
+    if kind == "alias":
+        return args[t[1]]
+    if kind == "value":
+        return t[1]
+    return kind(_floor_build(x, args) for x in t[1])
+
+
+def floor(batch: int, steps: int) -> tuple[float, int]:
+    """(seconds per step, ops per step) of the step on _Floor tensors."""
+    step = _step_fn(batch)
+    model, opt = _step_fn.last
+    for mod in model.modules():
+        for name, p in list(mod._parameters.items()):
+            mod._parameters[name] = torch.nn.Parameter(
+                _Floor((tuple(p.shape), p.stride(), p.dtype))
+            )
+    opt.param_groups[0]["params"] = list(model.parameters())
+    _step_fn.data[0] = _Floor(((batch, 784), (784, 1), torch.float32))
+    _step_fn.data[1] = _Floor(((batch, 10), (10, 1), torch.float32))
+    counted = []
+
+    class Count(torch.utils._python_dispatch.TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            counted.append(func)
+            return func(*args, **(kwargs or {}))
+
+    for _ in range(5):
+        step()
+    with Count():
+        step()
+    return _per_step(step, steps), len(counted)
 
 
 def local(batch: int, steps: int) -> float:
@@ -135,20 +234,26 @@ def main(argv=None) -> None:
     )
     print(
         f"{'batch':>6} {'ops/step':>9} {'eager ms':>9} {'client ms':>10} {'µs/op':>6} "
-        f"{'eager µs/op':>12} {'alone µs/op':>12} {'worker ms':>10} {'no-sync ms':>11} "
+        f"{'eager µs/op':>12} {'alone µs/op':>12} {'floor µs/op':>12} {'worker ms':>10} {'no-sync ms':>11} "
         f"{'sync ms':>8} {'overlap':>8} {'no-sync/eager':>14} {'sync/eager':>11}"
     )
     for b in (int(s) for s in args.sizes.split(",")):
         rows = []
         for _ in range(args.repeats):
-            rows.append({"eager": local(b, args.steps), **through_gt(b, args.steps, args.backend)})
+            rows.append(
+                {
+                    "eager": local(b, args.steps),
+                    "floor": floor(b, args.steps)[0],
+                    **through_gt(b, args.steps, args.backend),
+                }
+            )
         m = {k: statistics.median(r[k] for r in rows) * 1e3 for k in rows[0] if k not in ("ops", "runs", "status")}
         ops = rows[-1]["ops"]
-        us = {k: m[k] * 1e3 / ops for k in ("client", "eager", "alone")}
+        us = {k: m[k] * 1e3 / ops for k in ("client", "eager", "alone", "floor")}
         overlap = (m["client"] + m["worker"]) / m["no_sync"]
         print(
             f"{b:>6} {ops:>9.0f} {m['eager']:>9.3f} {m['client']:>10.3f} {us['client']:>6.1f} "
-            f"{us['eager']:>12.1f} {us['alone']:>12.1f} {m['worker']:>10.3f} {m['no_sync']:>11.3f} "
+            f"{us['eager']:>12.1f} {us['alone']:>12.1f} {us['floor']:>12.1f} {m['worker']:>10.3f} {m['no_sync']:>11.3f} "
             f"{m['sync']:>8.3f} {overlap:>8.2f} {m['eager'] / m['no_sync']:>13.2f}x "
             f"{m['eager'] / m['sync']:>10.2f}x"
         )
@@ -157,6 +262,10 @@ def main(argv=None) -> None:
             f"{'':>6} block {r['status']}; {r['runs']} of {args.steps} unsynced steps sent as one message"
         )
     print("no-sync/eager and sync/eager: eager time / gt time (>1: gt faster)")
+    print(
+        "floor: no client that intercepts each op in Python can record a step faster; "
+        "eager / floor bounds what gt can reach where the client decides the step time"
+    )
     gt_core.worker().stop()
 
 

@@ -18,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = {
     "overhead": (
         ["benchmarks/overhead.py", "--quick"],
-        ["client ms", "alone µs/op", "worker ms", "no-sync ms", "sync ms", "overlap", "one message"],
+        ["client ms", "alone µs/op", "floor µs/op", "worker ms", "no-sync ms", "sync ms", "overlap", "one message"],
     ),
     "hotpath": (["benchmarks/hotpath.py", "--quick"], ["gt vs eager", "gt vs 1-graph"]),
     "stall": (["benchmarks/stall.py", "--quick"], ["while compiling", "no compile in flight"]),
