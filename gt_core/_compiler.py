@@ -48,11 +48,19 @@ _FOREACH_ALPHA = {
 
 
 def build_graph(
-    canon: Canonical, ops: dict, out_paths: dict, fix_alpha: bool = True, n_scalars: int = 0
+    canon: Canonical,
+    ops: dict,
+    out_paths: dict,
+    fix_alpha: bool = True,
+    n_scalars: int = 0,
+    lift: bool = True,
 ) -> fx.GraphModule:
     """The block as an FX GraphModule; ``out_paths[k]`` locates op k's outputs in its result.
 
-    Its inputs are the block's values, then its ``n_scalars`` lifted scalars (0-d tensors).
+    Its inputs are the block's values, then its ``n_scalars`` lifted scalars: 0-d tensors
+    (the ops that take them rewritten to tensor forms: see _lift.lower), or with
+    ``lift=False`` the Python floats themselves, every op called as the instructions call
+    it (with fix_alpha=False: the block's eager form, equal to running its instructions).
     """
     g = fx.Graph()
     env: dict[tuple, fx.Node] = {}
@@ -62,7 +70,7 @@ def build_graph(
 
     def arg(a):
         if type(a) is Scalar:
-            return _Lifted(scalars[a.k])
+            return _Lifted(scalars[a.k]) if lift else scalars[a.k]
         if type(a) is tuple and len(a) == 2 and a[0] in ("i", "t") and type(a[1]) is int:
             return env[a]
         if type(a) is tuple and a and a[0] in ("list", "tuple"):
@@ -75,7 +83,8 @@ def build_graph(
         if e[0] != "op":
             continue
         op = ops[e[1]]
-        node = lower(g, op, tuple(arg(a) for a in e[2]), {n: arg(v) for n, v in e[3]})
+        args, kwargs = tuple(arg(a) for a in e[2]), {n: arg(v) for n, v in e[3]}
+        node = lower(g, op, args, kwargs) if lift else g.call_function(op, args, kwargs)
         for name, path in zip(e[4], out_paths[k], strict=True):
             if name is None:  # an input returned by an in-place op: nothing new to name
                 continue

@@ -177,6 +177,68 @@ def test_compile_failure_falls_back_to_eager_with_reason(hot):
     assert p["compiled_runs"] == 0 and p["eager_runs"] > 2
 
 
+@pytest.mark.parametrize(
+    "make_opt",
+    [SGD, functools.partial(torch.optim.Adam, lr=1e-2)],  # Adam: its bias corrections lifted
+    ids=["sgd", "adam"],
+)
+def test_eager_runs_of_a_hot_block_are_its_eager_graph_and_equal_eager_exactly(
+    hot, monkeypatch, make_opt
+):
+    """A block that runs eagerly (before its compile, after a revert or a failed compile) runs
+    as one generated function of the same ops: bit for bit what eager PyTorch computes."""
+    from gt_core._hotpath import Engine
+
+    instructions = []
+    run_eagerly = Engine._run_eagerly
+    monkeypatch.setattr(
+        Engine, "_run_eagerly", lambda self, buf: (instructions.append(1), run_eagerly(self, buf))
+    )
+    gt_core.configure(backend="gt_raising")  # the compile fails: every occurrence runs eagerly
+    ref, ref_losses = train(mlp, make_opt, _data, F.mse_loss, 14, False, sync_every=1)
+    got, got_losses = train(mlp, make_opt, _data, F.mse_loss, 14, True, sync_every=1)
+    assert got_losses == ref_losses
+    for a, b in zip(got.parameters(), ref.parameters(), strict=True):
+        assert torch.equal(a.cpu(), b)
+    (p,) = _paths()
+    assert p["status"] == "failed" and p["eager_runs"] >= 8
+    (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
+    assert block.eager_fn is not None and not instructions  # no occurrence ran op by op
+
+
+def test_an_eager_graph_failing_midway_is_an_error_then_its_instructions_run(hot):
+    gt_core.configure(backend="gt_raising")
+    with gt_core.capture():
+        torch.manual_seed(0)
+        model = mlp()
+        opt = SGD(model.parameters())
+        x, y = _data()
+
+        def step():
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.item()
+
+        for _ in range(8):
+            step()
+        (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
+        graph = block.eager_fn
+
+        def fails_after_running(*args):
+            graph(*args)  # its in-place updates happen
+            raise RuntimeError("an op failed on this step's data")
+
+        block.eager_fn = fails_after_running
+        with pytest.raises(RuntimeError, match="this step's data") as info:
+            step()
+        assert "partly updated" in "".join(getattr(info.value, "__notes__", []))
+        assert block.eager_fn is None  # its instructions from now on, and they work
+        loss = F.mse_loss(model(x), y)
+        assert loss.item() == pytest.approx(F.mse_loss(model(x).cpu(), y.cpu()).item())
+
+
 def test_slower_compiled_block_is_reverted(hot):
     gt_core.configure(backend="gt_slow", regression_samples=3)
     _check_against_eager(steps=14)
