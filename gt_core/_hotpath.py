@@ -570,10 +570,7 @@ class Engine:
                 )
                 self.ex.error = exc
             return None
-        for vid, value in zip(occ.out_ids, outs, strict=True):
-            values[vid] = value
-        self._drop(occ.free_ids)
-        self.ex.executed += len(block.canon.entries)
+        self._ran(block, occ, outs)
         return ms
 
     def _run_eagerly(self, buf) -> None:
@@ -615,10 +612,7 @@ class Engine:
         share = self.cpu_share
         n = share.choose(block.sig) if share is not None else None
         outs, ms = timed(fn, *inputs)
-        for vid, value in zip(occ.out_ids, outs, strict=True):
-            values[vid] = value
-        self._drop(occ.free_ids)
-        self.ex.executed += len(block.canon.entries)
+        self._ran(block, occ, outs)
         block.compiled_ms.append(ms)
         if share is None or share.learn(block.sig, n, ms):
             # (a run trying the other thread count is no sample of the compiled block)
@@ -629,6 +623,14 @@ class Engine:
         """What the worker's CPU was shared with during a run: timings compare within one."""
         share = self.cpu_share
         return None if share is None else (share.waits, self.compiling > 0)
+
+    def _ran(self, block: Block, occ: Occurrence, outs) -> None:
+        """An occurrence ran as one call: its outputs bound, its frees dropped."""
+        values = self.ex.values
+        for vid, value in zip(occ.out_ids, outs, strict=True):
+            values[vid] = value
+        self._drop(occ.free_ids)
+        self.ex.executed += len(block.canon.entries)
 
     def _drop(self, ids) -> None:
         """Drop the values an occurrence frees (its ops ran as one call, or not at all)."""
