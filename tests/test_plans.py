@@ -359,56 +359,55 @@ def test_the_worker_inbox_knows_when_the_client_waits():
     assert inbox.next() == ("batch", [2]) and inbox.requests == 0
 
 
-def test_the_worker_leaves_a_core_to_the_client_while_it_records():
+@pytest.fixture
+def two_threads():
+    """torch's intra-op threads set to two for the test, as on a 2-core machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_the_worker_leaves_a_core_to_the_client_while_it_records(two_threads):
     from gt_core._transport import _CpuShare
 
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        share = _CpuShare(torch.device("cpu"))
-        share.set(client_waits=False)
-        assert torch.get_num_threads() == 1
-        share.set(client_waits=True)
-        assert torch.get_num_threads() == 2
-        share.set(client_waits=True, compiling=True)  # a compile (its process) gets a core
-        assert torch.get_num_threads() == 1
-        share.set(client_waits=False, compiling=True)  # never fewer than one
-        assert torch.get_num_threads() == 1
-        torch.set_num_threads(1)
-        assert not _CpuShare(torch.device("cpu")).active  # one thread: nothing to share
-    finally:
-        torch.set_num_threads(before)
+    share = _CpuShare(torch.device("cpu"))
+    share.set(client_waits=False)
+    assert torch.get_num_threads() == 1
+    share.set(client_waits=True)
+    assert torch.get_num_threads() == 2
+    share.set(client_waits=True, compiling=True)  # a compile (its process) gets a core
+    assert torch.get_num_threads() == 1
+    share.set(client_waits=False, compiling=True)  # never fewer than one
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(1)
+    assert not _CpuShare(torch.device("cpu")).active  # one thread: nothing to share
 
 
-def test_each_block_keeps_the_thread_count_it_ran_faster_with_while_the_client_waits():
+def test_each_block_keeps_the_thread_count_it_ran_faster_with_while_the_client_waits(two_threads):
     from gt_core._transport import _CpuShare
 
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        share = _CpuShare(torch.device("cpu"))
-        share.set(client_waits=False)
-        assert share.choose("a") is None  # the client records beside it: nothing to choose
-        share.set(client_waits=True)
-        fast = {"small": 1, "big": 2}  # the count each block runs faster with
-        tried = {"small": [], "big": []}
-        for _ in range(2 * _CpuShare.TRIALS):
-            for block, best in fast.items():
-                share.set(client_waits=True)
-                n = share.choose(block)
-                assert torch.get_num_threads() == n
-                tried[block].append(n)
-                settled = share.learn(block, n, 1.0 if n == best else 1.6)
-                assert settled == (len(tried[block]) > 2 * _CpuShare.TRIALS)  # trials: not samples
+    share = _CpuShare(torch.device("cpu"))
+    share.set(client_waits=False)
+    assert share.choose("a") is None  # the client records beside it: nothing to choose
+    share.set(client_waits=True)
+    fast = {"small": 1, "big": 2}  # the count each block runs faster with
+    tried = {"small": [], "big": []}
+    for _ in range(2 * _CpuShare.TRIALS):
         for block, best in fast.items():
-            assert sorted(set(tried[block])) == [1, 2]  # both counts were tried
             share.set(client_waits=True)
-            assert share.choose(block) == best and torch.get_num_threads() == best
-            assert share.learn(block, best, 1.0)  # chosen: its runs are the block's samples
-        share.set(client_waits=True, compiling=True)  # one thread left: no choice to make
-        assert share.choose("big") is None and torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
+            n = share.choose(block)
+            assert torch.get_num_threads() == n
+            tried[block].append(n)
+            settled = share.learn(block, n, 1.0 if n == best else 1.6)
+            assert settled == (len(tried[block]) > 2 * _CpuShare.TRIALS)  # trials: not samples
+    for block, best in fast.items():
+        assert sorted(set(tried[block])) == [1, 2]  # both counts were tried
+        share.set(client_waits=True)
+        assert share.choose(block) == best and torch.get_num_threads() == best
+        assert share.learn(block, best, 1.0)  # chosen: its runs are the block's samples
+    share.set(client_waits=True, compiling=True)  # one thread left: no choice to make
+    assert share.choose("big") is None and torch.get_num_threads() == 1
 
 
 def test_compiled_runs_ask_the_cpu_share_for_their_thread_count(hot):
