@@ -208,7 +208,7 @@ class _CpuShare:
         n = self.chosen.get(block)
         if n is None:
             tried = self.trials.setdefault(block, {self.now: [], self.now - 1: []})
-            n = min(tried, key=lambda k: len(tried.get(k, ())))
+            n = min(tried, key=lambda k: len(tried[k]))  # the count tried least so far
         n = min(n, self.now)
         self._use(n)
         return n
