@@ -648,7 +648,7 @@ class Engine:
         eager = block.samples.get(("eager", cond), ())
         if len(eager) < _BASELINE_RUNS:
             if block.probed >= _MAX_PROBES:  # the condition keeps changing: all runs
-                self._judge(block, block.eager_ms, block.compiled_ms)
+                self._judge(block, block.eager_ms, block.compiled_ms, "all of them")
                 return
             # No clean eager run timed as the compiled ones ran (compiled in the background
             # before one was: runs beside a compile are slowed by it; or the client waited
@@ -656,10 +656,13 @@ class Engine:
             # time a few eager occurrences now, then judge.
             block.probe = _BASELINE_RUNS - len(eager)
             return
-        self._judge(block, eager, compiled)
+        self._judge(block, eager, compiled, _in_words(cond))
 
-    def _judge(self, block: Block, eager_ms, compiled_ms) -> None:
-        """Revert to eager if the compiled median is slower than the eager one."""
+    def _judge(self, block: Block, eager_ms, compiled_ms, runs: str = "") -> None:
+        """Revert to eager if the compiled median is slower than the eager one.
+
+        ``runs``: which runs were compared, in words (the reason says it).
+        """
         block.judged = True
         n = len(compiled_ms)
         eager = statistics.median(eager_ms)
@@ -671,7 +674,8 @@ class Engine:
                 signature=block.sig,
                 eager_ms=eager,
                 compiled_ms=comp,
-                reason=f"compiled median {comp:.3f} ms is slower than eager {eager:.3f} ms over {n} runs",
+                reason=f"compiled median {comp:.3f} ms is slower than eager {eager:.3f} ms over {n} runs"
+                + (f" ({runs})" if runs else ""),
             )
 
     # -- detection -----------------------------------------------------------------------
@@ -1019,6 +1023,15 @@ class Engine:
             )
             self._register(block)
             self._make_hot(block, occurrences=1)
+
+
+def _in_words(condition) -> str:
+    """A CPU condition (Engine._condition) as the revert reason names it."""
+    if condition is None:
+        return ""
+    waits, compiling = condition
+    words = "the client waiting for each" if waits else "each beside the client's recording"
+    return words + (", another block compiling" if compiling else "")
 
 
 def _ids(ins):

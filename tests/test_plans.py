@@ -1,6 +1,7 @@
 """Issue 7: the client matches hot blocks itself and sends each occurrence as one RUN."""
 
 import contextlib
+import time
 
 import pytest
 import torch
@@ -449,16 +450,27 @@ def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
         def learn(self, block, n, ms):
             return True
 
-    gt_core.configure(regression_samples=5)
+    gt_core.configure(regression_samples=5, backend="gt_plans_slow")  # always reverted
     gt_core._capture.session().transport.ex.engine.cpu_share = Share()
     _train(30, True)
     (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
     kinds = [e["kind"] for e in gt_core.report().events if e["type"] == ev.ITERATION]
     assert block.judged, kinds
-    # Eager runs timed after the compile as the baseline (the verdict may go either way: this
-    # block's eager and compiled runs take about as long): the one timed before it ran while
+    # Eager runs timed after the compile as the baseline: the one timed before it ran while
     # the client waited, comparable only if it still does.
     assert block.probed == (0 if client_waits_later else 2), kinds
+    (revert,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
+    runs = "the client waiting for each" if client_waits_later else "each beside the client's recording"
+    assert revert["reason"].endswith(f"over 5 runs ({runs})"), revert["reason"]
+
+
+@torch._dynamo.register_backend
+def gt_plans_slow(gm, example_inputs):
+    def slow(*args):
+        time.sleep(0.01)
+        return gm.forward(*args)
+
+    return slow
 
 
 def test_client_match_turned_back_on_gets_the_plans_again(hot):
