@@ -464,6 +464,31 @@ def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
     assert revert["reason"].endswith(f"over 5 runs ({runs})"), revert["reason"]
 
 
+def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_uses_all_runs(hot):
+    class Share:  # compiled runs beside the client's recording, eager ones while it waits
+        reads = 2  # of waits since the last compiled run began (it reads it twice)
+
+        @property
+        def waits(self):
+            self.reads += 1
+            return self.reads > 2
+
+        def choose(self, block):  # a compiled run begins
+            self.reads = 0
+            return None
+
+        def learn(self, block, n, ms):
+            return True
+
+    gt_core.configure(regression_samples=5, backend="gt_plans_slow")  # always reverted
+    gt_core._capture.session().transport.ex.engine.cpu_share = Share()
+    _train(40, True)
+    (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
+    assert block.judged and block.probed == 8  # probes stop at _MAX_PROBES
+    (revert,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
+    assert revert["reason"].endswith("(all of them)"), revert["reason"]
+
+
 @torch._dynamo.register_backend
 def gt_plans_slow(gm, example_inputs):
     def slow(*args):
