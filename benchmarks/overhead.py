@@ -37,17 +37,21 @@ import torch.nn.functional as F
 import gt_core
 
 
-def _step_fn(batch: int):
+def _step_fn(batch: int, floor: bool = False):
+    """The MLP training step; with ``floor``, on _Floor tensors (they only know metadata)."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
     )
+    x, y = torch.randn(batch, 784), torch.randn(batch, 10)
+    if floor:
+        for mod in model.modules():
+            for name, p in list(mod._parameters.items()):
+                mod._parameters[name] = torch.nn.Parameter(_Floor.like(p))
+        x, y = _Floor.like(x), _Floor.like(y)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    data = [torch.randn(batch, 784), torch.randn(batch, 10)]
-    _step_fn.last, _step_fn.data = (model, opt), data  # (floor swaps them for _Floor tensors)
 
     def step():
-        x, y = data
         loss = F.mse_loss(model(x), y)
         loss.backward()
         opt.step()
@@ -77,6 +81,10 @@ class _Floor(torch.Tensor):
         r = torch.Tensor._make_wrapper_subclass(cls, shape, strides=stride, dtype=dtype)
         r._m = meta
         return r
+
+    @classmethod
+    def like(cls, t: torch.Tensor) -> _Floor:
+        return cls((tuple(t.shape), t.stride(), t.dtype))
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -132,34 +140,14 @@ def _floor_build(t, args):
     return kind(_floor_build(x, args) for x in t[1])
 
 
-def floor(batch: int, steps: int) -> tuple[float, int]:
-    """(seconds per step, ops per step) of the step on _Floor tensors."""
-    step = _step_fn(batch)
-    model, opt = _step_fn.last
-    for mod in model.modules():
-        for name, p in list(mod._parameters.items()):
-            mod._parameters[name] = torch.nn.Parameter(
-                _Floor((tuple(p.shape), p.stride(), p.dtype))
-            )
-    opt.param_groups[0]["params"] = list(model.parameters())
-    _step_fn.data[0] = _Floor(((batch, 784), (784, 1), torch.float32))
-    _step_fn.data[1] = _Floor(((batch, 10), (10, 1), torch.float32))
-    counted = []
-
-    class Count(torch.utils._python_dispatch.TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            counted.append(func)
-            return func(*args, **(kwargs or {}))
-
-    for _ in range(5):
-        step()
-    with Count():
-        step()
-    return _per_step(step, steps), len(counted)
+def floor(batch: int, steps: int) -> float:
+    """Seconds per step of the step on _Floor tensors."""
+    return local(batch, steps, floor=True)
 
 
-def local(batch: int, steps: int) -> float:
-    step = _step_fn(batch)
+def local(batch: int, steps: int, floor: bool = False) -> float:
+    """Seconds per step in this process: eager, or on _Floor tensors."""
+    step = _step_fn(batch, floor)
     for _ in range(5):
         step()
     return _per_step(step, steps)
@@ -243,7 +231,7 @@ def main(argv=None) -> None:
             rows.append(
                 {
                     "eager": local(b, args.steps),
-                    "floor": floor(b, args.steps)[0],
+                    "floor": floor(b, args.steps),
                     **through_gt(b, args.steps, args.backend),
                 }
             )

@@ -2,7 +2,6 @@
 
 import functools
 import json
-import time
 
 import pytest
 import torch
@@ -25,15 +24,6 @@ def gt_counting(gm, example_inputs):
 @torch._dynamo.register_backend
 def gt_raising(gm, example_inputs):
     raise RuntimeError("this backend always fails")
-
-
-@torch._dynamo.register_backend
-def gt_slow(gm, example_inputs):
-    def slow(*args):
-        time.sleep(0.01)
-        return gm.forward(*args)
-
-    return slow
 
 
 RUN_CALLS: list = []

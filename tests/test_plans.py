@@ -1,7 +1,6 @@
 """Issue 7: the client matches hot blocks itself and sends each occurrence as one RUN."""
 
 import contextlib
-import time
 
 import pytest
 import torch
@@ -436,21 +435,27 @@ def test_compiled_runs_ask_the_cpu_share_for_their_thread_count(hot):
     assert len(block.samples[("compiled", (True, False))]) == len(share.told) - 3
 
 
+class _Share:
+    """A stand-in for the worker process's _CpuShare: the client waits, no thread choice."""
+
+    waits = True
+
+    def choose(self, block):
+        return None
+
+    def learn(self, block, n, ms):
+        return True
+
+
 @pytest.mark.parametrize("client_waits_later", [True, False])
 def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
     hot, client_waits_later
 ):
-    class Share:  # the client waits for the eager runs, then perhaps records beside
-        waits = True
-
+    class Share(_Share):  # the client waits for the eager runs, then perhaps records beside
         def choose(self, block):  # asked for compiled runs only
             self.waits = client_waits_later
-            return None
 
-        def learn(self, block, n, ms):
-            return True
-
-    gt_core.configure(regression_samples=5, backend="gt_plans_slow")  # always reverted
+    gt_core.configure(regression_samples=5, backend="gt_slow")  # always reverted
     gt_core._capture.session().transport.ex.engine.cpu_share = Share()
     _train(30, True)
     (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
@@ -465,7 +470,7 @@ def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
 
 
 def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_uses_all_runs(hot):
-    class Share:  # compiled runs beside the client's recording, eager ones while it waits
+    class Share(_Share):  # compiled runs beside the client's recording, eager ones while it waits
         reads = 2  # of waits since the last compiled run began (it reads it twice)
 
         @property
@@ -475,12 +480,8 @@ def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_use
 
         def choose(self, block):  # a compiled run begins
             self.reads = 0
-            return None
 
-        def learn(self, block, n, ms):
-            return True
-
-    gt_core.configure(regression_samples=5, backend="gt_plans_slow")  # always reverted
+    gt_core.configure(regression_samples=5, backend="gt_slow")  # always reverted
     gt_core._capture.session().transport.ex.engine.cpu_share = Share()
     _train(40, True)
     (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
@@ -488,14 +489,6 @@ def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_use
     (revert,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
     assert revert["reason"].endswith("(all of them)"), revert["reason"]
 
-
-@torch._dynamo.register_backend
-def gt_plans_slow(gm, example_inputs):
-    def slow(*args):
-        time.sleep(0.01)
-        return gm.forward(*args)
-
-    return slow
 
 
 def test_client_match_turned_back_on_gets_the_plans_again(hot):
