@@ -17,6 +17,7 @@ from ._proxy import Proxy, is_remote
 from .config import Options
 from .diagnostics import diagnostics
 from .errors import (
+    CaptureError,
     CompiledRunFailed,
     ConfigError,
     GTError,
@@ -48,4 +49,5 @@ __all__ = [
     "WorkerLost",
     "UnsupportedOperation",
     "CompiledRunFailed",
+    "CaptureError",
 ]

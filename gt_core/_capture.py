@@ -5,17 +5,21 @@ One session (one worker) at a time, started on first use and replaced by restart
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import sys
 import threading
 
 import torch
 
 from . import events as ev
-from ._instructions import SEED
+from ._interrupt import check as check_interrupt
+from ._interrupt import held
 from ._proxy import CaptureMode, Proxy, upload
+from ._session import LOCK
 from ._stance import routing
 from .config import Options, from_env
-from .errors import ConfigError
+from .errors import CaptureError, ConfigError
 from .report import Report
 
 __all__ = [
@@ -32,9 +36,21 @@ __all__ = [
 ]
 
 _lock = threading.RLock()
-_in_worker = threading.local()  # set while in-process worker code runs
-_in_worker.active = False
-_state = {"session": None, "options": None, "log": None, "depth": 0}
+
+
+class _InWorker(threading.local):
+    active = False  # in-process worker code runs in this thread (see _transport._isolated)
+
+
+class _Here(threading.local):
+    depth = 0  # captures this thread is inside (nested ones re-enter the outermost)
+    session = None  # the outermost one's
+
+
+_in_worker = _InWorker()
+_here = _Here()
+# "captures": threads inside a capture now; "seed": torch.manual_seed as it was before
+_state = {"session": None, "options": None, "log": None, "captures": 0, "seed": None}
 
 
 def events_log() -> ev.EventLog:
@@ -79,10 +95,26 @@ def _apply_log(opts: Options) -> None:
                 ) from None
 
 
-def session():
-    """The live session, starting a worker if there is none."""
+def session(replace_dead: bool = False):
+    """The live session, starting a worker if there is none.
+
+    ``replace_dead``: a session whose worker died is closed and a fresh one started, with one
+    line saying so (what capture() does; elsewhere the death is raised where it is met).
+    """
     with _lock:
         s = _state["session"]
+        if replace_dead and s is not None and not s.closed:
+            why = s.lost()
+            if why is not None:
+                s.close()
+                fresh = session()
+                print(
+                    f"gt: the worker (pid {s.transport.pid}) had died ({why}); started a fresh "
+                    f"one (pid {fresh.transport.pid}). Tensors of the old worker are lost: "
+                    "re-run the code that creates them.",
+                    file=sys.stderr,
+                )
+                return fresh
         if s is None or s.closed:
             from ._session import Session
 
@@ -138,6 +170,9 @@ class WorkerHandle:
 
 
 _handle = WorkerHandle()
+# At the kernel's exit the worker stops as stop() stops it: its compile process and temp
+# files go with it (multiprocessing's own exit handler would only terminate it).
+atexit.register(_handle.stop)
 
 
 def worker() -> WorkerHandle:
@@ -147,45 +182,102 @@ def worker() -> WorkerHandle:
 
 @contextlib.contextmanager
 def capture(**options):
-    """Run tensor work inside the block on the gt worker; options override the config."""
+    """Run tensor work inside the block on the gt worker; options override the config.
+
+    Captures belong to a thread: inside one, this thread's new tensors live on the worker. A
+    capture entered inside another (a %%gt cell that calls capture()) re-enters it; its options,
+    if any, must be the active ones. Several threads may capture at once: their ops go to the
+    one worker in turn (each op whole), with the options of the first. The kernel's random
+    state goes to the worker as the first capture starts and comes back as the last one ends,
+    so seeding before or inside gives eager's draws; the end also raises any worker error
+    still pending.
+    """
+    if _here.depth:
+        _same_options(options, _here.session.options, "inside another capture")
+        _here.depth += 1
+        try:
+            yield _here.session
+        finally:
+            _here.depth -= 1
+        return
     with _lock:
         opts = _options().replace(**options) if options else _options()
-        s = session()
+        s = session(replace_dead=True)
         if opts != s.options:
+            if _state["captures"]:
+                _same_options(options, s.options, "while another thread's capture runs")
             # The session first: plans the worker offers in answer (client_match turned on)
             # reach its event thread at once, and are taken only if it already matches.
             s.set_options(opts)
             s.request("engine", ("options", opts))
         _apply_log(opts)
-        _state["depth"] += 1
-    seed = torch.manual_seed
-    thread = threading.get_ident()
-
-    def manual_seed(n):
-        # Only the user's code seeds the worker: not other threads, not worker code that
-        # runs in this process (the in-process worker's compiler seeds its own things).
-        if threading.get_ident() == thread and not _in_worker.active:
-            s.emit((SEED, int(n)))
-        return seed(n)
-
-    torch.manual_seed = torch.random.manual_seed = manual_seed
+        if _state["captures"] == 0:
+            _patch_seed()
+            s.send_rng_state(torch.get_rng_state())
+        _state["captures"] += 1
+        _here.depth, _here.session = 1, s
+    ok = False
     try:
         # The user's torch.compile'd functions run eagerly here: their ops join the stream
         # and gt's hot path compiles them (see gt_core.diagnostics). Before CaptureMode: the
         # hook imports torch._dynamo, whose import must not be recorded.
-        with routing(_on_routed(), lambda: _in_worker.active), CaptureMode():
+        with held(), routing(_on_routed(), lambda: _in_worker.active), CaptureMode():
             yield s
+        ok = True
     finally:
         with _lock:
-            _state["depth"] -= 1
-            if _state["depth"] == 0:
-                torch.manual_seed = torch.random.manual_seed = seed
-        if not s.closed:
-            try:
-                s.flush()
-            except Exception:
-                pass
-            s.publish_stats()
+            _here.depth, _here.session = 0, None
+            _state["captures"] -= 1
+            last = _state["captures"] == 0
+            if last:
+                _unpatch_seed()
+        _end(s, ok and last)
+    check_interrupt()  # a Ctrl-C held while gt finished an op, or the capture's end
+
+
+def _end(s, sync: bool) -> None:
+    """A capture's end: the work goes out; after a clean end of the last capture, a sync
+    brings the worker's random state back and raises a worker error still pending."""
+    if s.closed or s.dead is not None:  # its death was raised where it was met
+        return
+    if not sync:
+        s.forget_rng_state()
+        with contextlib.suppress(Exception):
+            s.flush()
+        return
+    s.flush()
+    s.publish_stats()
+    torch.set_rng_state(s.fetch_rng_state())
+
+
+def _same_options(options: dict, active, where: str) -> None:
+    if options and _options().replace(**options) != active:
+        given = ", ".join(f"{k}={v!r}" for k, v in options.items())
+        raise CaptureError(
+            f"capture({given}) {where} with other options: one worker has one set of options. "
+            "Give options to the outermost capture only, or end the other capture first."
+        )
+
+
+def _patch_seed() -> None:
+    """torch.manual_seed also seeds the worker, when called by a thread inside a capture."""
+    seed = _state["seed"] = torch.manual_seed
+
+    def manual_seed(n):
+        s = _here.session
+        # Not worker code that runs in this process (the in-process worker's compiler
+        # seeds its own things), not threads outside a capture.
+        if s is not None and not _in_worker.active and not s.closed:
+            s.seed(int(n))
+        return seed(n)
+
+    torch.manual_seed = torch.random.manual_seed = manual_seed
+
+
+def _unpatch_seed() -> None:
+    seed, _state["seed"] = _state["seed"], None
+    if seed is not None:
+        torch.manual_seed = torch.random.manual_seed = seed
 
 
 def _on_routed():
@@ -207,6 +299,11 @@ def _on_routed():
 
 def to_worker(obj):
     """Move a tensor, an nn.Module (in place) or an optimizer's state to the worker."""
+    with LOCK:
+        return _to_worker(obj)
+
+
+def _to_worker(obj):
     s = session()
     if isinstance(obj, Proxy):
         return obj
@@ -222,14 +319,14 @@ def to_worker(obj):
     if isinstance(obj, torch.nn.Module):
         for t in [*obj.parameters(), *obj.buffers()]:
             if not isinstance(t, Proxy):
-                new = to_worker(t)
+                new = _to_worker(t)
                 torch.utils.swap_tensors(t, new)
         return obj
     if isinstance(obj, torch.optim.Optimizer):
         for state in obj.state.values():
             for k, v in list(state.items()):
                 if isinstance(v, torch.Tensor) and not isinstance(v, Proxy):
-                    state[k] = to_worker(v)
+                    state[k] = _to_worker(v)
         return obj
     raise TypeError(
         f"gt_core.to_worker: expected a Tensor, nn.Module or Optimizer, got {type(obj).__name__}"

@@ -15,11 +15,13 @@ first load's setup does not land beside a block's eager runs.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import itertools
 import os
 import pickle
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -30,7 +32,7 @@ from multiprocessing.connection import Connection
 
 from ._instructions import qualified_name
 
-__all__ = ["CompileProcess", "CompileProcessDied"]
+__all__ = ["CompileProcess", "CompileProcessDied", "end_group"]
 
 _NICE = 19  # the compile process yields the CPU to the client and the worker
 
@@ -42,11 +44,12 @@ class CompileProcessDied(RuntimeError):
 class CompileProcess:
     """The worker's side: a block (or a graph) in, a loaded compiled callable out; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_start=None) -> None:
+        self._on_start = on_start  # called with (pid, folder) each time a process starts
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._lock = threading.Lock()  # one compile at a time; callers wait without the GIL
-        self._dir = tempfile.mkdtemp(prefix="gt-compile-")
+        self._dir: str | None = None  # made with the process, removed with it (see main)
         self._ids = itertools.count()
         self._warm = threading.Lock()
         self._warmed = False
@@ -116,10 +119,10 @@ class CompileProcess:
         from torch._inductor import list_mode_options
 
         options = list_mode_options(mode) if mode not in (None, "default") else {}
-        path = os.path.join(self._dir, f"{next(self._ids)}.bin")
         with self._lock:
             t0 = time.perf_counter()
             self._ensure_running()
+            path = os.path.join(self._dir, f"{next(self._ids)}.bin")
             try:
                 self._conn.send((job, metas, options, path))
                 status, reason = self._conn.recv()
@@ -142,7 +145,8 @@ class CompileProcess:
         """
         self._closed = True
         self._stop()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
 
     def _ensure_running(self) -> None:
         """Start the process unless it runs (the caller holds the lock)."""
@@ -150,17 +154,23 @@ class CompileProcess:
             raise RuntimeError("gt's compile process was closed (the worker stops or no longer needs it)")
         if self._proc is not None and self._proc.poll() is None:
             return
+        if self._dir is None or not os.path.isdir(self._dir):
+            self._dir = tempfile.mkdtemp(prefix="gt-compile-")
         ours, theirs = socket.socketpair()
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+        code = f"from gt_core._compile_proc import main; main({theirs.fileno()}, {self._dir!r})"
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", f"from gt_core._compile_proc import main; main({theirs.fileno()})"],
+            [sys.executable, "-c", code],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=env,
+            start_new_session=True,  # its own process group: its C++ builds end with it
         )
         theirs.close()
         self._conn = Connection(ours.detach())
+        if self._on_start is not None:
+            self._on_start(self._proc.pid, self._dir)
 
     def _stop(self) -> int | None:
         """Kill the process (its work is in inductor's cache or lost); a compile waiting on it
@@ -169,11 +179,22 @@ class CompileProcess:
         code = None
         if proc is not None:
             if proc.poll() is None:
-                proc.kill()
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)  # with the C++ builds it started
+                except OSError:
+                    proc.kill()
             code = proc.wait()
         if conn is not None:
             conn.close()
         return code
+
+
+def end_group(pid: int, folder: str | None) -> None:
+    """End a compile process and its C++ builds (its process group) and remove its folder."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _load(path: str):
@@ -198,9 +219,25 @@ def _build(canon, names, out_paths, n_scalars):
     return build_graph(canon, ops, out_paths, True, n_scalars)  # alpha rewritten for inductor
 
 
-def main(fd: int) -> None:
+def _end_with(parent: int, folder: str) -> None:
+    """Once ``parent`` (the worker) is gone, however it went: remove ``folder`` and end this
+    process group (this process and the C++ builds it started), mid-compile or not.
+
+    (At idle priority on busy cores this thread may wait long for the GIL: the client ends
+    the group too once it finds the worker dead, see ProcessTransport.death.)"""
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.killpg(0, signal.SIGKILL)
+
+
+def main(fd: int, folder: str) -> None:
     """The compile process: compile jobs from ``fd`` until the worker closes it."""
     conn = Connection(fd)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is the client's
+    threading.Thread(
+        target=_end_with, args=(os.getppid(), folder), name="gt-end-with-worker", daemon=True
+    ).start()
     import torch
     import torch._inductor.config as ic
     from torch._inductor import standalone_compile

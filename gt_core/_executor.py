@@ -12,7 +12,7 @@ import time
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ._instructions import DEFOP, FREE, MARK, OP, PUT, SEED, SYNC, Ref, op_name, resolve_op
+from ._instructions import DEFOP, FREE, MARK, OP, PUT, RNG, SEED, SYNC, Ref, op_name, resolve_op
 from ._portable import for_device
 
 __all__ = ["Executor", "describe_args"]
@@ -85,6 +85,8 @@ class Executor:
             self._device_arg[ins[1]] = any(a.name == "device" for a in op._schema.arguments)
         elif code == SEED:
             torch.manual_seed(ins[1])
+        elif code == RNG:
+            torch.set_rng_state(ins[1])
         # MARK and SYNC carry no work; the engine reads them.
         self.executed += 1
 
@@ -121,10 +123,12 @@ class Executor:
                 values[oid] = t
 
     def fail(self, exc: BaseException, op, args, kwargs, outs) -> None:
-        self.poisoned.update(o for o in outs if o is not None)
+        made = [o for o in outs if o is not None]
+        self.poisoned.update(made)
         if self.error is None:
             try:
                 exc.add_note(f"(gt worker: raised by {op_name(op)}({describe_args(args, kwargs)}))")
+                exc.gt_outs = made  # the client knows the line that recorded these
             except Exception:
                 pass
             self.error = exc

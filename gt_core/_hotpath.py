@@ -312,10 +312,12 @@ class Engine:
         return None
 
     def close(self) -> None:
-        self._flush_buffer(mismatch=False)
-        self.flush_events()
-        if self._compiler is not None:
-            self._compiler.close()
+        try:
+            self._flush_buffer(mismatch=False)
+            self.flush_events()
+        finally:  # the compile process and its files go, even when the client has gone
+            if self._compiler is not None:
+                self._compiler.close()
 
     def compile_process(self) -> CompileProcess | None:
         """Where inductor blocks compile off the critical path, or None (in the worker).
@@ -334,7 +336,11 @@ class Engine:
             return None
         with self._lock:
             if self._compiler is None:
-                self._compiler = CompileProcess()
+                # The client ends it where the worker cannot (the worker killed): see
+                # ProcessTransport.death.
+                self._compiler = CompileProcess(
+                    lambda pid, folder: self.emit(ev.WORKER, state="compiler", pid=pid, dir=folder)
+                )
             return self._compiler
 
     def warm(self) -> None:

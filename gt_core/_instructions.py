@@ -7,7 +7,7 @@ worker by DEFOP, so a batch carries no op names in the steady state.
 
 from __future__ import annotations
 
-__all__ = ["Ref", "OP", "FREE", "PUT", "SEED", "DEFOP", "MARK", "RUN", "BARRIERS", "TensorMeta"]
+__all__ = ["Ref", "OP", "FREE", "PUT", "SEED", "DEFOP", "MARK", "RUN", "RNG", "BARRIERS", "TensorMeta"]
 
 OP = 0  # (OP, op_index, args, kwargs, out_ids): out_ids[k] is the id of the k-th new tensor output
 FREE = 1  # (FREE, id)
@@ -17,9 +17,10 @@ DEFOP = 4  # (DEFOP, op_index, "aten::add.Tensor")
 MARK = 5  # (MARK, signal_name, "enter" | "exit"): a block boundary set by the user
 SYNC = 6  # (SYNC, kind): a sync point (the client waited for a value here)
 RUN = 7  # (RUN, signature, input_ids, produced_ids, scalars): one whole occurrence of a hot block
+RNG = 8  # (RNG, state): the CPU generator's state (torch.set_rng_state) on the worker
 
 # Instructions a hot block never spans: the stream is cut there.
-BARRIERS = frozenset((PUT, SEED, MARK, SYNC))
+BARRIERS = frozenset((PUT, SEED, MARK, SYNC, RNG))
 
 
 class Ref:

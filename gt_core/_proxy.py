@@ -14,15 +14,22 @@ trip: Adam's bias corrections no longer sync every step (see ``_shadow``).
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ._instructions import OP, PUT, Ref
+from ._interrupt import GT_DIR, LIBRARY_DIRS
+from ._interrupt import STATE as HELD
+from ._interrupt import check as check_interrupt
 from ._lift import Scalar
 from ._plan import Slot
+from ._session import LOCK
 from .errors import UnsupportedOperation, WorkerLost
+
+_OURS = (GT_DIR, *LIBRARY_DIRS)  # gt's, torch's and the standard library's files
 
 __all__ = ["Proxy", "record", "CaptureMode", "upload", "is_remote"]
 
@@ -76,7 +83,10 @@ class Proxy(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return record(func, args, kwargs or {})
+        with LOCK:
+            if HELD["pending"]:
+                check_interrupt()  # a Ctrl-C held during gt's last op: raised here, between ops
+            return record(func, args, kwargs or {})
 
     # -- sync points that do not pass through the dispatcher ------------------------------
     def cpu(self, memory_format=torch.preserve_format) -> torch.Tensor:  # noqa: ARG002
@@ -125,10 +135,11 @@ class Proxy(torch.Tensor):
     def data(self, other):
         # `p.data = x` (Module.to, .double(), user code): p takes x's value under a new id of
         # its own, so freeing x later does not free p's value.
-        if not isinstance(other, Proxy):
-            other = upload(self._gt_s, other)
-        fresh = torch.ops.aten.alias.default(other)
-        _rebind(self, fresh)
+        with LOCK:
+            if not isinstance(other, Proxy):
+                other = upload(self._gt_s, other)
+            fresh = torch.ops.aten.alias.default(other)
+            _rebind(self, fresh)
 
 
 def _rebind(p: Proxy, fresh: Proxy) -> None:
@@ -501,6 +512,9 @@ def _record(func, args, kwargs):
         entry = _infer(func, args, kwargs)
         if key is not None:
             _meta_cache[key] = entry
+        where = _user_line()  # a first sight: worth the frame walk (errors name the line)
+    else:
+        where = None
     shadowed = any(p._gt_v is not None for p in proxies)
     if entry is _SYNC:
         if shadowed and all(p._gt_v is not None for p in proxies) and _scalar_result(func):
@@ -516,6 +530,8 @@ def _record(func, args, kwargs):
         outs = tuple(next(it) if new else None for new in mask)
     session.counters["ops"] += 1
     session.emit((OP, idx, sent_args, sent_kwargs, outs))
+    if where is not None and ids:
+        session.site(ids[0], where)
     out = _build(template, session, iter(ids), proxies)
     if shadowed:
         _shadow(session, func, args, kwargs, out, proxies)
@@ -526,6 +542,17 @@ def _record(func, args, kwargs):
             target.copy_(out.cpu())
         return target
     return out
+
+
+def _user_line() -> tuple[str, int] | None:
+    """(file, line) of the innermost frame that is neither gt's, torch's nor the stdlib's."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_OURS) and not name.startswith("<frozen"):
+            return name, f.f_lineno
+        f = f.f_back
+    return None
 
 
 def _build(template, session, ids, proxies):
@@ -703,12 +730,17 @@ class CaptureMode(TorchDispatchMode):
 
 def _capture_dispatch(self, func, types, args=(), kwargs=None):
     kwargs = kwargs or {}
-    if (args and type(args[0]) is Proxy) or _has_proxy(args) or _has_proxy(kwargs.values()):
-        return record(func, args, kwargs)
-    if func in _LIFTS or (
-        _makes_tensors(func) and not _has_tensor(args) and not _has_tensor(kwargs.values())
-    ):
-        return record(func, args, kwargs)  # a factory: the new tensor lives on the worker
+    if (
+        (args and type(args[0]) is Proxy)
+        or _has_proxy(args)
+        or _has_proxy(kwargs.values())
+        or func in _LIFTS
+        or (_makes_tensors(func) and not _has_tensor(args) and not _has_tensor(kwargs.values()))
+    ):  # an op on worker tensors, or a factory: the new tensor lives on the worker
+        with LOCK:
+            if HELD["pending"]:
+                check_interrupt()
+            return record(func, args, kwargs)
     # Plain tensors from outside stay plain (numpy(), printing and torch internals use
     # them), and so do bookkeeping ops such as profiler ranges.
     return func(*args, **kwargs)

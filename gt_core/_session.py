@@ -13,19 +13,26 @@ re-enters the matcher from a destructor; it joins the stream before the next ins
 from __future__ import annotations
 
 import itertools
+import linecache
 import os
+import threading
 from collections import deque
 
 from . import events as ev
-from ._instructions import DEFOP, FREE, qualified_name
+from ._instructions import DEFOP, FREE, RNG, SEED, qualified_name
+from ._interrupt import check as check_interrupt
 from ._plan import Replay
 from .config import Options
 from .errors import WorkerDied, WorkerLost
 
-__all__ = ["Session"]
+__all__ = ["Session", "LOCK"]
 
 _generations = itertools.count(1)
 FLUSH_AT = int(os.environ.get("GT_FLUSH_AT", "512"))
+# Every change to a session's stream (an op recorded, a request, a flush) holds this lock:
+# threads that use worker tensors at once take turns op by op, and the stream stays whole.
+LOCK = threading.RLock()
+_SITES = 4096  # values whose recording line is remembered for errors (the newest)
 
 
 class Session:
@@ -48,6 +55,8 @@ class Session:
         self.dead: str | None = None  # why the worker died, once a send or a sync found out
         self.flush_at = FLUSH_AT
         self.counters = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0}
+        self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
+        self.rng = None  # the CPU generator state the worker has too (None: unknown)
 
     def _on_events(self, events) -> None:
         """Events from the worker: plans go to the matcher, everything else to the log."""
@@ -108,11 +117,12 @@ class Session:
 
     def flush(self) -> None:
         """Send what is pending (an occurrence being matched goes out as instructions)."""
-        if self.freed:
-            self._frees()
-        if self.replay.kept:
-            self.replay.release()
-        self._send()
+        with LOCK:
+            if self.freed:
+                self._frees()
+            if self.replay.kept:
+                self.replay.release()
+            self._send()
 
     def _send(self) -> None:
         """Send the batch as it is: after a RUN, so the worker starts on it at once.
@@ -130,27 +140,89 @@ class Session:
 
     def request(self, kind: str, payload=None):
         """Flush, then wait for the worker's answer (one round trip)."""
-        self.check()
-        self.flush()
-        self.counters["syncs"] += 1
-        try:
-            return self.transport.request(kind, payload)
-        except WorkerDied as exc:
-            self.dead = str(exc)
-            raise
+        with LOCK:
+            check_interrupt()  # one held since gt's last op: the stream is whole here
+            self.check()
+            self.flush()
+            self.counters["syncs"] += 1
+            try:
+                return self.transport.request(kind, payload)
+            except WorkerDied as exc:
+                self.dead = str(exc)
+                raise
+            except Exception as exc:
+                self._failed(exc)
+                raise
+
+    # -- where values were recorded, for the worker's errors -----------------------------
+    def site(self, vid: int, where: tuple[str, int] | None) -> None:
+        """Remember the user's line that recorded value ``vid`` (the newest _SITES kept)."""
+        if where is not None:
+            sites = self.sites
+            sites[vid] = where
+            if len(sites) > _SITES:
+                del sites[next(iter(sites))]
+
+    def _failed(self, exc: BaseException) -> None:
+        """A worker error reaches the user: say the line that recorded the failing op."""
+        outs = getattr(exc, "gt_outs", None) or ()
+        where = next((self.sites[v] for v in outs if v in self.sites), None)
+        line = None
+        if where is not None:
+            text = linecache.getline(where[0], where[1]).strip()
+            line = f"{where[0]}:{where[1]}" + (f": {text}" if text else "")
+            exc.add_note(f"(recorded at {line})")
+        self.log.emit(
+            ev.ERROR,
+            error=type(exc).__name__,
+            message=str(exc).splitlines()[0] if str(exc) else "",
+            notes=list(getattr(exc, "__notes__", ())),
+            where=line,
+        )
+
+    # -- the worker's random state ------------------------------------------------------
+    def seed(self, n: int) -> None:
+        with LOCK:
+            self.emit((SEED, n))
+            self.rng = None
+
+    def send_rng_state(self, state) -> None:
+        """The worker's CPU generator takes ``state`` (unless it has it already)."""
+        with LOCK:
+            if self.rng is None or not _equal(self.rng, state):
+                self.emit((RNG, state.clone()))
+            self.rng = None  # the worker draws from here on
+
+    def fetch_rng_state(self):
+        """The worker's CPU generator state, once everything sent so far has run (a sync)."""
+        state = self.request("rng")
+        self.rng = state
+        return state
+
+    def forget_rng_state(self) -> None:
+        self.rng = None
+
+    def lost(self) -> str | None:
+        """Why this session's worker can no longer run work (None: it can)."""
+        if self.dead is not None:
+            return self.transport.cause or self.dead
+        if not self.transport.alive():
+            self.dead = str(self.transport.death("between two requests"))
+            return self.transport.cause or self.dead
+        return None
 
     def check(self) -> None:
         """Raise if this session's worker can no longer run work."""
+        if self.closed:
+            raise WorkerLost(
+                "this tensor lived on a gt worker that died, was stopped or restarted; its value "
+                "is gone. Re-run the code that creates it."
+            )
         if self.dead is not None:
             self.buf.clear()  # work for a dead worker: nothing will ever run it
             self.freed.clear()
             self.replay.forget()
             raise WorkerDied(self.dead)
-        if self.closed:
-            raise WorkerLost(
-                "this tensor lived on a gt worker that was stopped or restarted; its value is gone. "
-                "Re-run the code that creates it."
-            )
 
     def publish_stats(self) -> None:
         self.log.emit(ev.STATS, **self.counters)
@@ -163,3 +235,9 @@ class Session:
                 pass
             self.closed = True
             self.transport.stop()
+
+
+def _equal(a, b) -> bool:
+    import torch
+
+    return a.shape == b.shape and bool(torch.equal(a, b))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import itertools
 import multiprocessing as mp
 import os
 import signal
@@ -20,7 +21,12 @@ import time
 import traceback
 import types
 
+import torch
+
 from . import events as ev
+from ._compile_proc import end_group
+from ._interrupt import check as check_interrupt
+from ._interrupt import interruptible
 from .errors import WorkerDied
 
 __all__ = ["Transport", "ProcessTransport", "InProcessTransport", "worker_main"]
@@ -54,8 +60,8 @@ def _make_executor(options, publish):
 
 
 def _serve(ex, msg):
-    """Answer one request; the reply is ("ok", value) or ("err", exception)."""
-    kind, payload = msg[1], msg[2]
+    """Answer one request ``("req", id, kind, payload)``: ("ok", value) or ("err", exception)."""
+    kind, payload = msg[2], msg[3]
     ex.barrier(kind)
     err = ex.take_error()
     if err is not None:
@@ -74,6 +80,8 @@ def _serve(ex, msg):
         if kind == "events_sent":
             ex.publish_events()  # the count includes every event up to here
             return ("ok", _sent[0])
+        if kind == "rng":  # the CPU generator's state, after everything sent so far ran
+            return ("ok", torch.get_rng_state())
         return ("err", ValueError(f"gt worker: unknown request {kind!r}"))
     except Exception as exc:
         return ("err", exc)
@@ -91,8 +99,11 @@ def worker_main(conn, event_conn, options) -> None:
             event_conn.send(events)
             _sent[0] += 1
 
-    import torch
-
+    # Ctrl-C in a terminal reaches the whole process group: it is the client's to handle (its
+    # wait ends; this process finishes the work and answers). SIGTERM (the client exiting
+    # without stop()) ends the loop below, so the compile process and its files go too.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     torch.set_grad_enabled(False)  # autograd runs in the client; the worker sees plain aten ops
     ex = _make_executor(options, publish)
     cp = ex.engine.compile_process() if options.auto_compile or options.compile_all else None
@@ -104,31 +115,42 @@ def worker_main(conn, event_conn, options) -> None:
     publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(ex.device))])
     share = ex.engine.cpu_share = _CpuShare(ex.device)
     inbox = _Inbox(conn)
-    while True:
-        try:
-            msg = inbox.next()
-        except (EOFError, OSError):
-            break  # the client went away
-        share.set(inbox.requests > 0 or msg[0] == "req", ex.engine.compiling > 0)
-        if msg[0] == "batch":
-            ex.feed(msg[1])
-        elif msg[0] == "req":
-            reply = _serve(ex, msg)
+    try:
+        while True:
             try:
-                conn.send(reply)
-            except Exception as exc:  # an unpicklable exception or value
-                conn.send(("err", RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}\n{exc}")))
-            # The events up to this sync go out after its answer, not before it: publishing
-            # (pickling, a write) cost every .item() about 30 µs of waiting. The client's
-            # event thread receives them either way; wait() and report() drain them.
-            ex.publish_events()
-        elif msg[0] == "stop":
+                msg = inbox.next()
+            except (EOFError, OSError):
+                break  # the client went away
+            share.set(inbox.requests > 0 or msg[0] == "req", ex.engine.compiling > 0)
+            if msg[0] == "batch":
+                ex.feed(msg[1])
+            elif msg[0] == "req":
+                status, value = _serve(ex, msg)
+                try:
+                    conn.send((msg[1], status, value))  # the request's id: see request()
+                except Exception as exc:  # an unpicklable exception or value
+                    why = RuntimeError(f"{type(value).__name__}: {value}\n{exc}")
+                    conn.send((msg[1], "err", why))
+                # The events up to this sync go out after its answer, not before it:
+                # publishing (pickling, a write) cost every .item() about 30 µs of waiting.
+                # The client's event thread receives them either way; wait() and report()
+                # drain them.
+                ex.publish_events()
+            elif msg[0] == "stop":
+                break
+    except SystemExit:
+        pass
+    finally:
+        with contextlib.suppress(Exception):  # the client may be gone: nothing to tell
             ex.engine.close()
-            break
     try:
         publish([ev.event(ev.WORKER, state="stopped", pid=os.getpid(), device=str(ex.device))])
     except Exception:
         pass
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(0)
 
 
 class _Inbox:
@@ -241,6 +263,7 @@ class Transport:
 
     pid: int
     device: str
+    cause: str | None = None  # why it can no longer run work (None while it can)
 
     def send(self, batch: list) -> None: ...
     def request(self, kind: str, payload=None): ...
@@ -292,7 +315,7 @@ class InProcessTransport(Transport):
 
     def request(self, kind, payload=None):
         with _isolated():
-            status, value = _serve(self.ex, ("req", kind, payload))
+            status, value = _serve(self.ex, ("req", 0, kind, payload))
             self.ex.publish_events()
         if status == "err":
             raise value
@@ -309,6 +332,13 @@ class InProcessTransport(Transport):
 
 class ProcessTransport(Transport):
     """A spawned worker process; its death is noticed within one poll interval."""
+
+    stall_s = 5.0  # a wait this long says what the worker is doing (stopped, or busy)
+    waiting: str | None = None  # the request being waited for, if one is
+
+    @staticmethod
+    def notice(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
 
     def __init__(self, options, on_events, start_timeout: float = 120.0):
         ctx = mp.get_context("spawn")
@@ -330,7 +360,9 @@ class ProcessTransport(Transport):
         self._pump = threading.Thread(target=self._read_events, name="gt-events", daemon=True)
         self._pump.start()
         self.cause: str | None = None
+        self.compiler: tuple[int, str] | None = None  # the worker's compile process: pid, folder
         self._lock = threading.Lock()
+        self._ids = itertools.count(1)
         _, self.device = self.request("ping", timeout=start_timeout)
 
     def _read_events(self):
@@ -342,6 +374,8 @@ class ProcessTransport(Transport):
             for e in events:
                 if e.get("type") == ev.WORKER and e.get("state") == "started":
                     self.device = e.get("device", "?")
+                elif e.get("type") == ev.WORKER and e.get("state") == "compiler":
+                    self.compiler = (e["pid"], e["dir"])
             self._on_events(events)
             with self._seen_changed:
                 self._seen += 1
@@ -356,8 +390,15 @@ class ProcessTransport(Transport):
     def alive(self) -> bool:
         return self.cause is None and self.proc.is_alive()
 
-    def _death(self, doing: str) -> WorkerDied:
+    def _end_compiler(self) -> None:
+        """The dead worker's compile process (and its C++ builds, its folder) end with it."""
+        if self.compiler is not None:
+            end_group(*self.compiler)
+            self.compiler = None
+
+    def death(self, doing: str) -> WorkerDied:
         self.proc.join(timeout=1.0)
+        self._end_compiler()
         code = self.proc.exitcode
         if code is None:
             why = "its connection broke"
@@ -375,43 +416,100 @@ class ProcessTransport(Transport):
             [ev.event(ev.WORKER, state="died", pid=self.pid, device=self.device, cause=why)]
         )
         return WorkerDied(
-            f"gt worker (pid {self.pid}) died: {why}, while {doing}. Its tensors are lost; "
-            "call gt_core.worker().restart() and re-run the cell that creates them."
+            f"gt worker (pid {self.pid}) died: {why}, while {doing}. Its tensors are lost; the "
+            "next capture() or %%gt cell starts a fresh worker (or gt_core.worker().restart() "
+            "now): re-run the code that creates them."
         )
+
+    def _dead(self) -> WorkerDied:
+        return WorkerDied(
+            f"gt worker (pid {self.pid}) is dead ({self.cause}); the next capture() or %%gt "
+            "cell starts a fresh one (or call gt_core.worker().restart())"
+        )
+
+    def _broken(self, doing: str) -> WorkerDied:
+        """Interrupted in the middle of a message: the pipe's state is unknown, never reused."""
+        self.cause = f"interrupted while {doing}, the connection's state is unknown"
+        self._on_events(
+            [ev.event(ev.WORKER, state="died", pid=self.pid, device=self.device, cause=self.cause)]
+        )
+        self.kill()
+        return self._dead()
 
     def send(self, batch) -> None:
         if self.cause is not None:
-            raise WorkerDied(
-                f"gt worker (pid {self.pid}) is dead ({self.cause}); call gt_core.worker().restart()"
-            )
+            raise self._dead()
         try:
             with self._lock, _no_modes():
                 self._conn.send(("batch", batch))
         except (BrokenPipeError, EOFError, OSError):
-            raise self._death("sending work") from None
+            raise self.death("sending work") from None
+        except KeyboardInterrupt:  # outside a capture's held interrupts (see _interrupt)
+            raise self._broken("sending work") from None
 
     def request(self, kind, payload=None, timeout: float | None = None):
+        """Send a request and wait for its answer (interruptible: see _wait).
+
+        Requests carry an id and answers name it: the answer to a request whose wait was
+        interrupted arrives later and is dropped, never taken as another request's answer.
+        """
         if self.cause is not None:
-            raise WorkerDied(
-                f"gt worker (pid {self.pid}) is dead ({self.cause}); call gt_core.worker().restart()"
-            )
-        deadline = None if timeout is None else time.monotonic() + timeout
+            raise self._dead()
+        rid = next(self._ids)
         with self._lock, _no_modes():
             try:
-                self._conn.send(("req", kind, payload))
-                while not self._conn.poll(_POLL_S):
-                    if not self.proc.is_alive():
-                        raise self._death(f"waiting for {kind}")
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise WorkerDied(
-                            f"gt worker (pid {self.pid}) did not answer {kind} within {timeout:.0f} s"
-                        )
-                status, value = self._conn.recv()
-            except (BrokenPipeError, EOFError, ConnectionResetError):
-                raise self._death(f"waiting for {kind}") from None
+                self._conn.send(("req", rid, kind, payload))
+            except (BrokenPipeError, EOFError, OSError):
+                raise self.death(f"sending {kind}") from None
+            except KeyboardInterrupt:
+                raise self._broken(f"sending {kind}") from None
+            while True:
+                self._wait(kind, timeout)
+                try:
+                    got, status, value = self._conn.recv()
+                except (BrokenPipeError, EOFError, ConnectionResetError):
+                    raise self.death(f"waiting for {kind}") from None
+                except KeyboardInterrupt:
+                    raise self._broken(f"reading the answer to {kind}") from None
+                if got == rid:
+                    break
         if status == "err":
             raise value
         return value
+
+    def _wait(self, kind: str, timeout: float | None) -> None:
+        """Until an answer is readable; says once if the worker seems stalled (see stall_s)."""
+        self.waiting = kind
+        try:
+            self._poll(kind, timeout)
+        finally:
+            self.waiting = None
+
+    @interruptible
+    def _poll(self, kind: str, timeout: float | None) -> None:
+        start = time.monotonic()
+        said = False
+        check_interrupt()  # one held while the request went out ends the wait before it starts
+        while not self._conn.poll(_POLL_S):
+            if not self.proc.is_alive():
+                raise self.death(f"waiting for {kind}")
+            waited = time.monotonic() - start
+            if timeout is not None and waited > timeout:
+                raise WorkerDied(
+                    f"gt worker (pid {self.pid}) did not answer {kind} within {timeout:.0f} s"
+                )
+            if not said and timeout is None and waited > self.stall_s:  # (a start has its own)
+                said = True
+                self.notice(
+                    f"gt: still waiting for the worker (pid {self.pid}) after {waited:.0f} s "
+                    f"({kind}): {_doing(self.pid)}; press Ctrl-C (interrupt) to stop waiting"
+                )
+
+    def kill(self) -> None:
+        """End the process now (SIGKILL); its compile process follows it (see _compile_proc)."""
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=2)
 
     def stop(self) -> None:
         if self.proc.is_alive():
@@ -421,11 +519,24 @@ class ProcessTransport(Transport):
             except Exception:
                 pass
             self.proc.join(timeout=5)
-            if self.proc.is_alive():
-                self.proc.kill()
-                self.proc.join(timeout=2)
+            self.kill()
+        self._end_compiler()  # gone already after a clean stop; not after a kill
         self.cause = self.cause or "stopped"
         self._conn.close()
+
+
+def _doing(pid: int) -> str:
+    """What a process is doing, in words, from its state in /proc (Linux)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "it is busy with the work sent before"
+    if state in ("T", "t"):
+        return "it is stopped (SIGSTOP or a debugger); resume it with SIGCONT"
+    if state == "D":
+        return "it is waiting on the disk or a device"
+    return "it is busy with the work sent before"
 
 
 def format_exception(exc: BaseException) -> str:

@@ -9,6 +9,7 @@ __all__ = [
     "WorkerLost",
     "UnsupportedOperation",
     "CompiledRunFailed",
+    "CaptureError",
 ]
 
 
@@ -38,3 +39,7 @@ class UnsupportedOperation(GTError, RuntimeError):
 
 class CompiledRunFailed(GTError, RuntimeError):
     """A compiled hot path failed mid-run after it may have updated tensors in place."""
+
+
+class CaptureError(GTError, RuntimeError):
+    """capture() used in a way one worker cannot serve (e.g. nested with other options)."""

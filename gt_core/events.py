@@ -32,6 +32,7 @@ PLAN = "hotpath.plan"  # signature, plan (a gt_core._plan.Plan, or None to withd
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause
 STATS = "stats"  # ops, frees, syncs, uploads (client counters, cumulative)
+ERROR = "worker.error"  # error, message, notes, where: a worker error raised to the user
 # The user's own torch.compile calls (published by gt_core.diagnostics)
 USER_COMPILE = "user.compile"
 USER_RECOMPILE = "user.recompile"

@@ -147,6 +147,14 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             stats.update({k: e[k] for k in stats if k in e})
         elif t == ev.WORKER:
             worker = {k: v for k, v in e.items() if k not in ("type", "t")}
+            if e.get("state") == "died":  # its compiles in flight died with it
+                for p in paths.values():
+                    if p["status"] in (Status.HOT, Status.COMPILING):
+                        p.update(
+                            status=Status.FAILED,
+                            fallback_reason=f"the worker died ({e.get('cause')}) before "
+                            "this hot path was compiled",
+                        )
 
     hot_paths = [p for p in paths.values() if not since or p["signature"] in active]
     if since:

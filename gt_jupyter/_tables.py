@@ -66,6 +66,10 @@ SYNC_ADVICE = (
     "then for logging costs little; a sync in every iteration keeps the block from running "
     "compiled: log every k steps, or keep running values on the worker and read them once"
 )
+ERROR_ADVICE = (
+    "raised in the cell at the first sync after it (or at the cell's end); the values this op "
+    "was to make, and those computed from them, do not exist: fix that line and re-run"
+)
 MISMATCH_ADVICE = (
     "the loop body changed part-way through a block (a data-dependent branch or a sync such as "
     ".item()); those occurrences ran eagerly. Keep every iteration's work the same"
@@ -249,7 +253,18 @@ def reason_rows(data: dict) -> list[dict]:
         if e.get("type") in ("fallback", "compile.failed")
     }
     rows = [r for p in data.get("hot_paths", []) for r in _path_reason_rows(p, failure)]
-    return rows + [r for u in data.get("user_compiles", []) for r in _user_reason_rows(u)]
+    rows += [r for u in data.get("user_compiles", []) for r in _user_reason_rows(u)]
+    return rows + [_error_row(e) for e in data.get("events", []) if e.get("type") == "worker.error"]
+
+
+def _error_row(e: dict) -> dict:
+    notes = [n for n in e.get("notes", []) if n.startswith("(gt worker: raised by")]
+    return {
+        "where": e.get("where") or "the worker",
+        "kind": "worker error",
+        "reason": f"{e.get('error')}: {e.get('message')}" + (f" {notes[0]}" if notes else ""),
+        "what to do": ERROR_ADVICE,
+    }
 
 
 def user_rows(data: dict) -> list[dict]:

@@ -180,12 +180,15 @@ class GTMagics(Magics):
             with contextlib.ExitStack() as stack:
                 try:
                     stack.enter_context(run_in)
-                except core.ConfigError as exc:  # refused on entering, before the cell ran
+                except (core.ConfigError, core.CaptureError) as exc:  # before the cell ran
                     raise _usage_error(self.gt, exc) from None
                 exec(code, self.shell.user_ns)  # noqa: S102 (running the user's cell is the point)
                 value = eval(last, self.shell.user_ns) if last is not None else None  # noqa: S307
+            # (leaving the capture raised any worker error still pending, with its line)
         finally:
-            with contextlib.suppress(Exception):  # a dead worker has already raised in the cell
+            # After a cell that raised: the worker finishes what was sent; an error of its own
+            # is logged (the dashboard's reasons show it), the cell's exception is the one shown.
+            with contextlib.suppress(Exception):
                 core.wait()
             data = live.stop() or _cell_data(core, start)
             if dash.live and _compiling(data):
