@@ -9,6 +9,7 @@ import contextlib
 import threading
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import events as ev
 from ._instructions import SEED
@@ -158,6 +159,10 @@ def capture(**options):
             s.request("engine", ("options", opts))
         _apply_log(opts)
         _state["depth"] += 1
+        if _state["depth"] == 1:
+            from ._tensor_io import place_optimizer_state
+
+            _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
     seed = torch.manual_seed
     thread = threading.get_ident()
 
@@ -180,6 +185,7 @@ def capture(**options):
             _state["depth"] -= 1
             if _state["depth"] == 0:
                 torch.manual_seed = torch.random.manual_seed = seed
+                _state.pop("opt_hook").remove()
         if not s.closed:
             try:
                 s.flush()
