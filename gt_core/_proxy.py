@@ -99,6 +99,12 @@ class Proxy(torch.Tensor):
 
         return reduce(self, protocol)
 
+    def __copy__(self):
+        """A tensor sharing this value on the worker, as copy.copy shares storage in eager."""
+        from ._tensor_io import shallow_copy
+
+        return shallow_copy(self)
+
     def __deepcopy__(self, memo):
         """A copy made on the worker (a recorded clone), as eager's deepcopy makes one."""
         from ._tensor_io import deepcopy

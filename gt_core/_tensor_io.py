@@ -3,6 +3,7 @@
 - Pickling a proxy (``torch.save``, ``pickle``) fetches its value and pickles a plain tensor
   in its place, Parameter-ness and ``requires_grad`` kept: the file holds ordinary tensors and
   loads without gt.
+- ``copy.copy`` shares the value on the worker (an alias), as eager's shares storage.
 - A deep copy is a clone recorded on the worker (no round trip of the data), with eager's
   rules: a Parameter is copied as ``Parameter.__deepcopy__`` copies one (no ``.grad``), any
   other leaf as ``Tensor.__deepcopy__`` does (its ``.grad`` and attributes copied too).
@@ -29,6 +30,7 @@ from ._proxy import Proxy, _rebind, upload
 __all__ = [
     "reduce",
     "deepcopy",
+    "shallow_copy",
     "mark_fetched",
     "is_fetched",
     "become_plain",
@@ -103,6 +105,18 @@ def deepcopy(p: Proxy, memo: dict) -> Proxy:
     return new
 
 
+def shallow_copy(p: Proxy) -> Proxy:
+    """``copy.copy(p)``: a new tensor sharing ``p``'s value on the worker, as eager shares
+    storage; Parameter-ness, ``requires_grad`` and attributes kept."""
+    new = torch.ops.aten.alias.default(p)
+    if _is_param(p):
+        new = torch.nn.Parameter(new, requires_grad=p.requires_grad)
+    else:
+        new.requires_grad_(p.requires_grad)
+    new.__dict__.update(_attributes(p))
+    return new
+
+
 def become_plain(p: Proxy, value: torch.Tensor) -> None:
     """``p.data = value`` with a value fetched from the worker: ``p`` becomes a plain tensor.
 
@@ -144,13 +158,14 @@ def to(p: Proxy, args: tuple, kwargs: dict):
     capture, ``to("cpu")`` asks for a CPU tensor, as it would of a tensor on another device.
     ``to(dtype)`` and ``to(other_tensor)`` stay on the worker.
     """
-    if not (args and isinstance(args[0], torch.Tensor)) and "other" not in kwargs:
-        device, dtype, _, memory_format = torch._C._nn._parse_to(*args, **kwargs)
-        if device is not None and device.type == "cpu" and not _capturing():
-            out = p.cpu()
-            if dtype is not None or memory_format is not None:
-                out = out.to(dtype=dtype, memory_format=memory_format or torch.preserve_format)
-            return mark_fetched(out)
+    device = kwargs["device"] if "device" in kwargs else args[0] if args else None
+    if (
+        isinstance(device, str | torch.device)
+        and torch.device(device).type == "cpu"
+        and not _capturing()
+    ):
+        # the rest (dtype, memory_format, copy) applies to the fetched copy by torch's rules
+        return mark_fetched(p.cpu().to(*args, **kwargs))
     return torch._C.TensorBase.to(p, *args, **kwargs)
 
 

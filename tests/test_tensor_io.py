@@ -247,6 +247,25 @@ def test_deepcopy_respects_memo_tied_weights(process):
     assert_close(twin[0].weight, tied()[0].weight)
 
 
+def test_shallow_copy_shares_the_value_as_eager(inprocess):
+    def run(on_worker):
+        with _ctx(on_worker):
+            w = torch.nn.Parameter(torch.zeros(3))
+            t = torch.zeros(2)
+            cw, ct = copy.copy(w), copy.copy(t)
+            with torch.no_grad():
+                w.add_(1)
+                t.add_(2)
+        return cw, ct
+
+    (rw, rt), (gw, gt) = run(False), run(True)
+    assert gt_core.is_remote(gw) and gt_core.is_remote(gt)
+    assert isinstance(gw, torch.nn.Parameter) == isinstance(rw, torch.nn.Parameter)
+    assert gw.requires_grad == rw.requires_grad and gt.requires_grad == rt.requires_grad
+    assert_close(gw, rw)  # the originals' in-place updates show through the copies
+    assert_close(gt, rt)
+
+
 def test_deepcopy_of_a_non_leaf_fails_as_eager(process):
     with gt_core.capture():
         y = torch.ones(2, requires_grad=True) * 2
@@ -371,7 +390,8 @@ def test_tensor_to_cpu_fetches_outside_capture(inprocess):
         y = x * 3
     torch.manual_seed(0)
     ref = torch.randn(3, 4) * 3
-    for got in (y.cpu(), y.to("cpu"), y.to(torch.device("cpu")), y.to(device="cpu")):
+    moved = (y.cpu(), y.to("cpu"), y.to(torch.device("cpu")), y.to(device="cpu"))
+    for got in (*moved, y.to("cpu", copy=True), y.to("cpu", non_blocking=True)):
         assert type(got) is torch.Tensor
         torch.testing.assert_close(got, ref)
     as_double = y.to("cpu", torch.float64)
