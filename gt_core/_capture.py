@@ -11,6 +11,7 @@ import sys
 import threading
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import events as ev
 from ._interrupt import check as check_interrupt
@@ -50,7 +51,14 @@ class _Here(threading.local):
 _in_worker = _InWorker()
 _here = _Here()
 # "captures": threads inside a capture now; "seed": torch.manual_seed as it was before
-_state = {"session": None, "options": None, "log": None, "captures": 0, "seed": None}
+_state = {
+    "session": None,
+    "options": None,
+    "log": None,
+    "captures": 0,
+    "seed": None,
+    "opt_hook": None,
+}
 
 
 def events_log() -> ev.EventLog:
@@ -213,6 +221,9 @@ def capture(**options):
         _apply_log(opts)
         if _state["captures"] == 0:
             _patch_seed()
+            from ._tensor_io import place_optimizer_state
+
+            _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
             s.send_rng_state(torch.get_rng_state())
         _state["captures"] += 1
         _here.depth, _here.session = 1, s
@@ -231,6 +242,8 @@ def capture(**options):
             last = _state["captures"] == 0
             if last:
                 _unpatch_seed()
+                _state["opt_hook"].remove()
+                _state["opt_hook"] = None
         _end(s, ok and last)
     check_interrupt()  # a Ctrl-C held while gt finished an op, or the capture's end
 

@@ -91,9 +91,35 @@ class Proxy(torch.Tensor):
     # -- sync points that do not pass through the dispatcher ------------------------------
     def cpu(self, memory_format=torch.preserve_format) -> torch.Tensor:  # noqa: ARG002
         """The value as a plain CPU tensor (waits for the worker)."""
+        from ._tensor_io import mark_fetched
+
         s = self._gt_s
         s.check()
-        return s.request("fetch", self._gt_id)
+        return mark_fetched(s.request("fetch", self._gt_id))
+
+    def to(self, *args, **kwargs):
+        """torch's ``to``; outside a capture, ``to("cpu")`` fetches (see ``_tensor_io.to``)."""
+        from ._tensor_io import to
+
+        return to(self, args, kwargs)
+
+    def __reduce_ex__(self, protocol):
+        """Pickled (``torch.save``) as the plain tensor it stands for: its value is fetched."""
+        from ._tensor_io import reduce
+
+        return reduce(self, protocol)
+
+    def __copy__(self):
+        """A tensor sharing this value on the worker, as copy.copy shares storage in eager."""
+        from ._tensor_io import shallow_copy
+
+        return shallow_copy(self)
+
+    def __deepcopy__(self, memo):
+        """A copy made on the worker (a recorded clone), as eager's deepcopy makes one."""
+        from ._tensor_io import deepcopy
+
+        return deepcopy(self, memo)
 
     def numpy(self, *, force: bool = False):  # noqa: ARG002
         return self.cpu().numpy()
@@ -137,6 +163,11 @@ class Proxy(torch.Tensor):
         # its own, so freeing x later does not free p's value.
         with LOCK:
             if not isinstance(other, Proxy):
+                from ._tensor_io import become_plain, is_fetched
+
+                if is_fetched(other):  # a move to the CPU (Module.cpu()): p becomes that tensor
+                    become_plain(self, other)
+                    return
                 other = upload(self._gt_s, other)
             fresh = torch.ops.aten.alias.default(other)
             _rebind(self, fresh)
@@ -488,7 +519,17 @@ def _varying(e, args, kwargs, func) -> tuple:
 _MISSING = object()
 
 
+_SET_STORAGE = (
+    torch.ops.aten.set_.source_Storage,
+    torch.ops.aten.set_.source_Storage_storage_offset,
+)
+
+
 def _record(func, args, kwargs):
+    if func in _SET_STORAGE and isinstance(args[1], torch.UntypedStorage):
+        from ._tensor_io import set_host_storage  # torch.load builds tensors this way
+
+        return set_host_storage(func, args, kwargs)
     w = _Walk(func)
     walk = w.walk
     pa = [walk(a) for a in args]

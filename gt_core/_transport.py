@@ -317,6 +317,11 @@ class InProcessTransport(Transport):
         with _isolated():
             status, value = _serve(self.ex, ("req", 0, kind, payload))
             self.ex.publish_events()
+        if kind == "fetch" and status == "ok":
+            # The worker's own tensor otherwise: later steps would change a value already
+            # fetched (a saved state dict, a model moved to the CPU). A process worker's
+            # answer is a copy by crossing the pipe.
+            value = value.clone()
         if status == "err":
             raise value
         return value
