@@ -13,6 +13,7 @@ from ._capture import (
     wait,
     worker,
 )
+from ._jit import jit
 from ._proxy import Proxy, is_remote
 from .config import Options
 from .diagnostics import diagnostics
@@ -28,6 +29,7 @@ from .errors import (
 
 __all__ = [
     "capture",
+    "jit",
     "diagnostics",
     "worker",
     "WorkerHandle",

@@ -34,7 +34,7 @@ from ._compiler import (
     uses_cudagraphs,
 )
 from ._executor import timed
-from ._instructions import BARRIERS, DEFOP, FREE, MARK, OP, RUN, SYNC, Ref, op_name
+from ._instructions import BARRIERS, DEFOP, FREE, JIT_SIGNAL, MARK, OP, RUN, SYNC, Ref, op_name
 from ._lift import LiftNamer, lift_positions
 from ._plan import expand, make_plan
 from .config import Options
@@ -245,6 +245,8 @@ class Engine:
         self.speculative = False
         self.next_detect = 0
         self.signal_start: dict[str, int] = {}
+        self.jit_open = False  # inside a gt_core.jit call being recorded (a "jit:" signal)
+        self.jit_ready: dict[str, str] = {}  # jit call name -> its block, seen twice alike
         self.signal_seen: dict[str, str] = {}
         self._names: dict[int, str] = {}
         self._lock = threading.Lock()
@@ -309,6 +311,11 @@ class Engine:
                 if b.thread is not None:
                     b.thread.join(value)
             self.flush_events()
+        elif what == "jit":  # a jit call's block, if its last two calls made the same one
+            block = self.blocks.get(self.signal_seen.get(value))
+            if block is not None and self.jit_ready.get(value) == block.sig:
+                block.withdrawn = False
+                return block.sig, block.plan
         return None
 
     def close(self) -> None:
@@ -380,6 +387,9 @@ class Engine:
             return
         if code == RUN:
             self._run_planned(ins)
+            return
+        if self.jit_open and code != MARK:
+            self._eager(ins)  # a jit call being recorded: its block is the call, see _signal
             return
         if self.trackers:
             if code in BARRIERS:
@@ -971,11 +981,15 @@ class Engine:
 
     # -- signals and compile-everything -------------------------------------------------
     def _signal(self, name: str, phase: str) -> None:
-        self.emit(ev.SIGNAL, name=name, phase=phase)
+        jit = name.startswith(JIT_SIGNAL)
+        if not jit:  # (a jit call's marks are its own events, published by the client)
+            self.emit(ev.SIGNAL, name=name, phase=phase)
         n = len(self.history)
         if phase == "enter":
             self.signal_start[name] = n
+            self.jit_open = jit
             return
+        self.jit_open = False
         start = self.signal_start.pop(name, None)
         if start is None or start < 0:
             return
@@ -986,8 +1000,11 @@ class Engine:
             canon, namer = canonicalize([self.history[i] for i in seg], self.meta_of, self.op_name)
         except Mismatch:
             return
-        spec = self.options.signals.get(name, {})
+        spec = {"compile": True} if jit else self.options.signals.get(name, {})
         if canon.id in self.blocks:
+            if jit and self.signal_seen.get(name) == canon.id:
+                self._jit_block(name, self.blocks[canon.id])
+            self.signal_seen[name] = canon.id
             return
         if self.signal_seen.get(name) == canon.id and spec.get("compile"):
             paths = [self.paths[i] for i in seg if self.paths[i] is not None]
@@ -1001,13 +1018,21 @@ class Engine:
             )
             self._register(block)
             self._make_hot(block)
-            self.emit(ev.SIGNAL, name=name, phase="compile", signature=canon.id)
+            if jit:
+                self._jit_block(name, block)
+            else:
+                self.emit(ev.SIGNAL, name=name, phase="compile", signature=canon.id)
         elif self.signal_seen.get(name) != canon.id:
             # Seen once: recorded, waiting for a second occurrence (or the threshold).
             self.emit(
                 ev.RECORDING, signature=canon.id, ops=canon.ops, n_ops=len(canon.ops), signal=name
             )
         self.signal_seen[name] = canon.id
+
+    def _jit_block(self, name: str, block: Block) -> None:
+        """A jit call's block, seen twice alike: the client asks for its plan (control "jit")
+        and replays it by RUNs."""
+        self.jit_ready[name] = block.sig
 
     def _compile_segment(self) -> None:
         """GT_COMPILE: the instructions since the previous sync point become a block at once."""

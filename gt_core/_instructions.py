@@ -7,7 +7,7 @@ worker by DEFOP, so a batch carries no op names in the steady state.
 
 from __future__ import annotations
 
-__all__ = ["Ref", "OP", "FREE", "PUT", "SEED", "DEFOP", "MARK", "RUN", "RNG", "BARRIERS", "TensorMeta"]
+__all__ = ["Ref", "OP", "FREE", "PUT", "SEED", "DEFOP", "MARK", "RUN", "RNG", "BARRIERS", "JIT_SIGNAL", "TensorMeta"]
 
 OP = 0  # (OP, op_index, args, kwargs, out_ids): out_ids[k] is the id of the k-th new tensor output
 FREE = 1  # (FREE, id)
@@ -18,6 +18,9 @@ MARK = 5  # (MARK, signal_name, "enter" | "exit"): a block boundary set by the u
 SYNC = 6  # (SYNC, kind): a sync point (the client waited for a value here)
 RUN = 7  # (RUN, signature, input_ids, produced_ids, scalars): one whole occurrence of a hot block
 RNG = 8  # (RNG, state): the CPU generator's state (torch.set_rng_state) on the worker
+
+# MARK names that begin so are gt_core.jit calls: each call is exactly one block.
+JIT_SIGNAL = "jit:"
 
 # Instructions a hot block never spans: the stream is cut there.
 BARRIERS = frozenset((PUT, SEED, MARK, SYNC, RNG))

@@ -33,6 +33,7 @@ FLUSH_AT = int(os.environ.get("GT_FLUSH_AT", "512"))
 # threads that use worker tensors at once take turns op by op, and the stream stays whole.
 LOCK = threading.RLock()
 _SITES = 4096  # values whose recording line is remembered for errors (the newest)
+_FOR_CLIENT = frozenset((ev.PLAN,))  # the client's own: never logged
 
 
 class Session:
@@ -56,15 +57,16 @@ class Session:
         self.flush_at = FLUSH_AT
         self.counters = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0}
         self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
+        self.tee: list | None = None  # while a jit call records: its instructions (see _out)
         self.rng = None  # the CPU generator state the worker has too (None: unknown)
 
     def _on_events(self, events) -> None:
         """Events from the worker: plans go to the matcher, everything else to the log."""
-        if any(e["type"] == ev.PLAN for e in events):
+        if any(e["type"] in _FOR_CLIENT for e in events):
             for e in events:
                 if e["type"] == ev.PLAN and self.options.client_match:
                     self.replay.offer(e["signature"], e["plan"])
-            events = [e for e in events if e["type"] != ev.PLAN]
+            events = [e for e in events if e["type"] not in _FOR_CLIENT]
         if events:
             self.log.extend(events)
 
@@ -94,7 +96,7 @@ class Session:
         """Add one instruction to the stream."""
         if self.freed:
             self._frees()
-        if self.replay.live:
+        if self.replay.live and self.tee is None:
             self.replay.feed(ins)
         else:
             self._out(ins)
@@ -103,6 +105,8 @@ class Session:
         """Into the batch that goes out next (what the matcher lets through, too)."""
         buf = self.buf
         buf.append(ins)
+        if self.tee is not None:
+            self.tee.append(ins)
         if len(buf) >= self.flush_at:
             self.flush()
 
@@ -110,10 +114,10 @@ class Session:
         freed, replay = self.freed, self.replay
         while freed:
             vid = freed.popleft()
-            if replay.live:
+            if replay.live and self.tee is None:
                 replay.free(vid)
             else:
-                self.buf.append((FREE, vid))
+                self._out((FREE, vid))
 
     def flush(self) -> None:
         """Send what is pending (an occurrence being matched goes out as instructions)."""

@@ -136,6 +136,8 @@ def worker_main(conn, event_conn, options) -> None:
                 # The client's event thread receives them either way; wait() and report()
                 # drain them.
                 ex.publish_events()
+            elif msg[0] == "mark":  # everything sent before it has run (see post_mark)
+                conn.send((msg[1], "ok", None))
             elif msg[0] == "stop":
                 break
     except SystemExit:
@@ -273,6 +275,13 @@ class Transport:
     def drain(self, timeout: float = 10.0) -> None:
         """Return once the worker's events so far are in the client's log (here: at once)."""
 
+    def post_mark(self) -> int:
+        """Ask, without waiting, to hear when the worker has run everything sent so far."""
+        return 0
+
+    def wait_mark(self, mark: int) -> None:
+        """Wait until the worker has run everything sent before ``mark`` (see post_mark)."""
+
 
 def _no_modes():
     """Pickling and unpickling tensors makes tensors: never inside the capture mode."""
@@ -368,6 +377,7 @@ class ProcessTransport(Transport):
         self.compiler: tuple[int, str] | None = None  # the worker's compile process: pid, folder
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
+        self._marks: dict[int, bool] = {}  # marks posted and not yet waited for: answered?
         _, self.device = self.request("ping", timeout=start_timeout)
 
     def _read_events(self):
@@ -478,9 +488,39 @@ class ProcessTransport(Transport):
                     raise self._broken(f"reading the answer to {kind}") from None
                 if got == rid:
                     break
+                if got in self._marks:  # a mark's answer read on the way: kept for wait_mark
+                    self._marks[got] = True
         if status == "err":
             raise value
         return value
+
+    def post_mark(self) -> int:
+        if self.cause is not None:
+            raise self._dead()
+        rid = next(self._ids)
+        self._marks[rid] = False
+        try:
+            with self._lock, _no_modes():
+                self._conn.send(("mark", rid))
+        except (BrokenPipeError, EOFError, OSError):
+            raise self.death("sending work") from None
+        except KeyboardInterrupt:
+            raise self._broken("sending work") from None
+        return rid
+
+    def wait_mark(self, mark: int) -> None:
+        with self._lock:
+            while not self._marks.get(mark, True):
+                self._wait("a mark", None)
+                try:
+                    got, _, _ = self._conn.recv()
+                except (BrokenPipeError, EOFError, ConnectionResetError):
+                    raise self.death("waiting for the work sent to run") from None
+                except KeyboardInterrupt:
+                    raise self._broken("reading the worker's answer") from None
+                if got in self._marks:
+                    self._marks[got] = True
+            self._marks.pop(mark, None)
 
     def _wait(self, kind: str, timeout: float | None) -> None:
         """Until an answer is readable; says once if the worker seems stalled (see stall_s)."""

@@ -28,6 +28,8 @@ REVERT = "revert"  # signature, reason, eager_ms, compiled_ms
 MISMATCH = "mismatch"  # signature, position, expected, got
 ITERATION = "iteration"  # signature, kind ("eager" | "compiled" | "compiling"), ms
 SIGNAL = "signal"  # name, phase ("enter" | "exit")
+JIT = "jit"  # function, name, state ("replaying" | "refused"), signature, reason, frozen, ...
+JIT_STATS = "jit.stats"  # function, name, signature, replayed, recorded, client_ms (cumulative)
 PLAN = "hotpath.plan"  # signature, plan (a gt_core._plan.Plan, or None to withdraw it): for the client's matcher, never logged
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause
