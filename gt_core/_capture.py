@@ -11,6 +11,7 @@ import sys
 import threading
 
 import torch
+import torch.optim.optimizer as _torch_optimizer
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from . import events as ev
@@ -221,6 +222,7 @@ def capture(**options):
         _apply_log(opts)
         if _state["captures"] == 0:
             _patch_seed()
+            _patch_capturable(True)
             from ._tensor_io import place_optimizer_state
 
             _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
@@ -242,6 +244,7 @@ def capture(**options):
             last = _state["captures"] == 0
             if last:
                 _unpatch_seed()
+                _patch_capturable(False)
                 _state["opt_hook"].remove()
                 _state["opt_hook"] = None
         _end(s, ok and last)
@@ -291,6 +294,30 @@ def _unpatch_seed() -> None:
     seed, _state["seed"] = _state["seed"], None
     if seed is not None:
         torch.manual_seed = torch.random.manual_seed = seed
+
+
+def _capturable_devices(supports_xla: bool = True) -> list[str]:
+    """torch.optim's accelerators for capturable=True, and the CPU: inside a capture, tensors
+    live on the worker, and a capturable optimizer keeps its step and bias corrections as
+    tensors there (no .item(), no Python float that changes every step: what gt_core.jit
+    needs to replay Adam)."""
+    return [*_ORIGINAL_CAPTURABLE(supports_xla), "cpu"]
+
+
+def _optim_modules() -> list:
+    return [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("torch.optim.") and hasattr(m, "_get_capturable_supported_devices")
+    ]
+
+
+def _patch_capturable(on: bool) -> None:
+    for m in _optim_modules():
+        m._get_capturable_supported_devices = _capturable_devices if on else _ORIGINAL_CAPTURABLE
+
+
+_ORIGINAL_CAPTURABLE = _torch_optimizer._get_capturable_supported_devices
 
 
 def _on_routed():

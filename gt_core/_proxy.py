@@ -678,12 +678,24 @@ def _shadow(session, func, args, kwargs, out, proxies) -> None:
         return
     if func._schema.is_mutable:
         # A shadowed value written with unshadowed inputs: refresh it from the worker (the
-        # copy goes into the shadow's storage, so views sharing it follow).
-        for p in proxies:
-            if p._gt_v is not None:
+        # copy goes into the shadow's storage, so views sharing it follow). Only what the op
+        # writes: a shadowed input it only reads (`param.mul_(1 - lr * wd)`) stays as it is.
+        for p in _written(func, args, kwargs):
+            if type(p) is Proxy and p._gt_v is not None:
                 fresh = session.request("fetch", p._gt_id)
                 with torch._C._DisableTorchDispatch():
                     p._gt_v.copy_(fresh)
+
+
+def _written(func, args, kwargs) -> list:
+    """The arguments ``func`` writes in place (tensors, or items of tensor lists)."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        v = args[i] if i < len(args) else kwargs.get(a.name)
+        out.extend(v if type(v) in (list, tuple) else [v])
+    return out
 
 
 def _bind_shadows(out, res, storages) -> None:
