@@ -1,0 +1,323 @@
+"""gt_core.jit: replayed calls leave the tensor state a run of the function would, or refuse."""
+
+import contextlib
+import functools
+import os
+import signal
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gt_core
+from gt_core import _capture
+from models import TRANSFORMER, Block, mlp
+
+
+def _jit_events(state=None):
+    return [
+        e
+        for e in gt_core.events_log().snapshot()
+        if e["type"] == "jit" and (state is None or e["state"] == state)
+    ]
+
+
+@contextlib.contextmanager
+def _capturable():
+    """Eager's capturable optimizers on the CPU, as inside a capture (the oracle needs them)."""
+    _capture._patch_capturable(True)
+    try:
+        yield
+    finally:
+        _capture._patch_capturable(False)
+
+
+def _run(make_model, make_opt, make_data, loss_fn, steps, on_worker, *, jit, sched=None, seed=0):
+    """Train ``steps`` with a step function (jitted when ``jit``); (params, losses)."""
+    ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+    with ctx:
+        torch.manual_seed(seed)
+        model = make_model()
+        opt = make_opt(model.parameters())
+        scheduler = sched(opt) if sched else None
+        x, y = make_data()
+
+        def step(x, y):
+            loss = loss_fn(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        fn = gt_core.jit(step) if jit else step
+        losses = []
+        for _ in range(steps):
+            losses.append(fn(x, y))
+            if scheduler is not None:
+                scheduler.step()
+        losses = [float(v.item()) for v in losses]
+        params = [p.detach().cpu() if gt_core.is_remote(p) else p.detach() for p in model.parameters()]
+        state = [
+            v.cpu() if gt_core.is_remote(v) else v
+            for s in opt.state.values()
+            for v in s.values()
+            if isinstance(v, torch.Tensor)
+        ]
+    return params, losses, state, fn
+
+
+MLP = dict(
+    make_model=lambda: mlp(16, 32, 4),
+    make_opt=functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+    make_data=lambda: (torch.randn(8, 16), torch.randn(8, 4)),
+    loss_fn=F.mse_loss,
+)
+ADAMW = dict(
+    MLP,
+    make_opt=lambda ps: torch.optim.AdamW(ps, lr=torch.tensor(0.01), capturable=True),
+)
+
+
+def _replayed(fn) -> int:
+    return sum(e.replayed for e in fn.entries.values())
+
+
+@pytest.mark.parametrize(
+    "workload, sched",
+    [
+        (MLP, None),
+        (ADAMW, lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=20)),
+        (TRANSFORMER, None),
+    ],
+    ids=["mlp-sgd-momentum", "mlp-adamw-cosine", "transformer"],
+)
+def test_replayed_training_equals_eager_bit_for_bit(process, workload, sched):
+    gt_core.configure(backend="eager", auto_compile=True)
+    with _capturable():
+        want, want_losses, want_state, _ = _run(**workload, steps=40, on_worker=False, jit=False, sched=sched)
+    got, losses, state, fn = _run(**workload, steps=40, on_worker=True, jit=True, sched=sched)
+    assert _replayed(fn) >= 36, _jit_events()
+    assert losses == want_losses
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    for a, b in zip(state, want_state, strict=True):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.inductor
+def test_replayed_training_with_inductor_is_close_to_eager(process):
+    gt_core.configure(backend="inductor", auto_compile=True)
+    want, want_losses, _, _ = _run(**MLP, steps=200, on_worker=False, jit=False)
+    with gt_core.capture():
+        got, losses, _, fn = _run(**MLP, steps=200, on_worker=True, jit=True)
+        gt_core.wait(compiles=True)
+    assert _replayed(fn) >= 190
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_grads_left_by_the_step_are_where_eager_leaves_them(inprocess):
+    """zero_grad before backward: the step leaves fresh .grad tensors behind each call."""
+
+    def run(on_worker):
+        with gt_core.capture() if on_worker else contextlib.nullcontext():
+            torch.manual_seed(0)
+            model, (x, y) = mlp(16, 32, 4), (torch.randn(8, 16), torch.randn(8, 4))
+            opt = torch.optim.SGD(model.parameters(), lr=0.05)
+
+            def step(x, y):
+                opt.zero_grad()
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                return loss
+
+            fn = gt_core.jit(step) if on_worker else step
+            for _ in range(10):
+                fn(x, y)
+            return [p.grad.cpu() if on_worker else p.grad for p in model.parameters()], fn
+
+    want, _ = run(False)
+    got, fn = run(True)
+    assert _replayed(fn) >= 6
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_sync_inside_the_step_refuses_replay_and_runs_the_python(inprocess):
+    with gt_core.capture():
+        w = torch.ones(4, requires_grad=True)
+        seen = []
+
+        @gt_core.jit
+        def step(x):
+            loss = (w * x).sum()
+            seen.append(loss.item())
+            return loss
+
+        for i in range(6):
+            step(torch.full((4,), float(i)))
+    assert seen == [0.0, 4.0, 8.0, 12.0, 16.0, 20.0]  # every call ran its Python
+    (refused,) = _jit_events("refused")
+    assert "a sync inside the step" in refused["reason"]
+
+
+def test_a_python_number_that_changes_refuses_replay_naming_op_and_values(inprocess):
+    with gt_core.capture():
+        w = torch.ones(3)
+        scale = [1.0]
+
+        @gt_core.jit
+        def step():
+            scale[0] *= 2
+            return w * scale[0]
+
+        outs = [step().tolist() for _ in range(5)]
+    assert outs == [[2.0] * 3, [4.0] * 3, [8.0] * 3, [16.0] * 3, [32.0] * 3]
+    (refused,) = _jit_events("refused")
+    assert "aten.mul.Tensor" in refused["reason"] and "2.0 -> 4.0" in refused["reason"]
+
+
+def test_frozen_numbers_are_listed(inprocess):
+    with gt_core.capture():
+        w = torch.ones(3)
+
+        @gt_core.jit
+        def step():
+            return w.add(1.0, alpha=0.5)
+
+        for _ in range(4):
+            out = step()
+        assert out.tolist() == [1.5] * 3
+    (ready,) = _jit_events("replaying")
+    assert {"op": "aten.add.Scalar", "arg": "alpha", "value": 0.5, "count": 1} in ready["frozen"]
+
+
+def test_a_new_batch_size_is_a_new_key_and_records_again(inprocess):
+    with gt_core.capture():
+        w = torch.ones(5, 3)
+
+        @gt_core.jit
+        def f(x):
+            return (x @ w).relu()
+
+        for b in (4, 4, 4, 4, 2, 2, 2, 2, 4):
+            x = torch.arange(b * 5.0).reshape(b, 5)
+            assert torch.equal(f(x).cpu(), (x.cpu() @ torch.ones(5, 3)).relu())
+    assert len(f.entries) == 2
+    assert _replayed(f) >= 3
+
+
+def test_a_replaced_parameter_runs_the_python_with_a_reason(inprocess):
+    with gt_core.capture():
+        holder = {"w": torch.ones(3)}
+
+        @gt_core.jit
+        def f(x):
+            return x * holder["w"]
+
+        x = torch.ones(3)
+        for _ in range(4):
+            f(x)
+        holder["w"] = torch.ones(4) * 2  # other metadata under the same name
+        out = f(torch.ones(4))  # a new key (x's shape) records; the old key is not replayed
+        assert out.tolist() == [2.0] * 4
+        holder["w"] = torch.full((3,), 3.0)  # same metadata, another tensor: read where it is
+        assert f(x).tolist() == [3.0] * 3
+
+
+def test_an_input_with_other_metadata_under_the_same_key_is_never_replayed(inprocess):
+    with gt_core.capture():
+        holder = {"w": torch.ones(3)}
+
+        @gt_core.jit
+        def f(x):
+            return x * holder["w"]
+
+        x = torch.ones(3)
+        for _ in range(4):
+            f(x)
+        holder["w"] = torch.ones(3, dtype=torch.float64)
+        out = f(x)
+        assert out.dtype == torch.float64 and out.tolist() == [1.0] * 3
+    ran = _jit_events("ran")
+    assert ran and "no longer fits" in ran[0]["reason"]
+
+
+def test_a_global_rebound_to_another_object_runs_the_python(inprocess):
+    global _MODEL
+    with gt_core.capture():
+        _MODEL = torch.nn.Linear(3, 2)
+
+        @gt_core.jit
+        def f(x):
+            return _MODEL(x)
+
+        x = torch.ones(1, 3)
+        for _ in range(4):
+            f(x)
+        _MODEL = torch.nn.Linear(3, 2)
+        want = _MODEL(x).cpu()
+        assert torch.equal(f(x).cpu(), want)
+
+
+def test_replayed_calls_in_flight_are_bounded(process, monkeypatch):
+    from gt_core import _jit
+
+    waits = []
+    t = _capture.session().transport
+    real = t.wait_mark
+    monkeypatch.setattr(t, "wait_mark", lambda m: (waits.append(m), real(m)))
+    with gt_core.capture():
+        w = torch.ones(64, 64)
+
+        @gt_core.jit
+        def f(x):
+            return (x @ w).tanh()
+
+        x = torch.ones(64, 64)
+        for _ in range(200):
+            x = f(x)
+        total = x.sum().item()
+    entry = next(iter(f.entries.values()))
+    assert entry.replayed >= 190
+    assert len(entry.marks) <= _jit.IN_FLIGHT // _jit._MARK_EVERY
+    assert len(waits) >= entry.replayed // _jit._MARK_EVERY - _jit.IN_FLIGHT // _jit._MARK_EVERY
+    want = torch.ones(64, 64)
+    for _ in range(200):
+        want = (want @ torch.ones(64, 64)).tanh()
+    assert total == pytest.approx(want.sum().item())
+
+
+def test_worker_death_during_replay_is_an_error_then_a_fresh_worker(process):
+    with pytest.raises(gt_core.WorkerDied):
+        with gt_core.capture():
+            w = torch.ones(8)
+
+            @gt_core.jit
+            def f(x):
+                return x * w
+
+            for i in range(40):
+                if i == 10:
+                    os.kill(gt_core.worker().pid, signal.SIGKILL)
+                    gt_core.worker()  # (no wait: the next replay or sync finds out)
+                f(w).sum().item()
+    with gt_core.capture():
+        assert (torch.ones(2) * 2).tolist() == [2.0, 2.0]
+
+
+def test_outside_a_capture_a_jitted_function_is_an_ordinary_call():
+    f = gt_core.jit(lambda x: x + 1)
+    assert torch.equal(f(torch.ones(2)), torch.full((2,), 2.0))
+
+
+def test_transformer_replay_costs_the_client_about_what_the_mlp_does(process):
+    """The client's cost of a replayed call does not grow with the step's ops."""
+    gt_core.configure(backend="eager", auto_compile=True)
+    _, _, _, f_mlp = _run(**MLP, steps=60, on_worker=True, jit=True)
+    _, _, _, f_tr = _run(**TRANSFORMER, steps=60, on_worker=True, jit=True)
+    (mlp_stats,) = [e.stats() for e in f_mlp.entries.values()]
+    (tr_stats,) = [e.stats() for e in f_tr.entries.values()]
+    assert mlp_stats["replayed"] >= 55 and tr_stats["replayed"] >= 55
+    assert Block  # (the transformer workload's model)
