@@ -63,7 +63,7 @@ _state = {
 
 
 def events_log() -> ev.EventLog:
-    """The client's EventLog (every event of this kernel since the last reset)."""
+    """The client's EventLog (this kernel's events since the last reset, per-step ones folded)."""
     if _state["log"] is None:
         _state["log"] = ev.EventLog()
     return _state["log"]
@@ -385,12 +385,17 @@ def wait(compiles: bool = False, timeout: float | None = None) -> None:
     s.transport.drain()
 
 
-def report() -> Report:
-    """Everything gt saw since the last reset: hot paths, compiles, timings, events."""
+def report(since: int | None = None) -> Report:
+    """Everything gt saw since the last reset: hot paths, compiles, timings, events.
+
+    ``since``: a view's start, from ``events_log().mark()`` (what one cell did).
+    """
     s = _state["session"]
     if s is not None and not s.closed:
         s.publish_stats()
-    return Report(events_log().snapshot())
+    if since is None:
+        return Report(events_log().snapshot())
+    return Report(*events_log().view(since))
 
 
 def reset() -> None:

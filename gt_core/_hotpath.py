@@ -21,6 +21,7 @@ import statistics
 import threading
 import time
 import traceback
+from collections import deque
 
 import torch
 
@@ -54,6 +55,7 @@ _MAX_PROBES = 4 * _BASELINE_RUNS  # eager runs timed for it at most, after the c
 # Iteration events wait up to this long to travel together (one message per step would cost
 # the client a wake-up of its event thread per step); anything else and every sync send at once.
 _EVENTS_EVERY_S = 0.05
+_TIMED_RUNS = 1000  # timings a block keeps per series (its memory stays flat over long runs)
 
 
 def _out_paths(result) -> list[tuple]:
@@ -127,12 +129,14 @@ class Block:
         self.status = Status.HOT
         self.fn = None
         self.eager_fn = None  # the block's eager form as one generated function (see _run_eager)
-        self.eager_ms: list[float] = []  # clean eager runs: the baseline of regression checks
-        self.compiled_ms: list[float] = []
+        # Clean eager runs (the baseline of regression checks) and compiled ones: the latest
+        # few, as a check reads only those and the client's report has every run's timing.
+        self.eager_ms: deque[float] = deque(maxlen=_TIMED_RUNS)
+        self.compiled_ms: deque[float] = deque(maxlen=_TIMED_RUNS)
         self.probe = 0  # eager runs still wanted as a baseline before judging the compiled one
         self.probed = 0  # eager runs timed as such a baseline
         # (kind, the worker's CPU condition) -> ms: what a regression check compares
-        self.samples: dict[tuple, list[float]] = {}
+        self.samples: dict[tuple, deque[float]] = {}
         self.judged = False  # regression check done
         # Any in-place op: a failure mid-run may have written some inputs already.
         self.mutates = any(ops[name]._schema.is_mutable for name in set(canon.ops))
@@ -542,7 +546,7 @@ class Engine:
             self.emit(ev.ITERATION, signature=block.sig, kind="compiling", ms=ms)
             return
         block.eager_ms.append(ms)
-        block.samples.setdefault(("eager", self._condition()), []).append(ms)
+        block.samples.setdefault(("eager", self._condition()), self._timed()).append(ms)
         self.emit(ev.ITERATION, signature=block.sig, kind="eager", ms=ms)
         if block.probe:
             block.probe -= 1
@@ -632,8 +636,12 @@ class Engine:
         block.compiled_ms.append(ms)
         if share is None or share.learn(block.sig, n, ms):
             # (a run trying the other thread count is no sample of the compiled block)
-            block.samples.setdefault(("compiled", self._condition()), []).append(ms)
+            block.samples.setdefault(("compiled", self._condition()), self._timed()).append(ms)
         self.emit(ev.ITERATION, signature=block.sig, kind="compiled", ms=ms)
+
+    def _timed(self) -> deque:
+        """A bounded series of timings, long enough for a regression check."""
+        return deque(maxlen=max(_TIMED_RUNS, self.options.regression_samples))
 
     def _condition(self):
         """What the worker's CPU was shared with during a run: timings compare within one."""

@@ -3,15 +3,23 @@
 Every event has ``type`` (one of the constants below) and ``t`` (seconds since the epoch).
 Producers call :func:`event`; the client's :class:`EventLog` keeps them, writes them to the
 instruction log when one is configured, and hands them to listeners (the dashboard).
+
+Memory stays bounded over long runs: the events that come once per step (``iteration``,
+``mismatch``, ``stats``) are kept one by one for the first ``head`` and the last ``tail`` of
+each series (type and signature); those in between are folded into one ``folded`` event per
+series and view, which counts them (by kind) and sums their milliseconds. Counts and totals
+stay exact; medians are over the runs kept. The instruction log file gets every event.
 This module does not import torch: widgets and offline log viewers read the same data.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 
 __all__ = ["event", "EventLog", "load_log", "TYPES"]
@@ -44,8 +52,15 @@ USER_CUDAGRAPH_SKIP = "user.cudagraph_skip"
 USER_FAILURE = "user.failure"  # function, kind ("fail_on_recompile", "unavailable", ...), reason
 USER_BUDGET = "user.budget"  # function, used, limit, message ("kv_step: 6 of 8 recompiles used")
 USER_ROUTED = "user.routed"  # function, message (called inside capture: ran through gt's stream)
+# The client's log: per-step events it no longer keeps one by one (never sent, never logged)
+FOLDED = "folded"  # of (a type), signature, n, counts {key: n}, totals {key: sum}, last (event)
 
 TYPES = frozenset(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))
+
+# What a fold keeps of each per-step type: counts by this field, sums of that one.
+_FOLDS = {ITERATION: ("kind", "ms"), MISMATCH: ("got", None), STATS: (None, None)}
+HEAD = 1000  # events of a series kept from its start (the eager baseline, the compile)
+TAIL = 1000  # and from its end (the steady state the medians read)
 
 
 def event(type: str, **fields) -> dict:
@@ -54,10 +69,23 @@ def event(type: str, **fields) -> dict:
 
 
 class EventLog:
-    """The client's record of events: thread-safe, optionally mirrored to a JSON-lines file."""
+    """The client's record of events: thread-safe, bounded, optionally mirrored to a file.
 
-    def __init__(self, path: str | os.PathLike | None = None):
-        self._events: list[dict] = []
+    ``len(log)`` counts the events received (the arrival number of the next one); a view
+    that starts at ``mark()`` never shares a fold with what came before it.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike | None = None, *, head: int = HEAD, tail: int = TAIL
+    ):
+        if head < 0 or tail < 1:
+            raise ValueError(f"EventLog: expected head >= 0 and tail >= 1, got {head=} {tail=}")
+        self.head, self.tail = head, tail
+        self._events: list[dict] = []  # kept events and folds, in arrival order
+        self._seq: list[int] = []  # arrival number of each (a fold: its first event's)
+        self._received = 0
+        self._marks: list[int] = []  # arrival numbers where views start
+        self._series: dict[tuple, _Series] = {}
         self._lock = threading.Lock()
         self._listeners: list[Callable[[list[dict]], None]] = []
         self._file = None
@@ -82,7 +110,8 @@ class EventLog:
         if not events:
             return
         with self._lock:
-            self._events.extend(events)
+            for e in events:
+                self._keep(e)
             if self._file is not None:
                 self._file.write("".join(json.dumps(e, default=str) + "\n" for e in events))
                 self._file.flush()
@@ -95,16 +124,79 @@ class EventLog:
         self.extend([e])
         return e
 
+    def mark(self) -> int:
+        """Start a view here: returns the arrival number to pass to :meth:`view`."""
+        with self._lock:
+            if not self._marks or self._marks[-1] != self._received:
+                self._marks.append(self._received)
+            return self._received
+
     def snapshot(self) -> list[dict]:
         with self._lock:
-            return list(self._events)
+            return [_copy(e) if e["type"] == FOLDED else e for e in self._events]
+
+    def view(self, start: int) -> tuple[list[dict], int]:
+        """The snapshot, and the index in it of the first event received at ``start`` or later."""
+        with self._lock:
+            events = [_copy(e) if e["type"] == FOLDED else e for e in self._events]
+            return events, bisect.bisect_left(self._seq, start)
 
     def __len__(self) -> int:
-        return len(self._events)
+        return self._received
 
     def clear(self) -> None:
         with self._lock:
             self._events.clear()
+            self._seq.clear()
+            self._marks.clear()
+            self._series.clear()
+            self._received = 0
+
+    # -- the bound ---------------------------------------------------------------------------
+    def _keep(self, e: dict) -> None:
+        seq = self._received
+        self._received += 1
+        self._events.append(e)
+        self._seq.append(seq)
+        rule = _FOLDS.get(e.get("type"))
+        if rule is None:
+            return
+        key = (e["type"], e.get("signature"))
+        s = self._series.get(key)
+        if s is None:
+            s = self._series[key] = _Series()
+        s.seen += 1
+        if s.seen <= self.head:
+            return
+        s.tail.append(seq)
+        if len(s.tail) > self.tail:
+            self._fold(s, s.tail.popleft(), rule)
+
+    def _fold(self, s: _Series, seq: int, rule: tuple) -> None:
+        """Fold the kept event that arrived at ``seq`` into its series' open fold."""
+        i = bisect.bisect_left(self._seq, seq)
+        e = self._events[i]
+        by, total = rule
+        f = s.fold
+        marks = self._marks
+        if f is not None and bisect.bisect_right(marks, s.fold_seq) == bisect.bisect_right(
+            marks, seq
+        ):
+            del self._events[i], self._seq[i]  # no view starts between: one fold
+        else:
+            f = s.fold = {"type": FOLDED, "t": e.get("t"), "of": e["type"], "n": 0}
+            if e.get("signature") is not None:
+                f["signature"] = e["signature"]
+            f["counts"], f["totals"] = {}, {}
+            s.fold_seq = seq
+            self._events[i] = f
+        f["n"] += 1
+        f["last"] = e
+        if by is not None:
+            k = e.get(by)
+            f["counts"][k] = f["counts"].get(k, 0) + 1
+            if total is not None:
+                f["totals"][k] = f["totals"].get(k, 0.0) + e.get(total, 0.0)
 
     def subscribe(self, listener: Callable[[list[dict]], None]) -> Callable[[], None]:
         """Call ``listener(new_events)`` on every extension; returns the unsubscribe function."""
@@ -117,6 +209,23 @@ class EventLog:
                     self._listeners.remove(listener)
 
         return unsubscribe
+
+
+class _Series:
+    """One per-step series in the log: how many came, the kept tail, the open fold."""
+
+    __slots__ = ("seen", "tail", "fold", "fold_seq")
+
+    def __init__(self):
+        self.seen = 0
+        self.tail: deque[int] = deque()  # arrival numbers of the kept events past the head
+        self.fold: dict | None = None
+        self.fold_seq = -1
+
+
+def _copy(fold: dict) -> dict:
+    """A fold as it is now (the log goes on adding to its own)."""
+    return {**fold, "counts": dict(fold["counts"]), "totals": dict(fold["totals"])}
 
 
 def load_log(path: str | os.PathLike) -> list[dict]:

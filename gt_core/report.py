@@ -2,6 +2,10 @@
 
 ``summarize(events)`` is a pure function of the event list, so a live session, a saved
 instruction log and the dashboard all read the same data. No torch import here.
+
+Over long runs the client's log folds per-step events (``folded``, see gt_core.events): run
+counts, mismatch counts and the time saved still count every run; the medians (eager,
+compiled, speedup) are over the runs kept, the first and the last of each hot path.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ def _new_path(signature: str) -> dict:
         "timings": {"eager_ms": [], "compiled_ms": []},  # eager_ms: the baseline
         # Eager runs while a compile shared the worker's CPU: slower, kept out of the baseline.
         "compiling_ms": [],
+        "timed_runs": 0,  # runs whose timings the medians read (the rest are folded)
         "mismatches": 0,
         "sync_cuts": 0,  # mismatches where a sync point (or the stream's end) cut a run short
         "detected_at": None,
@@ -59,7 +64,7 @@ def _new_path(signature: str) -> dict:
 _SYNC_CUTS = frozenset({"sync point", "end of stream"})
 
 # What happened before a cell still decides a hot path's state; its runs and counters do not.
-_RUNS = frozenset({ev.ITERATION, ev.MISMATCH, ev.STATS})
+_RUNS = frozenset({ev.ITERATION, ev.MISMATCH, ev.STATS, ev.FOLDED})
 
 
 def summarize(events: list[dict], since: int = 0) -> dict:
@@ -75,6 +80,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
     worker: dict = {}
     active: set[str] = set()
     earlier: dict[tuple, list[float]] = {}  # (signature, kind) -> eager timings before the view
+    folded: dict[str, tuple[int, float]] = {}  # signature -> folded compiled runs, their ms
 
     def path(sig: str) -> dict:
         if sig not in paths:
@@ -85,6 +91,9 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         t = e.get("type")
         sig = e.get("signature")
         if i < since and t in _RUNS:
+            if t == ev.FOLDED and e.get("of") == ev.STATS:
+                e = e["last"]
+                t = ev.STATS
             if t == ev.STATS:
                 base.update({k: e[k] for k in base if k in e})
             elif t == ev.ITERATION and e.get("kind") in ("eager", "compiling"):
@@ -136,6 +145,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         elif t == ev.ITERATION:
             p = path(sig)
             p["occurrences"] += 1
+            p["timed_runs"] += 1
             if e.get("kind") == "compiled":
                 p["compiled_runs"] += 1
                 p["timings"]["compiled_ms"].append(e["ms"])
@@ -145,6 +155,10 @@ def summarize(events: list[dict], since: int = 0) -> dict:
                 (p["compiling_ms"] if during else p["timings"]["eager_ms"]).append(e["ms"])
         elif t == ev.STATS:
             stats.update({k: e[k] for k in stats if k in e})
+        elif t == ev.FOLDED:
+            if e.get("of") == ev.MISMATCH and sig not in paths:
+                continue  # as for a mismatch: a block known only before a reset()
+            _fold(e, path, folded, stats)
         elif t == ev.WORKER:
             worker = {k: v for k, v in e.items() if k not in ("type", "t")}
             if e.get("state") == "died":  # its compiles in flight died with it
@@ -179,6 +193,9 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         p["saved_ms"] = (
             sum(p["eager_median_ms"] - c for c in comp) if p["eager_median_ms"] is not None else 0.0
         )
+        if sig in folded and p["eager_median_ms"] is not None:
+            n, ms = folded[sig]
+            p["saved_ms"] += n * p["eager_median_ms"] - ms
 
     from .user_compiles import summarize_user_compiles  # noqa: PLC0415 (cycle-free, lazy)
 
@@ -198,14 +215,35 @@ def summarize(events: list[dict], since: int = 0) -> dict:
     }
 
 
+def _fold(e: dict, path, folded: dict, stats: dict) -> None:
+    """Count a fold of per-step events: its runs, its mismatches, its last counters."""
+    of, sig = e.get("of"), e.get("signature")
+    counts = e.get("counts", {})
+    if of == ev.STATS:
+        stats.update({k: e["last"][k] for k in stats if k in e["last"]})
+    elif of == ev.ITERATION:
+        p = path(sig)
+        p["occurrences"] += e["n"]
+        n = counts.get("compiled", 0)
+        p["compiled_runs"] += n
+        p["eager_runs"] += e["n"] - n
+        was = folded.get(sig, (0, 0.0))
+        folded[sig] = (was[0] + n, was[1] + e.get("totals", {}).get("compiled", 0.0))
+    elif of == ev.MISMATCH and sig is not None:
+        p = path(sig)
+        p["mismatches"] += e["n"]
+        p["sync_cuts"] += sum(counts.get(g, 0) for g in _SYNC_CUTS)
+
+
 @dataclass
 class Report:
     """What gt saw: hot paths, their compile status and timings, the user's compiles."""
 
     events: list[dict] = field(default_factory=list)
+    since: int = 0  # the view's first event (an index in ``events``), as in summarize()
 
     def to_data(self) -> dict:
-        return summarize(self.events)
+        return summarize(self.events, self.since)
 
     def __str__(self) -> str:
         d = self.to_data()

@@ -168,7 +168,7 @@ class GTMagics(Magics):
             run_in = _both(core.capture(**options), _diagnostics().diagnostics())
         code, last = _compile(self.shell, cell)
         log = core.events_log()
-        start = len(log)
+        start = log.mark()
         if self._follower is not None:  # the previous cell's dashboard stops following
             self._follower.stop()
         dash = self.dashboard = Dashboard(show=args.show)
@@ -492,9 +492,7 @@ class _Follower(LiveUpdater):
 
 
 def _cell_data(core, start: int) -> dict:
-    from gt_core.report import summarize  # noqa: PLC0415
-
-    return summarize(core.report().events, since=start)
+    return core.report(since=start).to_data()
 
 
 def _cell_id(shell, cell: str) -> str:

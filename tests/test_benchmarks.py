@@ -23,6 +23,7 @@ QUICK = {
     "hotpath": (["benchmarks/hotpath.py", "--quick"], ["gt vs eager", "gt vs 1-graph"]),
     "stall": (["benchmarks/stall.py", "--quick"], ["while compiling", "no compile in flight"]),
     "warm_start": (["benchmarks/warm_start.py", "--quick"], ["detection→compiled"]),
+    "memory": (["benchmarks/memory.py", "--quick"], ["client MB", "worker MB", "growth after"]),
     "bench": (
         ["-m", "gt_core.bench", "--quick"],
         ["ms per iteration", "speedup", "torch.compile", "total s", "break-even it", "vs eager"],
