@@ -244,10 +244,12 @@ class _Entry:
             outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]
             for place in r.cleared:
                 _write(place, None)
-            for (place, j) in r.placed:
+            for place, j in r.placed:
                 _write(place, outs[j])
             self._bound()
-        res_leaves = [outs[x[1]] if type(x) is tuple and x and x[0] is _OUT else x for x in r.result]
+        res_leaves = [
+            outs[x[1]] if type(x) is tuple and x and x[0] is _OUT else x for x in r.result
+        ]
         return tree_unflatten(res_leaves, r.result_spec)
 
     def _bound(self) -> None:
@@ -360,8 +362,13 @@ def _differ(a: _Recording, b: _Recording, ops: dict) -> str | None:
 def _shape(ins) -> tuple:
     if ins[0] == FREE:
         return (FREE,)
-    return (OP, ins[1], _strip(ins[2]), tuple(sorted((k, _strip(v)) for k, v in ins[3].items())),
-            tuple(o is None for o in ins[4]))
+    return (
+        OP,
+        ins[1],
+        _strip(ins[2]),
+        tuple(sorted((k, _strip(v)) for k, v in ins[3].items())),
+        tuple(o is None for o in ins[4]),
+    )
 
 
 def _strip(a):
