@@ -82,9 +82,12 @@ class Jit:
         s = _capture._here.session
         if s is None:  # outside a capture: an ordinary call
             return self.fn(*args, **kwargs)
-        leaves, spec = tree_flatten((args, kwargs))
-        with LOCK:
-            leaves = [upload(s, x) if _plain_tensor(x) else x for x in leaves]
+        if not kwargs and all(type(a) is Proxy for a in args):
+            leaves, spec = list(args), len(args)  # the common case, without pytree
+        else:
+            leaves, spec = tree_flatten((args, kwargs))
+            with LOCK:
+                leaves = [upload(s, x) if _plain_tensor(x) else x for x in leaves]
         key = _key(leaves, spec)
         if key is None:
             return self.fn(*args, **kwargs)  # an argument that cannot be a key: no cache
@@ -101,11 +104,19 @@ def _plain_tensor(x) -> bool:
     return isinstance(x, torch.Tensor) and not isinstance(x, Proxy)
 
 
+def _unflatten(leaves, spec):
+    """(args, kwargs) from ``_key``'s leaves: ``spec`` is a pytree spec, or the number of
+    proxies passed positionally (the common case, flattened without pytree)."""
+    if type(spec) is int:
+        return tuple(leaves), {}
+    return tree_unflatten(leaves, spec)
+
+
 def _key(leaves, spec):
     parts = [spec]
     for x in leaves:
         if type(x) is Proxy:
-            parts.append((Proxy, x._gt_k, x.requires_grad))
+            parts.append((x._gt_k, x.requires_grad))
         else:
             parts.append((type(x), x))
     key = tuple(parts)
@@ -139,17 +150,19 @@ class _Entry:
             t0 = time.perf_counter()
             out = self._replay(leaves)
             if out is not _UNFIT:
-                self.client_ms.append((time.perf_counter() - t0) * 1e3)
+                t1 = time.perf_counter()
+                self._bound()  # (waiting for the worker: not the client's own time)
+                self.client_ms.append((t1 - t0) * 1e3)
                 return out
         if self.refused is not None:
-            args, kwargs = tree_unflatten(leaves, spec)
+            args, kwargs = _unflatten(leaves, spec)
             return self.owner.fn(*args, **kwargs)
         return self._record(leaves, spec)
 
     # -- recording ---------------------------------------------------------------------
     def _record(self, leaves, spec):
         s = self.session
-        args, kwargs = tree_unflatten(leaves, spec)
+        args, kwargs = _unflatten(leaves, spec)
         roots = _roots(self.owner.fn, leaves)
         with LOCK:
             s.flush()
@@ -237,7 +250,10 @@ class _Entry:
                     p._gt_v = None  # its shadow would not follow the replayed block
                 ids.append(p._gt_id)
             produced = s.new_ids(r.n_produced)
-            s.flush()
+            if s.freed:
+                s._frees()  # before the RUN, in one message with it
+            if s.replay.kept:
+                s.replay.release()
             s._out((RUN, r.sig, ids, produced, ()))
             s._send()
             self.replayed += 1
@@ -246,7 +262,8 @@ class _Entry:
                 _write(place, None)
             for place, j in r.placed:
                 _write(place, outs[j])
-            self._bound()
+        if r.single is not None:
+            return outs[r.single]
         res_leaves = [
             outs[x[1]] if type(x) is tuple and x and x[0] is _OUT else x for x in r.result
         ]
@@ -457,6 +474,12 @@ class _Recipe:
                 metas[x._gt_id] = x._gt_m
             else:
                 self.result.append(x)
+        one = (
+            len(self.result) == 1
+            and type(self.result[0]) is tuple
+            and rec.result_spec.num_nodes == 1
+        )
+        self.single = self.result[0][1] if one else None  # one tensor: returned without pytree
         missing = [occ.produced[k] for k in alive if occ.produced[k] not in metas]
         if missing:
             raise _Refused(

@@ -13,6 +13,7 @@ import gc
 import itertools
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import statistics
 import sys
@@ -25,6 +26,7 @@ import torch
 
 from . import events as ev
 from ._compile_proc import end_group
+from ._instructions import PUT, RNG
 from ._interrupt import check as check_interrupt
 from ._interrupt import interruptible
 from .errors import WorkerDied
@@ -283,6 +285,13 @@ class Transport:
         """Wait until the worker has run everything sent before ``mark`` (see post_mark)."""
 
 
+def _has_tensors(batch) -> bool:
+    for ins in batch:
+        if ins[0] == PUT or ins[0] == RNG:
+            return True
+    return False
+
+
 def _no_modes():
     """Pickling and unpickling tensors makes tensors: never inside the capture mode."""
     from torch.utils._python_dispatch import _disable_current_modes
@@ -455,8 +464,15 @@ class ProcessTransport(Transport):
         if self.cause is not None:
             raise self._dead()
         try:
-            with self._lock, _no_modes():
-                self._conn.send(("batch", batch))
+            # Pickling a tensor makes tensors: never inside the capture's mode. Only uploads
+            # carry tensors (the rest are ids and numbers): the mode stays for those batches.
+            if _has_tensors(batch):
+                with self._lock, _no_modes():
+                    self._conn.send(("batch", batch))
+            else:  # plain pickle: multiprocessing's pickler copies its reducer table per message
+                data = pickle.dumps(("batch", batch), pickle.HIGHEST_PROTOCOL)
+                with self._lock:
+                    self._conn.send_bytes(data)
         except (BrokenPipeError, EOFError, OSError):
             raise self.death("sending work") from None
         except KeyboardInterrupt:  # outside a capture's held interrupts (see _interrupt)
@@ -500,7 +516,7 @@ class ProcessTransport(Transport):
         rid = next(self._ids)
         self._marks[rid] = False
         try:
-            with self._lock, _no_modes():
+            with self._lock:
                 self._conn.send(("mark", rid))
         except (BrokenPipeError, EOFError, OSError):
             raise self.death("sending work") from None
@@ -543,7 +559,8 @@ class ProcessTransport(Transport):
                 raise WorkerDied(
                     f"gt worker (pid {self.pid}) did not answer {kind} within {timeout:.0f} s"
                 )
-            if not said and timeout is None and waited > self.stall_s:  # (a start has its own)
+            # (a start has its own timeout; waiting for compiles is long on purpose)
+            if not said and timeout is None and kind != "engine" and waited > self.stall_s:
                 said = True
                 self.notice(
                     f"gt: still waiting for the worker (pid {self.pid}) after {waited:.0f} s "
