@@ -141,6 +141,7 @@ class _Entry:
         self.client_ms: collections.deque = collections.deque(maxlen=_CLIENT_MS)
         self.marks: collections.deque = collections.deque()
         self.calls = 0  # recorded calls
+        session.jits.append(self)
         self.sig: str | None = None  # the block's signature, once the worker has it
 
     def call(self, leaves, spec):

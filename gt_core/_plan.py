@@ -16,6 +16,7 @@ the plan is withdrawn from the client), so a plan can make gt faster, never wron
 
 from __future__ import annotations
 
+import time
 from collections import deque
 
 from ._instructions import FREE, OP, RUN, Ref
@@ -225,6 +226,8 @@ class Replay:
         self.cands: list[_Occurrence] = []
         self.kept: list = []  # the instructions of the occurrence being matched
         self.runs = 0  # occurrences sent as one RUN
+        self.client_ms: dict[str, deque] = {}  # signature -> the client's ms per occurrence
+        self._last: tuple = (None, 0.0)  # the last RUN: its signature and time
         self.followed = 0  # ops recorded by following a plan (_proxy.follow)
 
     def offer(self, sig: str, plan: Plan | None) -> None:
@@ -294,6 +297,12 @@ class Replay:
     def _complete(self, c: _Occurrence) -> None:
         self.cands, self.kept = [], []
         self.runs += 1
+        # The client's ms per occurrence: from one RUN of a block to the next one of it, when
+        # nothing else ran between (what gt_core.jit would save, beside the block's own ms).
+        now, sig = time.perf_counter(), c.plan.sig
+        if self._last[0] == sig:
+            self.client_ms.setdefault(sig, deque(maxlen=256)).append((now - self._last[1]) * 1e3)
+        self._last = (sig, now)
         self._sink((RUN, c.plan.sig, c.inputs, c.produced, c.scalars))
         self._ready()
 

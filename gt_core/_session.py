@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import linecache
 import os
+import statistics
 import threading
 from collections import deque
 
@@ -58,6 +59,7 @@ class Session:
         self.counters = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0}
         self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
         self.tee: list | None = None  # while a jit call records: its instructions (see _out)
+        self.jits: list = []  # gt_core.jit's cache entries of this session (their stats)
         self.rng = None  # the CPU generator state the worker has too (None: unknown)
 
     def _on_events(self, events) -> None:
@@ -230,6 +232,14 @@ class Session:
 
     def publish_stats(self) -> None:
         self.log.emit(ev.STATS, **self.counters)
+        for sig, ms in self.replay.client_ms.items():
+            if ms:
+                self.log.emit(
+                    ev.CLIENT_STATS, signature=sig, runs=len(ms), client_ms=statistics.median(ms)
+                )
+        for entry in self.jits:
+            if entry.replayed:
+                self.log.emit(ev.JIT_STATS, **entry.stats())
 
     def close(self) -> None:
         if not self.closed:

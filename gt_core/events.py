@@ -27,7 +27,9 @@ __all__ = ["event", "EventLog", "load_log", "TYPES"]
 # Hot paths (published by the worker)
 RECORDING = "hotpath.recording"  # signature, ops, n_ops, signal (a signal's block, seen once)
 DETECTED = "hotpath.detected"  # signature, ops, n_ops, occurrences, similar_to
-COMPILE_STARTED = "compile.started"  # signature, backend, mode, where ("process" | "thread" | "inline")
+COMPILE_STARTED = (
+    "compile.started"  # signature, backend, mode, where ("process" | "thread" | "inline")
+)
 COMPILE_FINISHED = "compile.finished"  # signature, seconds[, cudagraphs, cudagraph_skips]
 COMPILE_FAILED = "compile.failed"  # signature, reason
 RECOMPILE = "recompile"  # signature, previous, reason
@@ -37,7 +39,8 @@ MISMATCH = "mismatch"  # signature, position, expected, got
 ITERATION = "iteration"  # signature, kind ("eager" | "compiled" | "compiling"), ms
 SIGNAL = "signal"  # name, phase ("enter" | "exit")
 JIT = "jit"  # function, name, state ("replaying" | "refused"), signature, reason, frozen, ...
-JIT_STATS = "jit.stats"  # function, name, signature, replayed, recorded, client_ms (cumulative)
+JIT_STATS = "jit.stats"  # function, name, signature, replayed, client_ms (cumulative)
+CLIENT_STATS = "client.stats"  # signature, runs, client_ms: the client's ms per occurrence
 PLAN = "hotpath.plan"  # signature, plan (a gt_core._plan.Plan, or None to withdraw it): for the client's matcher, never logged
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause
@@ -58,7 +61,13 @@ FOLDED = "folded"  # of (a type), signature, n, counts {key: n}, totals {key: su
 TYPES = frozenset(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))
 
 # What a fold keeps of each per-step type: counts by this field, sums of that one.
-_FOLDS = {ITERATION: ("kind", "ms"), MISMATCH: ("got", None), STATS: (None, None)}
+_FOLDS = {
+    ITERATION: ("kind", "ms"),
+    MISMATCH: ("got", None),
+    STATS: (None, None),
+    JIT_STATS: (None, None),
+    CLIENT_STATS: (None, None),
+}
 HEAD = 1000  # events of a series kept from its start (the eager baseline, the compile)
 TAIL = 1000  # and from its end (the steady state the medians read)
 
@@ -239,8 +248,12 @@ def load_log(path: str | os.PathLike) -> list[dict]:
             try:
                 e = json.loads(line)
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{n}: not a JSON event ({exc.msg}); expected one JSON object per line") from None
+                raise ValueError(
+                    f"{path}:{n}: not a JSON event ({exc.msg}); expected one JSON object per line"
+                ) from None
             if not isinstance(e, dict) or "type" not in e:
-                raise ValueError(f"{path}:{n}: expected an object with a 'type' field, got {line[:80]!r}")
+                raise ValueError(
+                    f"{path}:{n}: expected an object with a 'type' field, got {line[:80]!r}"
+                )
             out.append(e)
     return out

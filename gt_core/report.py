@@ -50,7 +50,9 @@ def _new_path(signature: str) -> dict:
         "cudagraph_explanations": [],  # each reason's {"id", "cause", "fix"} (gt_core.causes)
         "recompile_reasons": [],
         "fallback_reason": None,
-        "timings": {"eager_ms": [], "compiled_ms": []},  # eager_ms: the baseline
+        # eager_ms: the baseline; client_ms: the client's ms per occurrence (its Python and
+        # recording; for a gt_core.jit step, a replayed call)
+        "timings": {"eager_ms": [], "compiled_ms": [], "client_ms": None},
         # Eager runs while a compile shared the worker's CPU: slower, kept out of the baseline.
         "compiling_ms": [],
         "timed_runs": 0,  # runs whose timings the medians read (the rest are folded)
@@ -58,10 +60,38 @@ def _new_path(signature: str) -> dict:
         "sync_cuts": 0,  # mismatches where a sync point (or the stream's end) cut a run short
         "detected_at": None,
         "compiled_at": None,
+        "jit": None,  # the gt_core.jit function whose calls are this block
+        "replayed_runs": 0,  # calls replayed without running the function's Python
+        "frozen_scalars": [],  # Python numbers a replay keeps as recorded: {op, arg, value}
+        "replay_refused": None,  # why calls are not replayed (the function runs instead)
     }
 
 
 _SYNC_CUTS = frozenset({"sync point", "end of stream"})
+_CLIENT = frozenset({ev.JIT, ev.JIT_STATS, ev.CLIENT_STATS})
+
+
+def _client(e: dict, path) -> None:
+    """What the client says of a hot path: gt_core.jit's state and counts, its ms."""
+    sig = e.get("signature")
+    if sig is None:
+        return
+    p = path(sig)
+    t = e["type"]
+    if t == ev.JIT:
+        p["jit"] = e.get("function")
+        if e.get("state") == "replaying":
+            p["frozen_scalars"], p["replay_refused"] = list(e.get("frozen", [])), None
+        elif e.get("state") == "refused":
+            p["replay_refused"] = e.get("reason")
+    elif t == ev.JIT_STATS:
+        p["jit"] = e.get("function")
+        p["replayed_runs"] = e.get("replayed", 0)
+        if e.get("client_ms") is not None:
+            p["timings"]["client_ms"] = e["client_ms"]
+    elif p["jit"] is None and e.get("client_ms") is not None:  # CLIENT_STATS
+        p["timings"]["client_ms"] = e["client_ms"]
+
 
 # What happened before a cell still decides a hot path's state; its runs and counters do not.
 _RUNS = frozenset({ev.ITERATION, ev.MISMATCH, ev.STATS, ev.FOLDED})
@@ -155,6 +185,8 @@ def summarize(events: list[dict], since: int = 0) -> dict:
                 (p["compiling_ms"] if during else p["timings"]["eager_ms"]).append(e["ms"])
         elif t == ev.STATS:
             stats.update({k: e[k] for k in stats if k in e})
+        elif t in _CLIENT or (t == ev.FOLDED and e.get("of") in _CLIENT):
+            _client(e.get("last", e), path)
         elif t == ev.FOLDED:
             if e.get("of") == ev.MISMATCH and sig not in paths:
                 continue  # as for a mismatch: a block known only before a reset()
