@@ -146,7 +146,7 @@ def test_no_gt_variable_is_read_outside_the_options():
     root = pathlib.Path(gt_core.__file__).parent.parent
     for path in [*root.glob("gt_core/*.py"), *root.glob("gt_jupyter/*.py")]:
         for n, line in enumerate(path.read_text().splitlines(), 1):
-            if re.search(r"environ(\.get)?\s*[\[(]\s*['\"]GT_", line):
+            if re.search(r"(environ(\.get)?\s*[\[(]|getenv\()\s*['\"]GT_", line):
                 pytest.fail(f"{path.name}:{n} reads a GT_* variable itself: {line.strip()}")
 
 
