@@ -22,7 +22,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 from traitlets import TraitError, TraitType
-from traitlets.config import Configurable
+from traitlets.config import Config, Configurable
 
 from .dashboard import SHOW, Dashboard, LiveUpdater
 from .views import Text, graph_view, status_view
@@ -117,10 +117,21 @@ class GT(Configurable):
     debug = Option(0, "0, 1 or 2: a line per detection, compile, fallback (GT_DEBUG_COMPILE)")
     log = Option(None, "events as JSON lines (GT_INSTRUCTION_LOG)")
 
-    def __init__(self, **kw):
-        super().__init__(**kw)
+    def __init__(self, parent=None, **kw):
+        # IPython keeps every `%config GT.x = v` in the shell's config, refused ones too, and
+        # hands it to each new GT (a reload): it is applied to gt here, through gt's own check,
+        # all at once; a bad value is one warning and never a failed %load_ext.
+        given = dict(parent.config["GT"]) if parent is not None and "GT" in parent.config else {}
+        super().__init__(parent=parent, config=Config(), **kw)
         self._syncing = False
         self.observe(self._changed, names=self.option_names())
+        if given:
+            traits = self.option_traits()
+            try:
+                _core().configure(**{traits.get(k, k): v for k, v in given.items()})
+            except Exception as exc:
+                print(f"gt: IPython's config for GT is not applied: {exc}", file=sys.stderr)
+            self.sync(_core().config())
 
     @classmethod
     def option_traits(cls) -> dict[str, str]:

@@ -34,6 +34,7 @@ def ip():
     shell.run_line_magic("load_ext", "gt_jupyter")
     yield shell
     shell.run_line_magic("unload_ext", "gt_jupyter")
+    shell.config.pop("GT", None)  # IPython keeps each %config GT.x, refused ones too
 
 
 @pytest.fixture
@@ -258,3 +259,18 @@ def test_traits_take_what_options_take(ip, caplog):
         GT().auto_compile = "yes"
     with pytest.raises(TraitError, match=r"GT.threshold: threshold=1 .* >= 2"):
         GT().threshold = 1
+
+
+def test_a_reload_applies_the_shells_gt_config_and_survives_a_bad_value(ip, capsys):
+    ip.run_line_magic("config", "GT.debug = 3")  # refused, but IPython keeps it
+    ip.run_line_magic("unload_ext", "gt_jupyter")
+    ip.run_line_magic("load_ext", "gt_jupyter")  # loads: one warning, the options unchanged
+    err = capsys.readouterr().err
+    assert "gt: IPython's config for GT is not applied: debug=3 is not accepted" in err
+    assert gt_core.config()["debug"] == 0
+    ip.config.GT.pop("debug")
+    ip.run_line_magic("config", "GT.flush_at = 64")
+    ip.run_line_magic("unload_ext", "gt_jupyter")
+    ip.run_line_magic("load_ext", "gt_jupyter")  # a reload keeps it, in gt and in the traits
+    assert gt_core.config()["flush_at"] == 64
+    assert ip.magics_manager.registry["GTMagics"].options.flush_at == 64

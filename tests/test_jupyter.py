@@ -44,6 +44,7 @@ def ip(inprocess):
     )
     yield shell
     shell.run_line_magic("unload_ext", "gt_jupyter")
+    shell.config.pop("GT", None)  # a test's %config GT.x stays in the shell's config otherwise
     gt_core.configure(regression_samples=5, background=True)
 
 
