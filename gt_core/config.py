@@ -11,7 +11,6 @@ from .errors import ConfigError
 
 __all__ = ["Options", "from_env", "ENV", "load_signals", "check", "parse", "accepted"]
 
-BACKENDS_HINT = "a torch.compile backend name such as 'inductor', 'aot_eager' or 'eager'"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 WORKERS = ("process", "inprocess")
 DEVICE_HINT = "auto (CUDA if present, else the CPU), cpu, or cuda / cuda:N where a CUDA device is"
