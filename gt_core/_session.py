@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import linecache
-import os
 import statistics
 import threading
 from collections import deque
@@ -29,7 +28,6 @@ from .errors import WorkerDied, WorkerLost
 __all__ = ["Session", "LOCK"]
 
 _generations = itertools.count(1)
-FLUSH_AT = int(os.environ.get("GT_FLUSH_AT", "512"))
 # Every change to a session's stream (an op recorded, a request, a flush) holds this lock:
 # threads that use worker tensors at once take turns op by op, and the stream stays whole.
 LOCK = threading.RLock()
@@ -55,7 +53,7 @@ class Session:
         self.op_index: dict = {}
         self.closed = False
         self.dead: str | None = None  # why the worker died, once a send or a sync found out
-        self.flush_at = FLUSH_AT
+        self.flush_at = options.flush_at
         self.counters = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0}
         self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
         self.tee: list | None = None  # while a jit call records: its instructions (see _out)
@@ -75,6 +73,7 @@ class Session:
     def set_options(self, options: Options) -> None:
         """New options for this session (the caller has sent them to the worker)."""
         self.options = options
+        self.flush_at = options.flush_at
         if not options.client_match:
             self.flush()
             self.replay.forget()

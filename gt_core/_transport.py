@@ -115,7 +115,7 @@ def worker_main(conn, event_conn, options) -> None:
         threading.Thread(target=ex.engine.warm, name="gt-compile-warm", daemon=True).start()
     gc.freeze()  # torch's own objects live as long as the worker: full collections skip them
     publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(ex.device))])
-    share = ex.engine.cpu_share = _CpuShare(ex.device)
+    share = ex.engine.cpu_share = _CpuShare(ex.device, options.worker_threads)
     inbox = _Inbox(conn)
     try:
         while True:
@@ -201,7 +201,7 @@ class _CpuShare:
 
     TRIALS = 5  # runs per thread count before a block's choice is made
 
-    def __init__(self, device):
+    def __init__(self, device, threads: int | None = None):
         import torch
 
         self.torch = torch
@@ -211,9 +211,8 @@ class _CpuShare:
         self.waits = False
         self.trials: dict[str, dict[int, list[float]]] = {}  # block -> thread count -> ms
         self.chosen: dict[str, int] = {}
-        fixed = os.environ.get("GT_WORKER_THREADS")  # a fixed count instead (benchmarks)
-        if fixed:
-            torch.set_num_threads(int(fixed))
+        if threads:  # a fixed count instead (options.worker_threads; benchmarks)
+            torch.set_num_threads(threads)
             self.active = False
 
     def set(self, client_waits: bool, compiling: bool = False) -> None:

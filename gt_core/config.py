@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 
 from .errors import ConfigError
 
-__all__ = ["Options", "from_env", "ENV", "load_signals"]
+__all__ = ["Options", "from_env", "ENV", "load_signals", "check", "parse", "accepted"]
 
-BACKENDS_HINT = "a torch.compile backend name such as 'inductor', 'aot_eager' or 'eager'"
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 WORKERS = ("process", "inprocess")
 DEVICE_HINT = "auto (CUDA if present, else the CPU), cpu, or cuda / cuda:N where a CUDA device is"
@@ -49,49 +48,47 @@ class Options:
     background: bool = True  # compile off the critical path (eager runs meanwhile)
     client_match: bool = True  # the client sends a hot block's occurrence as one message
     compile_process: bool = True  # inductor compiles in a process of their own (CPU worker)
-    signals: dict = field(default_factory=dict, compare=False)
+    worker_threads: int | None = None  # the worker process's CPU threads, fixed (None: shared)
+    flush_at: int = 512  # instructions the client batches before it sends them
+    signals: dict = field(default_factory=dict, compare=False)  # read from `config`
 
     def replace(self, **changes) -> Options:
-        unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
-        if unknown:
-            names = ", ".join(f.name for f in dataclasses.fields(self) if f.name != "signals")
-            raise ConfigError(f"option {sorted(unknown)[0]}", changes[sorted(unknown)[0]], f"one of: {names}")
-        changes = {k: v for k, v in changes.items() if v is not None or k in ("mode", "log", "config")}
+        """These options with ``changes`` (validated; a bad value raises ConfigError)."""
+        for k in changes:
+            _known(k)
+        changes = {
+            k: os.fspath(v) if k in PATHS and isinstance(v, os.PathLike) else v
+            for k, v in changes.items()
+        }
         out = dataclasses.replace(self, **changes)
-        out.validate()
-        if "config" in changes and out.config:
-            out = dataclasses.replace(out, signals=load_signals(out.config))
+        out.validate({k: k for k in changes})
+        if "config" in changes:  # signals come from the file alone: none without one
+            out = dataclasses.replace(out, signals=load_signals(out.config) if out.config else {})
         return out
 
     def validate(self, source: dict | None = None) -> None:
-        """Raise ConfigError naming the variable, the value and what is accepted."""
-        name = (source or {}).get
+        """Raise ConfigError naming the variable, the value and what is accepted.
 
-        def check(ok: bool, key: str, accepted: str) -> None:
-            if not ok:
-                raise ConfigError(name(key, key), getattr(self, key), accepted)
-
-        for key in ("threshold", "min_seq", "window", "regression_samples"):
-            v = getattr(self, key)
-            check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, key, "an integer >= 1")
-        check(self.threshold >= 2, "threshold", "an integer >= 2 (a block must repeat to be hot)")
-        check(isinstance(self.backend, str) and bool(self.backend), "backend", BACKENDS_HINT)
-        known = _known_backends()
-        check(
-            self.backend in known,
-            "backend",
-            f"a registered torch.compile backend: {', '.join(b for b in _COMMON if b in known)}, "
-            "or a name given to torch._dynamo.register_backend",
-        )
-        check(self.mode in MODES, "mode", f"one of {', '.join(str(m) for m in MODES[1:])}")
-        check(self.worker in WORKERS, "worker", f"one of {', '.join(WORKERS)}")
-        check(_device_ok(self.device), "device", DEVICE_HINT)
-        check(isinstance(self.debug, int) and self.debug in (0, 1, 2), "debug", "0, 1 or 2")
-        if self.window < self.threshold * self.min_seq:
+        ``source`` maps the options the user gave to the names they gave them by (an
+        environment variable, a keyword): errors name those, and a window too small for
+        threshold*min_seq blames the one the user gave.
+        """
+        source = source or {}
+        for f in dataclasses.fields(self):
+            _check(f.name, getattr(self, f.name), source.get(f.name))
+        t, m, w = self.threshold, self.min_seq, self.window
+        if w < t * m:
+            given = [k for k in ("threshold", "min_seq", "window") if k in source] or ["window"]
+            key = given[0]
+            fix = (
+                "raise window or lower threshold or min_seq"
+                if key == "window"
+                else f"lower {key} or raise window"
+            )
             raise ConfigError(
-                name("window", "window"),
-                self.window,
-                f"at least threshold*min_seq = {self.threshold * self.min_seq}",
+                source.get(key, key),
+                getattr(self, key),
+                f"threshold*min_seq <= window ({t}*{m} = {t * m}, window is {w}): {fix}",
             )
 
 
@@ -105,7 +102,86 @@ def _known_backends() -> set[str]:
     return set(torch._dynamo.list_backends(exclude_tags=())) | {"inductor"}
 
 
-# Environment variable -> (field, parser)
+def _backend_accepted() -> str:
+    known = _known_backends()
+    return (
+        f"a registered torch.compile backend: {', '.join(b for b in _COMMON if b in known)}, "
+        "or a name given to torch._dynamo.register_backend"
+    )
+
+
+# What each option accepts: one rule per field, the only place values are checked.
+# Integers are never bools (True is an int to Python, not a count to gt); paths are str or
+# os.PathLike, never an int: open(1) would take over, and later close, the kernel's stdout.
+def _int(least: int, most: int | None = None):
+    return lambda v: (
+        isinstance(v, int)
+        and not isinstance(v, bool)
+        and v >= least
+        and (most is None or v <= most)
+    )
+
+
+def _path(v) -> bool:
+    if isinstance(v, os.PathLike):
+        v = os.fspath(v)
+    return v is None or isinstance(v, str)
+
+
+BOOL = "True or False (as text: 1/0, true/false, yes/no, on/off)"
+PATH = "a file path (str or os.PathLike), or None"
+PATHS = ("log", "config")
+RULES: dict = {
+    "auto_compile": (lambda v: isinstance(v, bool), BOOL),
+    "compile_all": (lambda v: isinstance(v, bool), BOOL),
+    "threshold": (_int(2), "an integer >= 2 (a block must repeat to be hot)"),
+    "min_seq": (_int(1), "an integer >= 1"),
+    "window": (_int(1), "an integer >= threshold*min_seq"),
+    "backend": (lambda v: isinstance(v, str) and v in _known_backends(), _backend_accepted),
+    "mode": (
+        lambda v: v is None or (isinstance(v, str) and v in MODES),
+        f"one of {', '.join(str(m) for m in MODES[1:])}, or None",
+    ),
+    "dynamic": (lambda v: isinstance(v, bool), BOOL),
+    "debug": (_int(0, 2), "0, 1 or 2"),
+    "log": (_path, PATH),
+    "config": (_path, PATH.replace("a file", "a YAML file")),
+    "worker": (lambda v: isinstance(v, str) and v in WORKERS, f"one of {', '.join(WORKERS)}"),
+    "device": (_device_ok, DEVICE_HINT),
+    "regression_samples": (_int(1), "an integer >= 1"),
+    "background": (lambda v: isinstance(v, bool), BOOL),
+    "client_match": (lambda v: isinstance(v, bool), BOOL),
+    "compile_process": (lambda v: isinstance(v, bool), BOOL),
+    "worker_threads": (lambda v: v is None or _int(1)(v), "an integer >= 1, or None (shared)"),
+    "flush_at": (_int(1), "an integer >= 1"),
+    "signals": (lambda v: isinstance(v, dict), "a dict of named signals (set the config option)"),
+}
+
+
+def accepted(key: str) -> str:
+    """What option ``key`` accepts, in words."""
+    text = RULES[key][1]
+    return text() if callable(text) else text
+
+
+def check(key: str, value, name: str | None = None) -> None:
+    """Raise ConfigError unless ``value`` is accepted for option ``key`` (on its own)."""
+    _known(key)
+    _check(key, value, name)
+
+
+def _check(key: str, value, name: str | None) -> None:
+    if not RULES[key][0](value):
+        raise ConfigError(name or key, value, accepted(key))
+
+
+def _known(key: str) -> None:
+    if not any(f.name == key for f in dataclasses.fields(Options)) or key == "signals":
+        names = ", ".join(f.name for f in dataclasses.fields(Options) if f.name != "signals")
+        raise ConfigError("option", key, f"one of: {names}")
+
+
+# Text (an environment variable, a `%gt config key=value`) -> value, by the field's type.
 def _bool(s: str) -> bool:
     v = s.strip().lower()
     if v in ("1", "true", "yes", "on"):
@@ -115,23 +191,49 @@ def _bool(s: str) -> bool:
     raise ValueError
 
 
-ENV = {
-    "GT_AUTO_COMPILE": ("auto_compile", _bool, "0/1, true/false, yes/no, on/off"),
-    "GT_COMPILE": ("compile_all", _bool, "0/1, true/false, yes/no, on/off"),
-    "GT_HOTPATH_THRESHOLD": ("threshold", int, "an integer >= 2"),
-    "GT_HOTPATH_MIN_SEQ": ("min_seq", int, "an integer >= 1"),
-    "GT_HOTPATH_WINDOW": ("window", int, "an integer >= threshold*min_seq"),
-    "GT_BACKEND": ("backend", str, BACKENDS_HINT),
-    "GT_COMPILE_MODE": ("mode", str, "default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs"),
-    "GT_DYNAMIC": ("dynamic", _bool, "0/1, true/false"),
-    "GT_DEBUG_COMPILE": ("debug", int, "0, 1 or 2"),
-    "GT_INSTRUCTION_LOG": ("log", str, "a file path"),
-    "GT_CONFIG": ("config", str, "a YAML file path"),
-    "GT_WORKER": ("worker", str, "process or inprocess"),
-    "GT_DEVICE": ("device", str, "auto, cpu, cuda or cuda:N"),
-    "GT_BACKGROUND_COMPILE": ("background", _bool, "0/1, true/false"),
-    "GT_CLIENT_MATCH": ("client_match", _bool, "0/1, true/false"),
-    "GT_COMPILE_PROCESS": ("compile_process", _bool, "0/1, true/false"),
+def _none(s: str) -> bool:
+    return s.strip().lower() in ("", "none", "null")
+
+
+PARSERS = {
+    "bool": _bool,
+    "int": int,
+    "int | None": lambda s: None if _none(s) else int(s),
+    "str": str,
+    "str | None": lambda s: None if _none(s) else s,
+}
+
+
+def parse(key: str, text: str, name: str | None = None):
+    """The value of option ``key`` written as ``text``; ConfigError if it does not parse."""
+    _known(key)
+    kind = next(f.type for f in dataclasses.fields(Options) if f.name == key)
+    try:
+        return PARSERS[kind](text)
+    except ValueError:
+        raise ConfigError(name or key, text, accepted(key)) from None
+
+
+ENV = {  # environment variable -> option
+    "GT_AUTO_COMPILE": "auto_compile",
+    "GT_COMPILE": "compile_all",
+    "GT_HOTPATH_THRESHOLD": "threshold",
+    "GT_HOTPATH_MIN_SEQ": "min_seq",
+    "GT_HOTPATH_WINDOW": "window",
+    "GT_BACKEND": "backend",
+    "GT_COMPILE_MODE": "mode",
+    "GT_DYNAMIC": "dynamic",
+    "GT_DEBUG_COMPILE": "debug",
+    "GT_INSTRUCTION_LOG": "log",
+    "GT_CONFIG": "config",
+    "GT_WORKER": "worker",
+    "GT_DEVICE": "device",
+    "GT_REGRESSION_SAMPLES": "regression_samples",
+    "GT_BACKGROUND_COMPILE": "background",
+    "GT_CLIENT_MATCH": "client_match",
+    "GT_COMPILE_PROCESS": "compile_process",
+    "GT_WORKER_THREADS": "worker_threads",
+    "GT_FLUSH_AT": "flush_at",
 }
 
 
@@ -139,26 +241,25 @@ def from_env(environ: dict | None = None) -> Options:
     """Options from GT_* variables; a bad value raises ConfigError naming the variable."""
     environ = os.environ if environ is None else environ
     values, source = {}, {}
-    for var, (key, parse, accepted) in ENV.items():
-        if var not in environ:
-            continue
-        raw = environ[var]
-        try:
-            values[key] = parse(raw)
-        except ValueError:
-            raise ConfigError(var, raw, accepted) from None
-        source[key] = var
+    for var, key in ENV.items():
+        if var in environ:
+            values[key] = parse(key, environ[var], var)
+            source[key] = var
     opts = dataclasses.replace(Options(), **values)
     opts.validate(source)
     if opts.config:
-        opts = dataclasses.replace(opts, signals=load_signals(opts.config, "GT_CONFIG" if "config" in source else "config"))
+        opts = dataclasses.replace(
+            opts, signals=load_signals(opts.config, source.get("config", "config"))
+        )
     return opts
 
 
-def load_signals(path: str, name: str = "config") -> dict:
+def load_signals(path: str | os.PathLike, name: str = "config") -> dict:
     """Named signals from a YAML file: ``{name: {"compile": bool}}``."""
     import yaml
 
+    if not _path(path) or path is None:
+        raise ConfigError(name, path, PATH)
     try:
         with open(path, encoding="utf-8") as f:
             doc = yaml.safe_load(f) or {}
@@ -168,11 +269,17 @@ def load_signals(path: str, name: str = "config") -> dict:
         raise ConfigError(name, path, f"valid YAML ({str(exc).splitlines()[0]})") from None
     signals = doc.get("signals", doc) if isinstance(doc, dict) else None
     if not isinstance(signals, dict):
-        raise ConfigError(name, path, "a YAML mapping of signal names, e.g. 'training_loop: {compile: true}'")
+        raise ConfigError(
+            name, path, "a YAML mapping of signal names, e.g. 'training_loop: {compile: true}'"
+        )
     out = {}
     for sig, spec in signals.items():
         spec = spec or {}
-        if not isinstance(spec, dict) or not set(spec) <= {"compile"} or not isinstance(spec.get("compile", False), bool):
+        if (
+            not isinstance(spec, dict)
+            or not set(spec) <= {"compile"}
+            or not isinstance(spec.get("compile", False), bool)
+        ):
             raise ConfigError(f"{name} signal {sig!r}", spec, "a mapping like {compile: true}")
         out[str(sig)] = {"compile": spec.get("compile", False)}
     return out

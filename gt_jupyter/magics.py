@@ -13,6 +13,7 @@ import ast
 import contextlib
 import hashlib
 import importlib
+import os
 import shlex
 import sys
 import time
@@ -20,8 +21,8 @@ import time
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Bool, Enum, Int, Unicode
-from traitlets.config import Configurable
+from traitlets import TraitError, TraitType
+from traitlets.config import Config, Configurable
 
 from .dashboard import SHOW, Dashboard, LiveUpdater
 from .views import Text, graph_view, status_view
@@ -57,62 +58,114 @@ def _diagnostics():
     return importlib.import_module("gt_core.diagnostics")
 
 
+def _config_module():
+    """gt_core.config, the module (``gt_core.config`` itself is the function showing options)."""
+    return importlib.import_module("gt_core.config")
+
+
+class Option(TraitType):
+    """One of gt's options: accepts exactly what gt_core's Options accepts for it.
+
+    The check is gt_core's own (gt_core.config.check), made when a value is set: importing
+    gt_core imports torch, which loading the extension does not.
+    """
+
+    def __init__(self, default, help: str, option: str | None = None):
+        super().__init__(default, help=help)
+        self.tag(config=True, option=option)  # option: the Options field, where the name differs
+
+    def validate(self, obj, value):
+        config = _config_module()
+        try:
+            config.check(self.metadata["option"] or self.name, value)
+        except config.ConfigError as exc:
+            raise TraitError(f"GT.{self.name}: {exc}") from None
+        return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
 class GT(Configurable):
-    """gt's options, also settable with ``%config GT.threshold = 3`` (same as ``%gt config``)."""
+    """gt's options, also settable with ``%config GT.threshold = 3`` (same as ``%gt config``).
 
-    auto_compile = Bool(True, help="compile hot paths (GT_AUTO_COMPILE)").tag(config=True)
-    compile_all = Bool(False, help="compile every block on first sight (GT_COMPILE)").tag(
-        config=True
-    )
-    threshold = Int(5, help="repeats before a block is hot (GT_HOTPATH_THRESHOLD)").tag(config=True)
-    min_seq = Int(8, help="fewest instructions in a hot block (GT_HOTPATH_MIN_SEQ)").tag(
-        config=True
-    )
-    window = Int(8192, help="instructions searched for a repeat (GT_HOTPATH_WINDOW)").tag(
-        config=True
-    )
-    backend = Unicode("inductor", help="torch.compile backend (GT_BACKEND)").tag(config=True)
-    mode = Unicode(None, allow_none=True, help="torch.compile mode (GT_COMPILE_MODE)").tag(
-        config=True
-    )
-    dynamic = Bool(False, help="compile with dynamic shapes").tag(config=True)
-    debug = Bool(False, help="one line per detection, compile, fallback (GT_DEBUG_COMPILE)").tag(
-        config=True
-    )
-    log = Unicode(None, allow_none=True, help="events as JSON lines (GT_INSTRUCTION_LOG)").tag(
-        config=True
-    )
-    worker = Enum(["process", "inprocess"], "process", help="where tensors live").tag(config=True)
+    One trait per field of gt_core.Options, with its default (tests/test_config.py checks
+    that they match); ``config`` is ``GT.config_file``, since a Configurable's ``config`` is
+    its traitlets Config.
+    """
 
-    def __init__(self, **kw):
-        super().__init__(**kw)
+    # -- when blocks compile
+    auto_compile = Option(True, "compile hot paths (GT_AUTO_COMPILE)")
+    compile_all = Option(False, "compile every block on first sight (GT_COMPILE)")
+    threshold = Option(5, "repeats before a block is hot (GT_HOTPATH_THRESHOLD)")
+    min_seq = Option(8, "fewest instructions in a hot block (GT_HOTPATH_MIN_SEQ)")
+    window = Option(8192, "instructions searched for a repeat (GT_HOTPATH_WINDOW)")
+    config_file = Option(None, "YAML of named signals (GT_CONFIG)", option="config")
+    # -- how they compile
+    backend = Option("inductor", "torch.compile backend (GT_BACKEND)")
+    mode = Option(None, "torch.compile mode (GT_COMPILE_MODE)")
+    dynamic = Option(False, "compile with dynamic shapes (GT_DYNAMIC)")
+    background = Option(True, "compile off the critical path (GT_BACKGROUND_COMPILE)")
+    compile_process = Option(
+        True, "inductor compiles in a process of their own (GT_COMPILE_PROCESS)"
+    )
+    regression_samples = Option(5, "compiled runs timed before a revert (GT_REGRESSION_SAMPLES)")
+    # -- the worker
+    worker = Option("process", "process or inprocess: where tensors live (GT_WORKER)")
+    device = Option("auto", "the worker's device: auto, cpu, cuda, cuda:N (GT_DEVICE)")
+    worker_threads = Option(None, "the worker's CPU threads, fixed (GT_WORKER_THREADS)")
+    client_match = Option(True, "a hot block goes out as one message (GT_CLIENT_MATCH)")
+    flush_at = Option(512, "instructions batched before they are sent (GT_FLUSH_AT)")
+    # -- what gt tells
+    debug = Option(0, "0, 1 or 2: a line per detection, compile, fallback (GT_DEBUG_COMPILE)")
+    log = Option(None, "events as JSON lines (GT_INSTRUCTION_LOG)")
+
+    def __init__(self, parent=None, **kw):
+        # IPython keeps every `%config GT.x = v` in the shell's config, refused ones too, and
+        # hands it to each new GT (a reload): it is applied to gt here, through gt's own check,
+        # all at once; a bad value is one warning and never a failed %load_ext.
+        given = dict(parent.config["GT"]) if parent is not None and "GT" in parent.config else {}
+        super().__init__(parent=parent, config=Config(), **kw)
         self._syncing = False
         self.observe(self._changed, names=self.option_names())
+        if given:
+            traits = self.option_traits()
+            try:
+                _core().configure(**{traits.get(k, k): v for k, v in given.items()})
+            except Exception as exc:
+                print(f"gt: IPython's config for GT is not applied: {exc}", file=sys.stderr)
+            self.sync(_core().config())
+
+    @classmethod
+    def option_traits(cls) -> dict[str, str]:
+        """Trait name -> the Options field it sets."""
+        traits = cls.class_traits(config=True)
+        return {
+            n: t.metadata.get("option") or n for n, t in traits.items() if "option" in t.metadata
+        }
 
     @classmethod
     def option_names(cls) -> list[str]:
-        return [n for n in cls.class_trait_names() if cls.class_traits()[n].metadata.get("config")]
+        return list(cls.option_traits())
 
     def _changed(self, change) -> None:
         if self._syncing:
             return
+        option = self.option_traits()[change["name"]]
         try:
-            _core().configure(**{change["name"]: change["new"]})
+            _core().configure(**{option: change["new"]})
         except Exception as exc:
             self._syncing = True
             try:
                 setattr(self, change["name"], change["old"])
             finally:
                 self._syncing = False
-            raise UsageError(str(exc)) from None
+            raise UsageError(f"GT.{change['name']}: {exc}") from None
 
     def sync(self, values: dict) -> None:
         """Show gt's current options (without re-applying them)."""
         self._syncing = True
         try:
-            for k in self.option_names():
-                if k in values:
-                    setattr(self, k, values[k])
+            for trait, option in self.option_traits().items():
+                if option in values:
+                    setattr(self, trait, values[option])
         finally:
             self._syncing = False
 
@@ -217,7 +270,10 @@ class GTMagics(Magics):
         In [2]: %gt config threshold=3 backend=aot_eager
         In [3]: %gt diff 3f2a9c0d1e2b 9b1c2d3e4f5a
         """
-        words = shlex.split(line)
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:  # an unclosed quote
+            raise UsageError(f"%gt: {exc} in {line!r}: close the quote; usage: {USAGE}") from None
         if not words:
             raise UsageError(f"usage: {USAGE}")
         cmd, rest = words[0], words[1:]
@@ -361,6 +417,8 @@ def _parse(magic, line: str):
         return parse_argstring(magic, line)
     except UsageError as exc:
         raise _usage_error(magic, exc) from None
+    except ValueError as exc:  # shlex: an unclosed quote
+        raise _usage_error(magic, f"{exc} in {line!r}: close the quote") from None
 
 
 def _options(args) -> dict:
@@ -396,22 +454,9 @@ def _check(magic, core, options: dict) -> None:
 
 
 def _typed(updates: dict) -> dict:
-    """``key=value`` strings to option values: ints, booleans and None where they parse."""
-    out = {}
-    for k, v in updates.items():
-        low = v.lower()
-        if low in ("true", "yes", "on"):
-            out[k] = True
-        elif low in ("false", "no", "off"):
-            out[k] = False
-        elif low in ("none", "null", ""):
-            out[k] = None
-        else:
-            try:
-                out[k] = int(v)
-            except ValueError:
-                out[k] = v
-    return out
+    """``key=value`` strings to option values, each read as its option's type (as from GT_*)."""
+    config = _config_module()
+    return {k: config.parse(k, v) for k, v in updates.items()}
 
 
 def _no_args(cmd: str, rest: list) -> None:

@@ -81,16 +81,16 @@ ADAMW = dict(
 
 
 @pytest.fixture
-def one_thread(monkeypatch):
+def one_thread():
     """Client and worker on one intra-op thread each: the transformer's reductions (layer norm,
     embedding backward) round differently with 1 and 2 threads, with or without gt."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    monkeypatch.setenv("GT_WORKER_THREADS", "1")
+    gt_core.configure(worker_threads=1)
     gt_core.worker().restart()
     yield
     torch.set_num_threads(threads)
-    monkeypatch.delenv("GT_WORKER_THREADS")
+    gt_core.configure(worker_threads=None)
     gt_core.worker().restart()
 
 

@@ -44,6 +44,7 @@ def ip(inprocess):
     )
     yield shell
     shell.run_line_magic("unload_ext", "gt_jupyter")
+    shell.config.pop("GT", None)  # a test's %config GT.x stays in the shell's config otherwise
     gt_core.configure(regression_samples=5, background=True)
 
 
@@ -269,8 +270,8 @@ def test_load_twice_is_harmless_and_unload_stops_the_worker(ip):
 
 def test_config_traits_mirror_the_options():
     opts = gt_core.Options()
-    for name in GT.option_names():
-        assert getattr(GT(), name) == getattr(opts, name), name
+    for trait, option in GT.option_traits().items():
+        assert getattr(GT(), trait) == getattr(opts, option), trait
 
 
 # -- dashboard data ------------------------------------------------------------------------
