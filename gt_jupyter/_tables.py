@@ -66,6 +66,19 @@ SYNC_ADVICE = (
     "then for logging costs little; a sync in every iteration keeps the block from running "
     "compiled: log every k steps, or keep running values on the worker and read them once"
 )
+JIT_ADVICE = (
+    "wrap the step in @gt_core.jit: once two calls recorded the same block, a call sends one "
+    "message instead of running its Python (see the 05_jit notebook and its contract)"
+)
+JIT_REFUSED_ADVICE = (
+    "the function keeps running its Python (its block still compiles); to replay it, keep "
+    "syncs out of the step and pass changing numbers as tensors (lr=torch.tensor(...), "
+    "capturable=True)"
+)
+JIT_FROZEN_ADVICE = (
+    "nothing, if these stay as they are; a number you change later (a learning rate) must be a "
+    "tensor the step reads, or replays keep the old value"
+)
 ERROR_ADVICE = (
     "raised in the cell at the first sync after it (or at the cell's end); the values this op "
     "was to make, and those computed from them, do not exist: fix that line and re-run"
@@ -93,6 +106,8 @@ def status_rows(data: dict) -> list[dict]:
             "compiled_ms": p.get("compiled_median_ms"),
             "speedup": p.get("speedup"),
             "cudagraphs": p.get("cudagraphs"),  # None unless asked for on a GPU
+            "replayed": p.get("replayed_runs", 0),  # gt_core.jit calls replayed
+            "client_ms": (p.get("timings") or {}).get("client_ms"),
         }
         for p in data.get("hot_paths", [])
     ]
@@ -160,10 +175,13 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "what to do": FAILURE_ADVICE,
             }
         )
-    for r, why in zip(p.get("cudagraph_skips", []), p.get("cudagraph_explanations", []), strict=True):
+    for r, why in zip(
+        p.get("cudagraph_skips", []), p.get("cudagraph_explanations", []), strict=True
+    ):
         rows.append(
             {"where": sig, "kind": "cudagraphs skipped", "reason": r, "what to do": why["fix"]}
         )
+    rows += _jit_rows(p)
     cuts = p.get("sync_cuts", 0)
     diverged = p.get("mismatches", 0) - cuts
     if diverged:
@@ -182,6 +200,49 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "kind": "sync",
                 "reason": f"{cuts} occurrence(s) cut short by a sync point (.item(), print, .cpu())",
                 "what to do": SYNC_ADVICE,
+            }
+        )
+    return rows
+
+
+def _jit_rows(p: dict) -> list[dict]:
+    """gt_core.jit: why a step is not replayed, what a replay keeps frozen, and for a plain
+    hot path, what wrapping its step would save."""
+    sig, rows = p["signature"], []
+    if p.get("replay_refused"):
+        rows.append(
+            {
+                "where": f"{p.get('jit')} ({sig})",
+                "kind": "jit refused",
+                "reason": p["replay_refused"],
+                "what to do": JIT_REFUSED_ADVICE,
+            }
+        )
+    elif p.get("frozen_scalars"):
+        frozen = ", ".join(
+            f"{f['value']!r} at {f['op']} {f['arg']}" for f in p["frozen_scalars"][:6]
+        )
+        more = len(p["frozen_scalars"]) - 6
+        rows.append(
+            {
+                "where": f"{p.get('jit')} ({sig})",
+                "kind": "jit frozen",
+                "reason": "replayed with these Python numbers as recorded: "
+                + frozen
+                + (f" and {more} more" if more > 0 else ""),
+                "what to do": JIT_FROZEN_ADVICE,
+            }
+        )
+    client = (p.get("timings") or {}).get("client_ms")
+    block = p.get("compiled_median_ms") or p.get("eager_median_ms")
+    if p.get("jit") is None and client and block and client > block:
+        rows.append(
+            {
+                "where": sig,
+                "kind": "jit would save",
+                "reason": f"the step's Python takes {client:.3f} ms per occurrence on the client, "
+                f"its block {block:.3f} ms on the worker",
+                "what to do": JIT_ADVICE,
             }
         )
     return rows
@@ -361,6 +422,10 @@ def to_text(data: dict) -> str:
             line += f" ({r['speedup']:.2f}x)"
         if r["cudagraphs"]:
             line += f", CUDA graphs {r['cudagraphs']}"
+        if r["replayed"]:
+            line += (
+                f", replayed {r['replayed']}x ({_fmt(r['client_ms'], ' ms')} on the client each)"
+            )
         be = _figures.timeline_data(events, r["signature"])["break_even"] if events else None
         if be is not None:
             line += f", break-even at iteration {be}"
@@ -399,6 +464,8 @@ STYLE = """<style>
 def _cell(col: str, v) -> str:
     if col == "status":
         return f"<span class='gt-chip gt-{html.escape(str(v))}'>{html.escape(str(v))}</span>"
+    if col == "replayed":
+        return html.escape(f"{v}x") if v else ""
     if col == "signature":
         return f"<code>{html.escape(str(v))}</code>"
     return html.escape(_fmt(v))
@@ -440,6 +507,8 @@ def status_html(data: dict) -> str:
     rows = status_rows(data)
     if any(r["cudagraphs"] for r in rows):  # a GPU worker asked for CUDA graphs
         keys, cols = (*keys, "cudagraphs"), (*cols, "CUDA graphs")
+    if any(r["replayed"] for r in rows):  # gt_core.jit replays: how often, at what client cost
+        keys, cols = (*keys, "replayed", "client_ms"), (*cols, "replayed", "client ms")
     return _table(rows, cols, keys) if rows else "<i>no hot path yet</i>"
 
 
