@@ -1030,7 +1030,7 @@ class Engine:
                 self._jit_block(name, block)
             else:
                 self.emit(ev.SIGNAL, name=name, phase="compile", signature=canon.id)
-        elif self.signal_seen.get(name) != canon.id:
+        elif not jit and self.signal_seen.get(name) != canon.id:
             # Seen once: recorded, waiting for a second occurrence (or the threshold).
             self.emit(
                 ev.RECORDING, signature=canon.id, ops=canon.ops, n_ops=len(canon.ops), signal=name
