@@ -42,7 +42,8 @@ class CompileProcessDied(RuntimeError):
 class CompileProcess:
     """The worker's side: a block (or a graph) in, a loaded compiled callable out; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, imports: tuple = ()) -> None:
+        self._imports = tuple(imports)  # the worker_imports option: their ops appear in blocks
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
         self._lock = threading.Lock()  # one compile at a time; callers wait without the GIL
@@ -154,7 +155,12 @@ class CompileProcess:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", f"from gt_core._compile_proc import main; main({theirs.fileno()})"],
+            [
+                sys.executable,
+                "-c",
+                "from gt_core._compile_proc import main; "
+                f"main({theirs.fileno()}, {self._imports!r}, {sys.path!r})",
+            ],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
             env=env,
@@ -198,10 +204,22 @@ def _build(canon, names, out_paths, n_scalars):
     return build_graph(canon, ops, out_paths, True, n_scalars)  # alpha rewritten for inductor
 
 
-def main(fd: int) -> None:
-    """The compile process: compile jobs from ``fd`` until the worker closes it."""
+def main(fd: int, imports: tuple = (), path: list = ()) -> None:
+    """The compile process: compile jobs from ``fd`` until the worker closes it.
+
+    ``imports``: the worker_imports modules, found on the worker's ``path`` (appended).
+    """
     conn = Connection(fd)
     import torch
+
+    from ._instructions import import_op_modules
+
+    sys.path.extend(p for p in path if p not in sys.path)
+    unknown = ""  # why ops of worker_imports may be missing here: said with each failure
+    try:
+        import_op_modules(imports)
+    except Exception as exc:
+        unknown = f" ({exc})"
     import torch._inductor.config as ic
     from torch._inductor import standalone_compile
     from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -235,7 +253,7 @@ def main(fd: int) -> None:
             art.save(path=path, format="binary")
             reply = ("ok", None)
         except Exception as exc:
-            reply = ("err", f"{type(exc).__name__}: {exc}")
+            reply = ("err", f"{type(exc).__name__}: {exc}{unknown}")
         try:
             conn.send(reply)
         except OSError:  # the worker went away meanwhile

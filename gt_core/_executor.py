@@ -14,8 +14,9 @@ from torch.utils._pytree import tree_flatten
 
 from ._instructions import DEFOP, FREE, MARK, OP, PUT, SEED, SYNC, Ref, op_name, resolve_op
 from ._portable import for_device
+from .errors import UnsupportedOperation
 
-__all__ = ["Executor", "describe_args"]
+__all__ = ["Executor", "describe_args", "Unresolved"]
 
 
 def describe_args(args, kwargs) -> str:
@@ -32,6 +33,35 @@ def describe_args(args, kwargs) -> str:
     return ", ".join(parts)
 
 
+class Unresolved:
+    """An op the worker process cannot find (a DEFOP it could not resolve): each call raises.
+
+    A ``torch.library`` op defined only in the client's process is the usual case. The
+    instruction that calls it fails like any failing op (its outputs poisoned, the error
+    raised at the next sync) and the worker keeps serving.
+    """
+
+    def __init__(self, qualified: str, exc: BaseException):
+        self.qualified = qualified
+        ns, rest = qualified.split("::", 1) if "::" in qualified else ("?", qualified)
+        self.namespace = ns
+        self._opname, _, self._overloadname = rest.partition(".")
+        self._overloadname = self._overloadname or "default"
+        self.reason = f"{type(exc).__name__}: {exc}"
+
+    def __call__(self, *args, **kwargs):
+        raise UnsupportedOperation(
+            f"gt: the op '{self.qualified}' is not known to the worker process ({self.reason}). "
+            "An op registered with torch.library in this process alone does not exist in the "
+            "worker: put its definition in a module and name that module in the worker_imports "
+            f"option (gt_core.configure(worker_imports=('my_ops',)) or GT_WORKER_IMPORTS=my_ops), "
+            "then call gt_core.worker().restart()."
+        )
+
+    def __repr__(self) -> str:
+        return f"<unresolved op {self.qualified}>"
+
+
 class Executor:
     """Executes instructions on real tensors held by id; remembers the first failure."""
 
@@ -43,6 +73,7 @@ class Executor:
             torch.cuda.init()
         self.values: dict[int, torch.Tensor] = {}
         self.ops: dict[int, object] = {}
+        self.unresolved: set[int] = set()  # op indices whose DEFOP named an op not found here
         self._device_arg: dict[int, bool] = {}
         self.error: BaseException | None = None  # first failure since the last sync
         self.poisoned: set[int] = set()  # ids whose producing instruction failed
@@ -80,13 +111,24 @@ class Executor:
         elif code == PUT:
             self.values[ins[1]] = ins[2].to(self.device) if self.device.type != "cpu" else ins[2]
         elif code == DEFOP:
-            op = for_device(resolve_op(ins[2]), self.device)
-            self.ops[ins[1]] = op
-            self._device_arg[ins[1]] = any(a.name == "device" for a in op._schema.arguments)
+            self.define(ins[1], ins[2])
         elif code == SEED:
             torch.manual_seed(ins[1])
         # MARK and SYNC carry no work; the engine reads them.
         self.executed += 1
+
+    def define(self, idx: int, qualified: str) -> None:
+        """Op ``idx`` is ``qualified``; one not found here fails each instruction that uses it."""
+        try:
+            op = for_device(resolve_op(qualified), self.device)
+        except Exception as exc:  # AttributeError from torch.ops, or a malformed name
+            self.ops[idx] = Unresolved(qualified, exc)
+            self.unresolved.add(idx)
+            self._device_arg[idx] = False
+            return
+        self.ops[idx] = op
+        self.unresolved.discard(idx)
+        self._device_arg[idx] = any(a.name == "device" for a in op._schema.arguments)
 
     def run_op(self, ins):
         _, idx, args, kwargs, outs = ins

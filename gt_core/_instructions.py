@@ -62,5 +62,27 @@ def resolve_op(qualified: str):
     return getattr(packet, overload or "default")
 
 
+def import_op_modules(modules) -> None:
+    """Import the modules of the worker_imports option: the ops they register become known.
+
+    A module that fails to import raises ConfigError naming it and its exception.
+    """
+    import importlib
+
+    from .errors import ConfigError
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise ConfigError(
+                "worker_imports (GT_WORKER_IMPORTS)",
+                name,
+                "a module the worker process can import; importing it there raised "
+                f"{type(exc).__name__}: {exc} (the worker has the client's sys.path at its "
+                "start; a module elsewhere needs PYTHONPATH)",
+            ) from None
+
+
 def qualified_name(op) -> str:
     return f"{op.namespace}::{op._opname}.{op._overloadname}"

@@ -644,6 +644,10 @@ def _infer(func, args, kwargs):
             out = func(*margs, **mkwargs)
     except NotImplementedError:
         return _SYNC  # data-dependent output shape (nonzero, unique, boolean masks, ...)
+    except Exception:
+        if func.namespace in ("aten", "prims"):
+            raise  # the call itself is wrong (shapes, dtypes): eager raises the same here
+        return _SYNC  # a project's op without a fake kernel: only the worker can run it
     counter = [0]
     template = _template(out, metas, before, counter)
     return template, counter[0], tuple(_mask(template))

@@ -93,7 +93,14 @@ def worker_main(conn, event_conn, options) -> None:
 
     import torch
 
+    from ._instructions import import_op_modules
+
     torch.set_grad_enabled(False)  # autograd runs in the client; the worker sees plain aten ops
+    try:
+        import_op_modules(options.worker_imports)
+    except Exception as exc:  # the answer to the client's first request, then the end
+        _refuse(conn, exc)
+        return
     ex = _make_executor(options, publish)
     cp = ex.engine.compile_process() if options.auto_compile or options.compile_all else None
     if cp is not None:
@@ -128,6 +135,16 @@ def worker_main(conn, event_conn, options) -> None:
     try:
         publish([ev.event(ev.WORKER, state="stopped", pid=os.getpid(), device=str(ex.device))])
     except Exception:
+        pass
+
+
+def _refuse(conn, exc: BaseException) -> None:
+    """Answer the first request with ``exc`` (a worker that could not start)."""
+    try:
+        while conn.recv()[0] != "req":
+            pass
+        conn.send(("err", exc))
+    except (EOFError, OSError):
         pass
 
 
@@ -278,7 +295,10 @@ class InProcessTransport(Transport):
     """The executor in this process: same code path, no second process (debugging, tests)."""
 
     def __init__(self, options, on_events):
+        from ._instructions import import_op_modules
+
         self._on_events = on_events
+        import_op_modules(options.worker_imports)
         self.ex = _make_executor(options, on_events)
         self.pid, self.device = os.getpid(), str(self.ex.device)
         on_events(
@@ -331,7 +351,11 @@ class ProcessTransport(Transport):
         self._pump.start()
         self.cause: str | None = None
         self._lock = threading.Lock()
-        _, self.device = self.request("ping", timeout=start_timeout)
+        try:
+            _, self.device = self.request("ping", timeout=start_timeout)
+        except BaseException:  # it could not start (a worker_imports module failed)
+            self.stop()
+            raise
 
     def _read_events(self):
         while True:

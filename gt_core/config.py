@@ -49,6 +49,7 @@ class Options:
     background: bool = True  # compile off the critical path (eager runs meanwhile)
     client_match: bool = True  # the client sends a hot block's occurrence as one message
     compile_process: bool = True  # inductor compiles in a process of their own (CPU worker)
+    worker_imports: tuple = ()  # modules the worker imports at its start (their torch.library ops)
     signals: dict = field(default_factory=dict, compare=False)
 
     def replace(self, **changes) -> Options:
@@ -57,6 +58,8 @@ class Options:
             names = ", ".join(f.name for f in dataclasses.fields(self) if f.name != "signals")
             raise ConfigError(f"option {sorted(unknown)[0]}", changes[sorted(unknown)[0]], f"one of: {names}")
         changes = {k: v for k, v in changes.items() if v is not None or k in ("mode", "log", "config")}
+        if isinstance(changes.get("worker_imports"), list):
+            changes["worker_imports"] = tuple(changes["worker_imports"])
         out = dataclasses.replace(self, **changes)
         out.validate()
         if "config" in changes and out.config:
@@ -87,6 +90,12 @@ class Options:
         check(self.worker in WORKERS, "worker", f"one of {', '.join(WORKERS)}")
         check(_device_ok(self.device), "device", DEVICE_HINT)
         check(isinstance(self.debug, int) and self.debug in (0, 1, 2), "debug", "0, 1 or 2")
+        check(
+            isinstance(self.worker_imports, tuple)
+            and all(isinstance(m, str) and m.strip() for m in self.worker_imports),
+            "worker_imports",
+            "a tuple of module names, e.g. ('my_ops',); in GT_WORKER_IMPORTS, comma-separated",
+        )
         if self.window < self.threshold * self.min_seq:
             raise ConfigError(
                 name("window", "window"),
@@ -115,6 +124,10 @@ def _bool(s: str) -> bool:
     raise ValueError
 
 
+def _names(s: str) -> tuple:
+    return tuple(n.strip() for n in s.split(",") if n.strip())
+
+
 ENV = {
     "GT_AUTO_COMPILE": ("auto_compile", _bool, "0/1, true/false, yes/no, on/off"),
     "GT_COMPILE": ("compile_all", _bool, "0/1, true/false, yes/no, on/off"),
@@ -132,6 +145,7 @@ ENV = {
     "GT_BACKGROUND_COMPILE": ("background", _bool, "0/1, true/false"),
     "GT_CLIENT_MATCH": ("client_match", _bool, "0/1, true/false"),
     "GT_COMPILE_PROCESS": ("compile_process", _bool, "0/1, true/false"),
+    "GT_WORKER_IMPORTS": ("worker_imports", _names, "module names, comma-separated"),
 }
 
 
