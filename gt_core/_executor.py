@@ -203,6 +203,8 @@ class Executor:
             raise RuntimeError("gt: this value was never computed: the op that makes it failed earlier")
         t = self.values[vid].detach()
         t = t.cpu() if t.device.type != "cpu" else t
+        # A lazy conjugate or negative view (fft.ifft's output) loses its bit on the pipe.
+        t = t.resolve_conj().resolve_neg()
         # A view would pickle its whole storage: send a compact copy.
         if t._base is not None or t.untyped_storage().nbytes() != t.numel() * t.element_size():
             t = t.clone()
@@ -222,6 +224,13 @@ class Executor:
             except Exception:
                 pass
             raise
+        for x in tree_flatten(result)[0]:
+            if isinstance(x, torch.Tensor) and x.layout != torch.strided:
+                raise UnsupportedOperation(
+                    f"gt: {op_name(op)} made a {x.layout} tensor; worker tensors are dense "
+                    "(strided) only. Bring the input home first (t.cpu()): ops on plain "
+                    "tensors run in this process, inside capture too."
+                )
         inputs = {id(v): r.id for v, r in zip(tree_flatten(a)[0] + tree_flatten(k)[0], tree_flatten(args)[0] + tree_flatten(kwargs)[0], strict=False) if isinstance(r, Ref)}
         next_id = [base_id]
 
