@@ -252,7 +252,11 @@ class Executor:
         return {
             "values": len(self.values),
             "executed": self.executed,
-            "bytes": sum(t.untyped_storage().nbytes() for t in self.values.values()),
+            "bytes": sum(
+                t.untyped_storage().nbytes()
+                for t in self.values.values()
+                if t.layout == torch.strided  # (the only kind there is: see upload and call)
+            ),
         }
 
 

@@ -156,6 +156,11 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
     """A proxy holding a copy of the plain tensor ``t`` (cached while ``t`` is unchanged)."""
     if t.device.type == "meta":
         raise UnsupportedOperation("a meta tensor has no data to send to the gt worker")
+    if t.layout != torch.strided:
+        raise UnsupportedOperation(
+            f"a {t.layout} tensor cannot be sent to the gt worker: worker tensors are dense "
+            "(strided) only. Use it outside gt_core.capture(), or send t.to_dense()."
+        )
     key = id(t)
     hit = _uploads.get(key)
     if hit is not None:
