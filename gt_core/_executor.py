@@ -7,6 +7,8 @@ for debugging and fast tests, in the client's own process.
 
 from __future__ import annotations
 
+import importlib
+import sys
 import time
 
 import torch
@@ -41,8 +43,9 @@ class Unresolved:
     raised at the next sync) and the worker keeps serving.
     """
 
-    def __init__(self, qualified: str, exc: BaseException):
+    def __init__(self, qualified: str, exc: BaseException, module: str | None = None):
         self.qualified = qualified
+        self.module = module
         ns, rest = qualified.split("::", 1) if "::" in qualified else ("?", qualified)
         self.namespace = ns
         self._opname, _, self._overloadname = rest.partition(".")
@@ -50,12 +53,17 @@ class Unresolved:
         self.reason = f"{type(exc).__name__}: {exc}"
 
     def __call__(self, *args, **kwargs):
+        m = self.module
+        if m is None or m == "__main__":
+            where = "put its definition in a module and name that module"
+            m = "my_ops"
+        else:
+            where = f"it is defined in module '{m}' here: name that module"
         raise UnsupportedOperation(
             f"gt: the op '{self.qualified}' is not known to the worker process ({self.reason}). "
             "An op registered with torch.library in this process alone does not exist in the "
-            "worker: put its definition in a module and name that module in the worker_imports "
-            f"option (gt_core.configure(worker_imports=('my_ops',)) or GT_WORKER_IMPORTS=my_ops), "
-            "then call gt_core.worker().restart()."
+            f"worker: {where} in the worker_imports option (gt_core.configure(worker_imports="
+            f"('{m}',)) or GT_WORKER_IMPORTS={m}), then call gt_core.worker().restart()."
         )
 
     def __repr__(self) -> str:
@@ -111,18 +119,30 @@ class Executor:
         elif code == PUT:
             self.values[ins[1]] = ins[2].to(self.device) if self.device.type != "cpu" else ins[2]
         elif code == DEFOP:
-            self.define(ins[1], ins[2])
+            self.define(ins[1], ins[2], ins[3] if len(ins) > 3 else None)
         elif code == SEED:
             torch.manual_seed(ins[1])
         # MARK and SYNC carry no work; the engine reads them.
         self.executed += 1
 
-    def define(self, idx: int, qualified: str) -> None:
-        """Op ``idx`` is ``qualified``; one not found here fails each instruction that uses it."""
+    def define(self, idx: int, qualified: str, module: str | None = None) -> None:
+        """Op ``idx`` is ``qualified``; one not found here fails each instruction that uses it.
+
+        ``module``: where the client's Python registered it. torch's own modules are imported
+        here when needed (torch registers some ops only once such a module is imported, as
+        torch.nn.functional.linear_cross_entropy does); a project's need worker_imports.
+        """
         try:
             op = for_device(resolve_op(qualified), self.device)
         except Exception as exc:  # AttributeError from torch.ops, or a malformed name
-            self.ops[idx] = Unresolved(qualified, exc)
+            if module and module.startswith("torch.") and module not in sys.modules:
+                try:
+                    importlib.import_module(module)
+                except Exception:
+                    pass
+                else:
+                    return self.define(idx, qualified)
+            self.ops[idx] = Unresolved(qualified, exc, module)
             self.unresolved.add(idx)
             self._device_arg[idx] = False
             return

@@ -17,7 +17,7 @@ import os
 from collections import deque
 
 from . import events as ev
-from ._instructions import DEFOP, FREE, qualified_name
+from ._instructions import DEFOP, FREE, defining_module, qualified_name
 from ._plan import Replay
 from .config import Options
 from .errors import WorkerDied, WorkerLost
@@ -77,7 +77,7 @@ class Session:
         idx = self.op_index.get(func)
         if idx is None:
             idx = self.op_index[func] = len(self.op_index)
-            self.buf.append((DEFOP, idx, qualified_name(func)))
+            self.buf.append((DEFOP, idx, qualified_name(func), defining_module(func)))
         return idx
 
     # -- the stream ----------------------------------------------------------------------

@@ -53,6 +53,7 @@ def test_unknown_op_error_says_how_to_make_it_known(process):
             y.sum().item()
     msg = str(info.value)
     assert "worker_imports" in msg and "GT_WORKER_IMPORTS" in msg and "restart" in msg
+    assert f"module '{__name__}'" in msg  # where the op was defined in this process
 
 
 def test_unknown_sync_op_fails_at_once(process):
