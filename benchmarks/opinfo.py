@@ -1,6 +1,6 @@
 """PyTorch's OpInfo samples (float32, CPU) through a gt worker process, compared with eager.
 
-    python benchmarks/opinfo.py [--ops add,mul,...] [--limit N] [--json PATH]
+    python benchmarks/opinfo.py [--quick] [--ops add,mul,...] [--limit N] [--json PATH]
 
 Needs ``expecttest`` (PyTorch's test helpers import it). Prints the share of samples equal to
 eager, the count of each outcome, and the samples that are not, grouped by op. The rules
@@ -22,13 +22,22 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import _opinfo  # noqa: E402
 
+QUICK = (
+    "add,mul,sum,mean,amax,sort,reshape,permute,cat,index_select,gather,nonzero,matmul,"
+    "nn.functional.conv2d,softmax,fft.ifft,normal,empty_like,where,unique"
+)
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--ops", default="", help="comma-separated OpInfo names (default: all)")
     ap.add_argument("--limit", type=int, default=None, help="samples per op (default: all)")
     ap.add_argument("--json", default=None, help="write every outcome to this file")
+    ap.add_argument("--quick", action="store_true", help="the first 3 samples of 20 ops")
     args = ap.parse_args()
+    if args.quick:
+        args.ops = args.ops or QUICK
+        args.limit = args.limit or 3
 
     gt_core.configure(worker="process", device="cpu", auto_compile=False, backend="eager")
     db = _opinfo.op_db()
