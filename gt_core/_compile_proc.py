@@ -44,7 +44,8 @@ class CompileProcessDied(RuntimeError):
 class CompileProcess:
     """The worker's side: a block (or a graph) in, a loaded compiled callable out; thread-safe."""
 
-    def __init__(self, on_start=None) -> None:
+    def __init__(self, imports: tuple = (), on_start=None) -> None:
+        self._imports = tuple(imports)  # the worker_imports option: their ops appear in blocks
         self._on_start = on_start  # called with (pid, folder) each time a process starts
         self._proc: subprocess.Popen | None = None
         self._conn: Connection | None = None
@@ -159,7 +160,10 @@ class CompileProcess:
         ours, theirs = socket.socketpair()
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
-        code = f"from gt_core._compile_proc import main; main({theirs.fileno()}, {self._dir!r})"
+        code = (
+            "from gt_core._compile_proc import main; "
+            f"main({theirs.fileno()}, {self._dir!r}, {self._imports!r}, {sys.path!r})"
+        )
         self._proc = subprocess.Popen(
             [sys.executable, "-c", code],
             pass_fds=(theirs.fileno(),),
@@ -231,14 +235,27 @@ def _end_with(parent: int, folder: str) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
-def main(fd: int, folder: str) -> None:
-    """The compile process: compile jobs from ``fd`` until the worker closes it."""
+def main(fd: int, folder: str, imports: tuple = (), path: list = ()) -> None:
+    """The compile process: compile jobs from ``fd`` until the worker closes it.
+
+    ``folder``: where its artifacts go (removed with it); ``imports``: the worker_imports
+    modules, found on the worker's ``path`` (appended).
+    """
     conn = Connection(fd)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C in a terminal is the client's
     threading.Thread(
         target=_end_with, args=(os.getppid(), folder), name="gt-end-with-worker", daemon=True
     ).start()
     import torch
+
+    from ._instructions import import_op_modules
+
+    sys.path.extend(p for p in path if p not in sys.path)
+    unknown = ""  # why ops of worker_imports may be missing here: said with each failure
+    try:
+        import_op_modules(imports)
+    except Exception as exc:
+        unknown = f" ({exc})"
     import torch._inductor.config as ic
     from torch._inductor import standalone_compile
     from torch._inductor.cpu_vec_isa import pick_vec_isa
@@ -272,7 +289,7 @@ def main(fd: int, folder: str) -> None:
             art.save(path=path, format="binary")
             reply = ("ok", None)
         except Exception as exc:
-            reply = ("err", f"{type(exc).__name__}: {exc}")
+            reply = ("err", f"{type(exc).__name__}: {exc}{unknown}")
         try:
             conn.send(reply)
         except OSError:  # the worker went away meanwhile

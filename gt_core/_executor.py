@@ -7,6 +7,8 @@ for debugging and fast tests, in the client's own process.
 
 from __future__ import annotations
 
+import importlib
+import sys
 import time
 
 import torch
@@ -14,8 +16,9 @@ from torch.utils._pytree import tree_flatten
 
 from ._instructions import DEFOP, FREE, MARK, OP, PUT, RNG, SEED, SYNC, Ref, op_name, resolve_op
 from ._portable import for_device
+from .errors import UnsupportedOperation
 
-__all__ = ["Executor", "describe_args"]
+__all__ = ["Executor", "describe_args", "Unresolved"]
 
 
 def describe_args(args, kwargs) -> str:
@@ -32,6 +35,41 @@ def describe_args(args, kwargs) -> str:
     return ", ".join(parts)
 
 
+class Unresolved:
+    """An op the worker process cannot find (a DEFOP it could not resolve): each call raises.
+
+    A ``torch.library`` op defined only in the client's process is the usual case. The
+    instruction that calls it fails like any failing op (its outputs poisoned, the error
+    raised at the next sync) and the worker keeps serving.
+    """
+
+    def __init__(self, qualified: str, exc: BaseException, module: str | None = None):
+        self.qualified = qualified
+        self.module = module
+        ns, rest = qualified.split("::", 1) if "::" in qualified else ("?", qualified)
+        self.namespace = ns
+        self._opname, _, self._overloadname = rest.partition(".")
+        self._overloadname = self._overloadname or "default"
+        self.reason = f"{type(exc).__name__}: {exc}"
+
+    def __call__(self, *args, **kwargs):
+        m = self.module
+        if m is None or m == "__main__":
+            where = "put its definition in a module and name that module"
+            m = "my_ops"
+        else:
+            where = f"it is defined in module '{m}' here: name that module"
+        raise UnsupportedOperation(
+            f"gt: the op '{self.qualified}' is not known to the worker process ({self.reason}). "
+            "An op registered with torch.library in this process alone does not exist in the "
+            f"worker: {where} in the worker_imports option (gt_core.configure(worker_imports="
+            f"('{m}',)) or GT_WORKER_IMPORTS={m}), then call gt_core.worker().restart()."
+        )
+
+    def __repr__(self) -> str:
+        return f"<unresolved op {self.qualified}>"
+
+
 class Executor:
     """Executes instructions on real tensors held by id; remembers the first failure."""
 
@@ -43,6 +81,7 @@ class Executor:
             torch.cuda.init()
         self.values: dict[int, torch.Tensor] = {}
         self.ops: dict[int, object] = {}
+        self.unresolved: set[int] = set()  # op indices whose DEFOP named an op not found here
         self._device_arg: dict[int, bool] = {}
         self.error: BaseException | None = None  # first failure since the last sync
         self.poisoned: set[int] = set()  # ids whose producing instruction failed
@@ -80,15 +119,38 @@ class Executor:
         elif code == PUT:
             self.values[ins[1]] = ins[2].to(self.device) if self.device.type != "cpu" else ins[2]
         elif code == DEFOP:
-            op = for_device(resolve_op(ins[2]), self.device)
-            self.ops[ins[1]] = op
-            self._device_arg[ins[1]] = any(a.name == "device" for a in op._schema.arguments)
+            self.define(ins[1], ins[2], ins[3] if len(ins) > 3 else None)
         elif code == SEED:
             torch.manual_seed(ins[1])
         elif code == RNG:
             torch.set_rng_state(ins[1])
         # MARK and SYNC carry no work; the engine reads them.
         self.executed += 1
+
+    def define(self, idx: int, qualified: str, module: str | None = None) -> None:
+        """Op ``idx`` is ``qualified``; one not found here fails each instruction that uses it.
+
+        ``module``: where the client's Python registered it. torch's own modules are imported
+        here when needed (torch registers some ops only once such a module is imported, as
+        torch.nn.functional.linear_cross_entropy does); a project's need worker_imports.
+        """
+        try:
+            op = for_device(resolve_op(qualified), self.device)
+        except Exception as exc:  # AttributeError from torch.ops, or a malformed name
+            if module and module.startswith("torch.") and module not in sys.modules:
+                try:
+                    importlib.import_module(module)
+                except Exception:
+                    pass
+                else:
+                    return self.define(idx, qualified)
+            self.ops[idx] = Unresolved(qualified, exc, module)
+            self.unresolved.add(idx)
+            self._device_arg[idx] = False
+            return
+        self.ops[idx] = op
+        self.unresolved.discard(idx)
+        self._device_arg[idx] = any(a.name == "device" for a in op._schema.arguments)
 
     def run_op(self, ins):
         _, idx, args, kwargs, outs = ins
@@ -165,6 +227,8 @@ class Executor:
             raise RuntimeError("gt: this value was never computed: the op that makes it failed earlier")
         t = self.values[vid].detach()
         t = t.cpu() if t.device.type != "cpu" else t
+        # A lazy conjugate or negative view (fft.ifft's output) loses its bit on the pipe.
+        t = t.resolve_conj().resolve_neg()
         # A view would pickle its whole storage: send a compact copy.
         if t._base is not None or t.untyped_storage().nbytes() != t.numel() * t.element_size():
             t = t.clone()
@@ -184,6 +248,13 @@ class Executor:
             except Exception:
                 pass
             raise
+        for x in tree_flatten(result)[0]:
+            if isinstance(x, torch.Tensor) and x.layout != torch.strided:
+                raise UnsupportedOperation(
+                    f"gt: {op_name(op)} made a {x.layout} tensor; worker tensors are dense "
+                    "(strided) only. Bring the input home first (t.cpu()): ops on plain "
+                    "tensors run in this process, inside capture too."
+                )
         inputs = {id(v): r.id for v, r in zip(tree_flatten(a)[0] + tree_flatten(k)[0], tree_flatten(args)[0] + tree_flatten(kwargs)[0], strict=False) if isinstance(r, Ref)}
         next_id = [base_id]
 
@@ -205,7 +276,11 @@ class Executor:
         return {
             "values": len(self.values),
             "executed": self.executed,
-            "bytes": sum(t.untyped_storage().nbytes() for t in self.values.values()),
+            "bytes": sum(
+                t.untyped_storage().nbytes()
+                for t in self.values.values()
+                if t.layout == torch.strided  # (the only kind there is: see upload and call)
+            ),
         }
 
 

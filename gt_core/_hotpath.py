@@ -350,7 +350,8 @@ class Engine:
                 # The client ends it where the worker cannot (the worker killed): see
                 # ProcessTransport.death.
                 self._compiler = CompileProcess(
-                    lambda pid, folder: self.emit(ev.WORKER, state="compiler", pid=pid, dir=folder)
+                    o.worker_imports,
+                    lambda pid, folder: self.emit(ev.WORKER, state="compiler", pid=pid, dir=folder),
                 )
             return self._compiler
 
@@ -782,7 +783,8 @@ class Engine:
         barriers = []
         for i in range(n - p, n):
             ins = H[i]
-            if ins[0] in BARRIERS:
+            if ins[0] in BARRIERS or (ins[0] == OP and ins[1] in self.ex.unresolved):
+                # (an op the worker cannot find fails every time: no block contains it)
                 barriers.append(i)
                 continue
             paths: dict = {}
@@ -806,9 +808,9 @@ class Engine:
 
     def _canonicalize(self, instrs, lift: dict):
         if not lift:
-            return canonicalize(instrs, self.meta_of, self.op_name)
+            return canonicalize(instrs, self.meta_of, self.block_op_name)
         namer = LiftNamer(self.meta_of, lift)
-        entries = tuple(namer.entry(ins, self.op_name) for ins in instrs)
+        entries = tuple(namer.entry(ins, self.block_op_name) for ins in instrs)
         return _finish(entries, namer), namer
 
     def _best_cut(self, p: int) -> int:
@@ -849,7 +851,15 @@ class Engine:
         return out
 
     def _ops_by_name(self) -> dict:
-        return {self.op_name(i): op for i, op in self.ex.ops.items()}
+        # Without unresolved ops: the compile process resolves every name it is given.
+        unresolved = self.ex.unresolved
+        return {self.op_name(i): op for i, op in self.ex.ops.items() if i not in unresolved}
+
+    def block_op_name(self, idx: int) -> str:
+        """op_name for canonicalizing a block: an unresolved op never enters one."""
+        if idx in self.ex.unresolved:
+            raise Mismatch(f"{self.op_name(idx)} is not known to the worker")
+        return self.op_name(idx)
 
     def _register(self, block: Block) -> None:
         self.blocks[block.sig] = block
@@ -1005,7 +1015,9 @@ class Engine:
         if not seg or seg != list(range(seg[0], seg[-1] + 1)):
             return
         try:
-            canon, namer = canonicalize([self.history[i] for i in seg], self.meta_of, self.op_name)
+            canon, namer = canonicalize(
+                [self.history[i] for i in seg], self.meta_of, self.block_op_name
+            )
         except Mismatch:
             return
         spec = {"compile": True} if jit else self.options.signals.get(name, {})
@@ -1052,7 +1064,9 @@ class Engine:
         if len(seg) < 1:
             return
         try:
-            canon, namer = canonicalize([self.history[k] for k in seg], self.meta_of, self.op_name)
+            canon, namer = canonicalize(
+                [self.history[k] for k in seg], self.meta_of, self.block_op_name
+            )
         except Mismatch:
             return
         if canon.id not in self.blocks:

@@ -13,7 +13,7 @@ OP = 0  # (OP, op_index, args, kwargs, out_ids): out_ids[k] is the id of the k-t
 FREE = 1  # (FREE, id)
 PUT = 2  # (PUT, id, cpu_tensor): an upload from the client
 SEED = 3  # (SEED, seed): torch.manual_seed on the worker
-DEFOP = 4  # (DEFOP, op_index, "aten::add.Tensor")
+DEFOP = 4  # (DEFOP, op_index, "aten::add.Tensor", module): module registers it in Python, or None
 MARK = 5  # (MARK, signal_name, "enter" | "exit"): a block boundary set by the user
 SYNC = 6  # (SYNC, kind): a sync point (the client waited for a value here)
 RUN = 7  # (RUN, signature, input_ids, produced_ids, scalars): one whole occurrence of a hot block
@@ -64,6 +64,42 @@ def resolve_op(qualified: str):
     name, _, overload = rest.partition(".")
     packet = getattr(getattr(torch.ops, ns), name)
     return getattr(packet, overload or "default")
+
+
+def import_op_modules(modules) -> None:
+    """Import the modules of the worker_imports option: the ops they register become known.
+
+    A module that fails to import raises ConfigError naming it and its exception.
+    """
+    import importlib
+
+    from .errors import ConfigError
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:
+            raise ConfigError(
+                "worker_imports (GT_WORKER_IMPORTS)",
+                name,
+                "a module the worker process can import; importing it there raised "
+                f"{type(exc).__name__}: {exc} (the worker has the client's sys.path at its "
+                "start; a module elsewhere needs PYTHONPATH)",
+            ) from None
+
+
+def defining_module(op) -> str | None:
+    """The Python module whose ``torch.library.custom_op`` made ``op`` (None: not one)."""
+    if op.namespace in ("aten", "prims"):
+        return None
+    try:
+        from torch._library.custom_ops import OPDEFS
+
+        opdef = OPDEFS.get(f"{op.namespace}::{op._opname}")
+    except Exception:  # a torch without that registry
+        return None
+    fn = getattr(opdef, "_init_fn", None)
+    return getattr(fn, "__module__", None)
 
 
 def qualified_name(op) -> str:

@@ -198,6 +198,11 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
     """A proxy holding a copy of the plain tensor ``t`` (cached while ``t`` is unchanged)."""
     if t.device.type == "meta":
         raise UnsupportedOperation("a meta tensor has no data to send to the gt worker")
+    if t.layout != torch.strided:
+        raise UnsupportedOperation(
+            f"a {t.layout} tensor cannot be sent to the gt worker: worker tensors are dense "
+            "(strided) only. Use it outside gt_core.capture(), or send t.to_dense()."
+        )
     key = id(t)
     hit = _uploads.get(key)
     if hit is not None:
@@ -210,6 +215,9 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
         if data.device.type != "cpu":
             data = data.cpu()
         data = data.clone()  # the worker's copy must not change when the user's tensor does
+        # The pipe to the worker drops the conjugate and negative bits of a lazy view
+        # (x.conj()): it would arrive as x itself. Sent materialized.
+        data = data.resolve_conj().resolve_neg()
     vid = session.new_ids(1)[0]
     session.counters["uploads"] += 1
     if data.dim() == 0 and not data.is_complex():
@@ -625,7 +633,10 @@ def _to_meta(a, metas: list):
             shape, stride, offset, dtype = tuple(a.shape), a.stride(), a.storage_offset(), a.dtype
         m = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
         if offset:
-            size = offset + sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) + 1
+            # (an empty view needs no element past its offset: (s - 1) would go negative)
+            size = offset
+            if all(shape):
+                size += sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) + 1
             m = torch.empty(size, dtype=dtype, device="meta").as_strided(shape, stride, offset)
         metas.append(m)
         return m
@@ -722,8 +733,12 @@ def _infer(func, args, kwargs):
     try:
         with torch._C._DisableTorchDispatch():
             out = func(*margs, **mkwargs)
-    except NotImplementedError:
-        return _SYNC  # data-dependent output shape (nonzero, unique, boolean masks, ...)
+    except Exception:
+        # Only the real kernel knows: a data-dependent output shape (nonzero, unique, boolean
+        # masks, indices read from a tensor as tensor_split's), a project's op without a fake
+        # kernel, or a meta kernel stricter than the real one (circular padding of an empty
+        # tensor). The worker runs it at once; a call that is wrong raises eager's own error.
+        return _SYNC
     counter = [0]
     template = _template(out, metas, before, counter)
     return template, counter[0], tuple(_mask(template))
@@ -744,6 +759,12 @@ def _mask(template):
 def _template(o, metas, before, counter):
     """How to build an op's result: new proxies, inputs returned (in place), constants."""
     if isinstance(o, torch.Tensor):
+        if o.layout != torch.strided:
+            raise UnsupportedOperation(
+                f"gt: this op makes a {o.layout} tensor; worker tensors are dense (strided) "
+                "only. Bring the input home first (t.cpu()): ops on plain tensors run in this "
+                "process, inside capture too."
+            )
         for i, m in enumerate(metas):
             if o is m:
                 after = _meta_of(m)

@@ -19,7 +19,7 @@ import threading
 from collections import deque
 
 from . import events as ev
-from ._instructions import DEFOP, FREE, RNG, SEED, qualified_name
+from ._instructions import DEFOP, FREE, RNG, SEED, defining_module, qualified_name
 from ._interrupt import check as check_interrupt
 from ._plan import Replay
 from .config import Options
@@ -89,7 +89,7 @@ class Session:
         idx = self.op_index.get(func)
         if idx is None:
             idx = self.op_index[func] = len(self.op_index)
-            self.buf.append((DEFOP, idx, qualified_name(func)))
+            self.buf.append((DEFOP, idx, qualified_name(func), defining_module(func)))
         return idx
 
     # -- the stream ----------------------------------------------------------------------

@@ -106,7 +106,14 @@ def worker_main(conn, event_conn, options) -> None:
     # without stop()) ends the loop below, so the compile process and its files go too.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    from ._instructions import import_op_modules
+
     torch.set_grad_enabled(False)  # autograd runs in the client; the worker sees plain aten ops
+    try:
+        import_op_modules(options.worker_imports)
+    except Exception as exc:  # the answer to the client's first request, then the end
+        _refuse(conn, exc)
+        return
     ex = _make_executor(options, publish)
     cp = ex.engine.compile_process() if options.auto_compile or options.compile_all else None
     if cp is not None:
@@ -155,6 +162,18 @@ def worker_main(conn, event_conn, options) -> None:
 
 def _exit_on_sigterm(signum, frame):
     raise SystemExit(0)
+
+
+def _refuse(conn, exc: BaseException) -> None:
+    """Answer the first request with ``exc`` (a worker that could not start)."""
+    try:
+        while True:
+            msg = conn.recv()
+            if msg[0] == "req":
+                conn.send((msg[1], "err", exc))
+                return
+    except (EOFError, OSError):
+        pass
 
 
 class _Inbox:
@@ -318,7 +337,10 @@ class InProcessTransport(Transport):
     """The executor in this process: same code path, no second process (debugging, tests)."""
 
     def __init__(self, options, on_events):
+        from ._instructions import import_op_modules
+
         self._on_events = on_events
+        import_op_modules(options.worker_imports)
         self.ex = _make_executor(options, on_events)
         self.pid, self.device = os.getpid(), str(self.ex.device)
         on_events(
@@ -386,7 +408,11 @@ class ProcessTransport(Transport):
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._marks: dict[int, bool] = {}  # marks posted and not yet waited for: answered?
-        _, self.device = self.request("ping", timeout=start_timeout)
+        try:
+            _, self.device = self.request("ping", timeout=start_timeout)
+        except BaseException:  # it could not start (a worker_imports module failed)
+            self.stop()
+            raise
 
     def _read_events(self):
         while True:

@@ -50,6 +50,7 @@ class Options:
     compile_process: bool = True  # inductor compiles in a process of their own (CPU worker)
     worker_threads: int | None = None  # the worker process's CPU threads, fixed (None: shared)
     flush_at: int = 512  # instructions the client batches before it sends them
+    worker_imports: tuple = ()  # modules the worker imports at its start (their torch.library ops)
     signals: dict = field(default_factory=dict, compare=False)  # read from `config`
 
     def replace(self, **changes) -> Options:
@@ -60,6 +61,8 @@ class Options:
             k: os.fspath(v) if k in PATHS and isinstance(v, os.PathLike) else v
             for k, v in changes.items()
         }
+        if isinstance(changes.get("worker_imports"), list):
+            changes["worker_imports"] = tuple(changes["worker_imports"])
         out = dataclasses.replace(self, **changes)
         out.validate({k: k for k in changes})
         if "config" in changes:  # signals come from the file alone: none without one
@@ -154,6 +157,10 @@ RULES: dict = {
     "compile_process": (lambda v: isinstance(v, bool), BOOL),
     "worker_threads": (lambda v: v is None or _int(1)(v), "an integer >= 1, or None (shared)"),
     "flush_at": (_int(1), "an integer >= 1"),
+    "worker_imports": (
+        lambda v: isinstance(v, tuple) and all(isinstance(m, str) and m for m in v),
+        "a tuple of module names (comma-separated in GT_WORKER_IMPORTS)",
+    ),
     "signals": (lambda v: isinstance(v, dict), "a dict of named signals (set the config option)"),
 }
 
@@ -201,6 +208,7 @@ PARSERS = {
     "int | None": lambda s: None if _none(s) else int(s),
     "str": str,
     "str | None": lambda s: None if _none(s) else s,
+    "tuple": lambda s: tuple(m.strip() for m in s.split(",") if m.strip()),
 }
 
 
@@ -234,6 +242,7 @@ ENV = {  # environment variable -> option
     "GT_COMPILE_PROCESS": "compile_process",
     "GT_WORKER_THREADS": "worker_threads",
     "GT_FLUSH_AT": "flush_at",
+    "GT_WORKER_IMPORTS": "worker_imports",
 }
 
 

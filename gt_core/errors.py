@@ -24,6 +24,9 @@ class ConfigError(GTError, ValueError):
         self.name, self.value, self.accepted = name, value, accepted
         super().__init__(f"{name}={value!r} is not accepted; expected {accepted}")
 
+    def __reduce__(self):  # the worker sends it to the client: rebuilt from its three parts
+        return (type(self), (self.name, self.value, self.accepted))
+
 
 class WorkerDied(GTError, RuntimeError):
     """The worker process ended while work was pending; restart with gt_core.worker().restart()."""
