@@ -1,5 +1,4 @@
 import os
-import time
 
 os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 # CPU eager is the oracle, compared to 1e-6: workers (and the benchmarks' subprocesses) run on
@@ -10,17 +9,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import gt_core  # noqa: E402
-
-
-@torch._dynamo.register_backend
-def gt_slow(gm, example_inputs):
-    """A backend whose compiled blocks are slower than eager on purpose: regression reverts."""
-
-    def slow(*args):
-        time.sleep(0.01)
-        return gm.forward(*args)
-
-    return slow
 
 
 @pytest.fixture(autouse=True)
