@@ -1,5 +1,4 @@
 import os
-import time
 
 os.environ.setdefault("TORCHINDUCTOR_CPP_CACHE_PRECOMPILE_HEADERS", "0")
 # CPU eager is the oracle, compared to 1e-6: workers (and the benchmarks' subprocesses) run on
@@ -10,17 +9,6 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import gt_core  # noqa: E402
-
-
-@torch._dynamo.register_backend
-def gt_slow(gm, example_inputs):
-    """A backend whose compiled blocks are slower than eager on purpose: regression reverts."""
-
-    def slow(*args):
-        time.sleep(0.01)
-        return gm.forward(*args)
-
-    return slow
 
 
 @pytest.fixture(autouse=True)
@@ -43,8 +31,8 @@ def _restore_options():
 def inprocess():
     """A fresh in-process worker (same executor code, no second process): fast logic tests."""
     gt_core.worker().stop()
-    # Regression reverts are timing-based: logic tests keep them out of reach (the revert
-    # tests set their own sample counts with a backend slowed on purpose).
+    # Regression reverts judge measured times: logic tests keep them out of reach (the revert
+    # tests set their own sample counts and give the runs fixed times: fixed_times).
     gt_core.configure(
         worker="inprocess",
         backend="eager",
@@ -56,6 +44,37 @@ def inprocess():
     gt_core.reset()
     yield gt_core.worker()
     gt_core.worker().stop()
+
+
+class FixedTimes:
+    """Engine.timer for regression-check tests: each run of a kind takes the ms given for it.
+
+    ``eager`` and ``compiled``: milliseconds, or a function of nothing called per run (times
+    that depend on what the test's fake CPU share says). The judge then decides on these
+    numbers alone, however busy the machine is; the runs themselves still run.
+    """
+
+    def __init__(self, eager, compiled):
+        self.ms = {"eager": eager, "compiled": compiled}
+        self.kinds: list[str] = []  # of the runs timed, in order
+
+    def __call__(self, kind: str, fn, *args):
+        out = fn(*args)
+        self.kinds.append(kind)
+        ms = self.ms[kind]
+        return out, ms() if callable(ms) else ms
+
+
+@pytest.fixture
+def fixed_times(inprocess):
+    """fixed_times(eager=1.0, compiled=2.0): the in-process engine's runs take these ms."""
+
+    def install(eager, compiled) -> FixedTimes:
+        timer = FixedTimes(eager, compiled)
+        gt_core._capture.session().transport.ex.engine.timer = timer
+        return timer
+
+    return install
 
 
 @pytest.fixture(scope="session")

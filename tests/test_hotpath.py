@@ -46,8 +46,8 @@ def gt_fails_after_running(gm, example_inputs):
 @pytest.fixture
 def hot(inprocess):
     COMPILES.clear()
-    # Regression detection is timing-based: logic tests keep it out of reach (the revert
-    # test sets its own sample count with a backend that is slow on purpose).
+    # Regression detection judges measured times: logic tests keep it out of reach (the
+    # revert tests set their own sample count and give the runs fixed times).
     gt_core.configure(auto_compile=True, backend="gt_counting", background=False, threshold=3, regression_samples=10_000)
     yield
     gt_core.configure(auto_compile=False, background=True, threshold=5, backend="eager", config=None, regression_samples=5)
@@ -240,21 +240,58 @@ def test_an_eager_graph_failing_midway_is_an_error_then_its_instructions_run(hot
         assert loss.item() == pytest.approx(F.mse_loss(model(x).cpu(), y.cpu()).item())
 
 
-def test_slower_compiled_block_is_reverted(hot):
-    gt_core.configure(backend="gt_slow", regression_samples=3)
+def _reverts():
+    return [e for e in gt_core.report().events if e["type"] == ev.REVERT]
+
+
+def test_slower_compiled_block_is_reverted(hot, fixed_times):
+    gt_core.configure(regression_samples=3)
+    fixed_times(eager=1.0, compiled=2.0)
     _check_against_eager(steps=14)
     (p,) = _paths()
     assert p["status"] == "reverted" and p["compiled_runs"] == 3
     assert "slower than eager" in p["fallback_reason"]
-    (e,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
-    assert e["compiled_ms"] > e["eager_ms"]
+    (e,) = _reverts()
+    assert (e["eager_ms"], e["compiled_ms"]) == (1.0, 2.0)
 
 
-def test_slower_compiled_block_is_reverted_when_compiled_in_the_background(inprocess):
+def test_faster_compiled_block_is_kept(hot, fixed_times):
+    gt_core.configure(regression_samples=3)
+    fixed_times(eager=2.0, compiled=1.0)
+    _check_against_eager(steps=14)
+    (p,) = _paths()
+    assert p["status"] == "compiled" and not _reverts()
+    (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
+    assert block.judged and p["compiled_runs"] > 3  # judged after 3 runs, compiled from then on
+
+
+@pytest.mark.parametrize(
+    ("compiled_ms", "status"),
+    [(0.5, "compiled"), (1.0, "compiled"), (1.05, "compiled"), (1.06, "reverted")],
+)
+def test_the_judge_reverts_only_past_a_5_percent_margin(hot, fixed_times, compiled_ms, status):
+    """Up to 5% slower than eager is noise, kept compiled; more is a regression."""
+    gt_core.configure(regression_samples=3)
+    fixed_times(eager=1.0, compiled=compiled_ms)
+    _check_against_eager(steps=10)
+    (p,) = _paths()
+    assert p["status"] == status
+    assert len(_reverts()) == (status == "reverted")
+
+
+def test_the_judge_compares_medians_so_one_stalled_run_is_no_regression(hot, fixed_times):
+    gt_core.configure(regression_samples=5)
+    compiled = iter([1.0, 1.0, 40.0, 1.0, 1.0] + [1.0] * 20)  # a stall: a mean of 8.8 ms
+    fixed_times(eager=2.0, compiled=lambda: next(compiled))
+    _check_against_eager(steps=14)
+    (p,) = _paths()
+    assert p["status"] == "compiled" and not _reverts()
+
+
+def test_slower_compiled_block_is_reverted_when_compiled_in_the_background(fixed_times):
     """Background compiles leave no clean eager baseline: one is timed after the compile."""
-    gt_core.configure(
-        auto_compile=True, backend="gt_slow", background=True, threshold=3, regression_samples=3
-    )
+    gt_core.configure(auto_compile=True, background=True, threshold=3, regression_samples=3)
+    timer = fixed_times(eager=1.0, compiled=2.0)
     with gt_core.capture():
         torch.manual_seed(0)
         model = mlp()
@@ -269,11 +306,15 @@ def test_slower_compiled_block_is_reverted_when_compiled_in_the_background(inpro
             gt_core.wait(compiles=True, timeout=30)
     (p,) = _paths()
     assert p["status"] == "reverted", p
-    (e,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
-    assert e["compiled_ms"] > e["eager_ms"] >= 0
+    (e,) = _reverts()
+    assert (e["eager_ms"], e["compiled_ms"]) == (1.0, 2.0)
+    assert e["reason"].endswith("over 3 runs"), e["reason"]
     kinds = [e["kind"] for e in gt_core.report().events if e["type"] == ev.ITERATION]
     first_compiled = kinds.index("compiled")
-    assert "eager" in kinds[first_compiled:], "a clean eager baseline timed after the compile"
+    assert kinds[first_compiled : first_compiled + 5] == ["compiled"] * 3 + ["eager"] * 2, (
+        "a clean eager baseline timed after the compile"
+    )
+    assert timer.kinds.count("compiled") == 3  # none after the revert
 
 
 def test_a_compiled_run_failing_midway_is_an_error_not_a_silent_rerun(hot):
@@ -464,7 +505,7 @@ def test_events_are_json_and_the_log_redraws_the_report(hot, tmp_path):
 
 
 def test_compile_runs_in_the_background_while_eager_continues(inprocess):
-    gt_core.configure(auto_compile=True, backend="gt_slow", background=True, threshold=3)
+    gt_core.configure(auto_compile=True, background=True, threshold=3)
     try:
         _check_against_eager(steps=12)
         gt_core._capture.session().request("engine", ("wait", 30))

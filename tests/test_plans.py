@@ -10,9 +10,12 @@ from models import mlp
 
 import gt_core
 from gt_core import events as ev
+from gt_core._hotpath import _MAX_PROBES
 from gt_core._instructions import FREE, OP, PUT, RUN, Ref
 from gt_core._lift import Scalar
 from gt_core._plan import Plan, Replay, Slot, expand
+from gt_core._transport import _CpuShare
+from gt_core.report import Status
 
 # -- the matcher on its own ----------------------------------------------------------------
 # mm(in0, in1) -> t0; mul(t0, <lifted float>) -> t1; free t0; add_(in0, t1, alpha=1)
@@ -326,7 +329,11 @@ def test_plans_cross_to_a_worker_process(process):
     assert gt_core._capture.session().replay.runs >= 10
 
 
-def test_iteration_timings_travel_together_and_a_sync_brings_them_all(hot):
+@pytest.mark.parametrize("window_s", [3600.0, 0.0], ids=["an-hour", "none"])
+def test_iteration_timings_travel_together_and_a_sync_brings_them_all(hot, monkeypatch, window_s):
+    # Timings wait up to _EVENTS_EVERY_S for one another: a window no step outlasts however
+    # busy the machine, or none at all, so what is sent depends on the window alone.
+    monkeypatch.setattr("gt_core._hotpath._EVENTS_EVERY_S", window_s)
     s = gt_core._capture.session()
     published = []
     on_events = s.transport._on_events
@@ -340,8 +347,10 @@ def test_iteration_timings_travel_together_and_a_sync_brings_them_all(hot):
     _train(60, True)  # ends with loss.item(): a sync
     iterations = [e for e in gt_core.events_log().snapshot() if e["type"] == ev.ITERATION]
     assert len(iterations) >= 50  # none held back after the sync
-    # far fewer messages than steps: timings wait up to 50 ms for one another
-    assert len(published) < len(iterations) / 2, published
+    if window_s:  # far fewer messages than steps
+        assert len(published) < len(iterations) / 2, published
+    else:  # each step's timing on its own
+        assert len(published) > len(iterations) / 2, published
 
 
 # -- the worker process's share of the CPU ------------------------------------------------
@@ -447,16 +456,21 @@ class _Share:
         return True
 
 
+def _engine():
+    return gt_core._capture.session().transport.ex.engine
+
+
 @pytest.mark.parametrize("client_waits_later", [True, False])
 def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
-    hot, client_waits_later
+    hot, fixed_times, client_waits_later
 ):
     class Share(_Share):  # the client waits for the eager runs, then perhaps records beside
         def choose(self, block):  # asked for compiled runs only
             self.waits = client_waits_later
 
-    gt_core.configure(regression_samples=5, backend="gt_slow")  # always reverted
-    gt_core._capture.session().transport.ex.engine.cpu_share = Share()
+    gt_core.configure(regression_samples=5)
+    fixed_times(eager=1.0, compiled=2.0)  # always reverted
+    _engine().cpu_share = Share()
     _train(30, True)
     (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
     kinds = [e["kind"] for e in gt_core.report().events if e["type"] == ev.ITERATION]
@@ -469,7 +483,34 @@ def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
     assert revert["reason"].endswith(f"over 5 runs ({runs})"), revert["reason"]
 
 
-def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_uses_all_runs(hot):
+def test_a_regression_check_judges_compiled_runs_against_eager_ones_in_their_condition(
+    hot, fixed_times
+):
+    """Eager runs while the client waits are fast, runs beside its recording slow: compiled
+    runs beside it are slower than the first, faster than the second, which decide."""
+
+    class Share(_Share):
+        def choose(self, block):  # compiled runs from now on: the client records beside
+            self.waits = False
+
+    share = _engine().cpu_share = Share()
+    gt_core.configure(regression_samples=5)
+    fixed_times(eager=lambda: 1.0 if share.waits else 4.0, compiled=2.0)
+    _train(30, True)
+    (block,) = _engine().blocks.values()
+    assert block.judged and block.probed == 2  # eager runs beside the recording, timed for it
+    assert block.samples[("eager", (True, False))] == [1.0, 1.0]  # never compared
+    assert block.samples[("eager", (False, False))] == [4.0, 4.0]
+    assert block.status == Status.COMPILED
+    assert not [e for e in gt_core.report().events if e["type"] == ev.REVERT]
+
+
+@pytest.mark.parametrize(
+    ("eager_ms", "compiled_ms", "status"), [(1.0, 2.0, "reverted"), (2.0, 1.0, "compiled")]
+)
+def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_uses_all_runs(
+    hot, fixed_times, eager_ms, compiled_ms, status
+):
     class Share(_Share):  # compiled runs beside the client's recording, eager ones while it waits
         reads = 2  # of waits since the last compiled run began (it reads it twice)
 
@@ -481,13 +522,43 @@ def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_use
         def choose(self, block):  # a compiled run begins
             self.reads = 0
 
-    gt_core.configure(regression_samples=5, backend="gt_slow")  # always reverted
-    gt_core._capture.session().transport.ex.engine.cpu_share = Share()
+    gt_core.configure(regression_samples=5)
+    timer = fixed_times(eager=eager_ms, compiled=compiled_ms)
+    _engine().cpu_share = Share()
     _train(40, True)
-    (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
-    assert block.judged and block.probed == 8  # probes stop at _MAX_PROBES
-    (revert,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
-    assert revert["reason"].endswith("(all of them)"), revert["reason"]
+    (block,) = _engine().blocks.values()
+    assert block.judged and block.probed == _MAX_PROBES  # then no more probes
+    assert block.status == status
+    reverts = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
+    if status == "reverted":
+        (revert,) = reverts
+        assert revert["reason"].endswith("(all of them)"), revert["reason"]
+        assert (revert["eager_ms"], revert["compiled_ms"]) == (eager_ms, compiled_ms)
+    else:  # kept: every eager run after the compile was a probe, and compiled from then on
+        after = timer.kinds[timer.kinds.index("compiled") :]
+        assert not reverts and after.count("eager") == _MAX_PROBES, after
+        assert after[-1] == "compiled"
+
+
+def test_runs_trying_a_thread_count_are_not_samples_of_the_compiled_block(hot, fixed_times):
+    """The runs with the worse thread count (here all slow) leave the judge's samples alone."""
+
+    class Share(_Share):
+        told = 0
+
+        def learn(self, block, n, ms):
+            self.told += 1
+            return self.told > _CpuShare.TRIALS  # the first runs try a thread count
+
+    share = _engine().cpu_share = Share()
+    gt_core.configure(regression_samples=3)
+    fixed_times(eager=2.0, compiled=lambda: 50.0 if share.told < _CpuShare.TRIALS else 1.0)
+    _train(30, True)
+    (block,) = _engine().blocks.values()
+    assert block.judged and block.status == Status.COMPILED
+    assert 50.0 not in block.samples[("compiled", (True, False))]
+    assert block.compiled_ms.count(50.0) == _CpuShare.TRIALS  # shown, just not judged
+    assert not [e for e in gt_core.report().events if e["type"] == ev.REVERT]
 
 
 
