@@ -166,7 +166,7 @@ def through_gt(batch: int, steps: int, backend: str) -> dict:
             hot = _main_block()
             if hot and hot["compiled_runs"] >= 3 or len(gt_core.events_log()) > 10_000:
                 break
-        s = gt_core._capture.session()
+        s = gt_core.client.capture.session()
         ops0, runs0 = s.counters["ops"], s.replay.runs
         t0 = time.perf_counter()
         for _ in range(steps):

@@ -1,7 +1,7 @@
 """gt: plain PyTorch on a worker process, its hot paths found and compiled."""
 
-from . import events, signal
-from ._capture import (
+from gt_core import signal
+from gt_core.client.capture import (
     WorkerHandle,
     capture,
     config,
@@ -13,11 +13,11 @@ from ._capture import (
     wait,
     worker,
 )
-from ._jit import jit
-from ._proxy import Proxy, is_remote
-from .config import Options
-from .diagnostics import diagnostics
-from .errors import (
+from gt_core.client.jit import jit
+from gt_core.client.proxy import Proxy, is_remote
+from gt_core.config import Options
+from gt_core.diagnostics import diagnostics
+from gt_core.errors import (
     CaptureError,
     CompiledRunFailed,
     ConfigError,
@@ -26,6 +26,7 @@ from .errors import (
     WorkerDied,
     WorkerLost,
 )
+from gt_core.observe import events
 
 __all__ = [
     "capture",

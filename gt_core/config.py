@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from .errors import ConfigError
+from gt_core.errors import ConfigError
 
 __all__ = ["Options", "from_env", "ENV", "load_signals", "check", "parse", "accepted"]
 

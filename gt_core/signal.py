@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ._instructions import MARK
+from gt_core.stream.instructions import MARK
 
 __all__ = ["context"]
 
@@ -16,7 +16,7 @@ __all__ = ["context"]
 @contextlib.contextmanager
 def context(name: str):
     """Mark the instructions inside the block as one occurrence of the signal ``name``."""
-    from ._capture import session
+    from gt_core.client.capture import session
 
     s = session()
     s.emit((MARK, str(name), "enter"))

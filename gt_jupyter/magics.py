@@ -24,8 +24,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import TraitError, TraitType
 from traitlets.config import Config, Configurable
 
-from .dashboard import SHOW, Dashboard, LiveUpdater
-from .views import Text, graph_view, status_view
+from gt_core.dashboard import SHOW, Dashboard, LiveUpdater
+from gt_core.views import Text, graph_view, status_view
 
 __all__ = ["GTMagics", "GT", "load", "unload"]
 
@@ -335,15 +335,15 @@ class GTMagics(Magics):
             )
         data = _core().report().to_data()
         a, b = (_canonical(data, _find_signature(data, s)) for s in rest)
-        from gt_core.signature import diff_text  # noqa: PLC0415
+        from gt_core.stream.canonical import diff_text  # noqa: PLC0415
 
         return Text(diff_text(a, b))
 
     def _cmd_log(self, rest):
         if len(rest) != 1:
             raise UsageError("%gt log: expected one PATH (an instruction log written with --log)")
-        from gt_core.events import load_log  # noqa: PLC0415
-        from gt_core.report import summarize  # noqa: PLC0415
+        from gt_core.observe.events import load_log  # noqa: PLC0415
+        from gt_core.observe.report import summarize  # noqa: PLC0415
 
         try:
             events = load_log(rest[0])
@@ -555,7 +555,7 @@ def _find_signature(data: dict, prefix: str | None) -> str:
     if not sigs:
         raise UsageError("%gt: no hot path yet (run a %%gt cell with a loop first)")
     if prefix is None:
-        from ._tables import primary  # noqa: PLC0415
+        from gt_core._tables import primary  # noqa: PLC0415
 
         return primary(data)
     hits = [s for s in sigs if s.startswith(prefix)]

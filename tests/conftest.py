@@ -18,7 +18,7 @@ def _restore_options():
     (A test that set dynamic=True once made a later test compile through Dynamo instead of
     calling inductor directly, depending on the order the tests ran in.)
     """
-    from gt_core import _capture
+    from gt_core.client import capture as _capture
 
     saved = _capture._options()
     yield
@@ -71,7 +71,7 @@ def fixed_times(inprocess):
 
     def install(eager, compiled) -> FixedTimes:
         timer = FixedTimes(eager, compiled)
-        gt_core._capture.session().transport.ex.engine.timer = timer
+        gt_core.client.capture.session().transport.engine.timer = timer
         return timer
 
     return install

@@ -3,8 +3,8 @@
 import pytest
 
 from gt_core import events as ev
-from gt_core.causes import CAUSES, KINDS, budget_message, explain, short_reason
-from gt_core.user_compiles import summarize_user_compiles
+from gt_core.observe.causes import CAUSES, KINDS, budget_message, explain, short_reason
+from gt_core.observe.user_compiles import summarize_user_compiles
 
 # Reason texts as torch 2.13 wrote them (CompilationMetrics.recompile_reason, graph-break
 # logs, the recompile-limit warning), recorded while building gt_core.diagnostics.

@@ -1,4 +1,4 @@
-"""Issue 7, item 4: inductor compiles in a process of their own (gt_core._compile_proc)."""
+"""Issue 7, item 4: inductor compiles in a process of their own (gt_core.compile.process)."""
 
 import os
 import pickle
@@ -13,7 +13,7 @@ from models import mlp
 
 import gt_core
 from gt_core import events as ev
-from gt_core._compile_proc import CompileProcess, CompileProcessDied
+from gt_core.compile.process import CompileProcess, CompileProcessDied
 from gt_core.config import from_env
 
 
@@ -168,7 +168,7 @@ def test_a_capture_without_inductor_stops_the_compile_process(inprocess):
     gt_core.configure(backend="inductor", auto_compile=True, background=True)
     try:
         with gt_core.capture():
-            engine = gt_core._capture.session().transport.ex.engine
+            engine = gt_core.client.capture.session().transport.engine
             assert engine.compile_process() is not None
         with gt_core.capture(backend="eager"):
             assert engine._compiler is None  # a warm-up of a spawned worker is cut short too

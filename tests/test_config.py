@@ -18,7 +18,7 @@ from IPython.testing.globalipapp import start_ipython
 from traitlets import TraitError
 
 import gt_core
-from gt_core import _capture
+from gt_core.client import capture as _capture
 from gt_core.config import ENV, Options, from_env, load_signals, parse
 from gt_jupyter.magics import GT
 
@@ -185,7 +185,7 @@ def test_worker_threads_and_flush_at_come_from_the_options(fresh, monkeypatch, i
 
 
 def test_the_worker_share_of_cpu_threads_takes_the_option():
-    from gt_core._transport import _CpuShare
+    from gt_core.remote.cpu_share import CpuShare as _CpuShare
 
     threads = torch.get_num_threads()
     try:

@@ -19,9 +19,9 @@ from conftest import assert_close
 from models import TRANSFORMER, mlp
 
 import gt_core
-from gt_core import _hotpath
 from gt_core import events as ev
-from gt_core._compiler import cudagraph_skips, mutated_inputs, replay_here
+from gt_core.compile.lower import cudagraph_skips, mutated_inputs, replay_here
+from gt_core.hotpath import engine as _hotpath
 from gt_jupyter._tables import reason_rows, status_html, to_text
 
 aten = torch.ops.aten

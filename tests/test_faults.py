@@ -20,8 +20,8 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing.globalipapp import start_ipython
 
 import gt_core
-from gt_core import _capture
-from gt_core.report import summarize
+from gt_core.client import capture as _capture
+from gt_core.observe.report import summarize
 
 
 def _until(cond, timeout: float = 30.0) -> bool:
@@ -129,7 +129,7 @@ def test_ctrl_c_anywhere_in_a_training_cell_leaves_a_session_equal_to_eager(proc
 
 
 def test_a_held_interrupt_is_raised_at_the_next_op_not_lost(inprocess):
-    from gt_core import _interrupt
+    from gt_core.client import interrupt as _interrupt
 
     with gt_core.capture():
         a = torch.ones(3)
@@ -140,7 +140,8 @@ def test_a_held_interrupt_is_raised_at_the_next_op_not_lost(inprocess):
 
 
 def test_an_interrupt_inside_gt_code_is_held_and_outside_it_is_not():
-    from gt_core import _interrupt, _session
+    from gt_core.client import interrupt as _interrupt
+    from gt_core.client import session as _session
 
     assert _interrupt._in_gt(_frame_in(_session))
     assert not _interrupt._in_gt(sys._getframe())  # this file is the user's

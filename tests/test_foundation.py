@@ -229,7 +229,7 @@ def test_worker_memory_is_bounded_over_a_long_loop(inprocess):
 
 
 def test_client_does_not_wait_between_ops(inprocess):
-    s = gt_core._capture.session()
+    s = gt_core.client.capture.session()
     with gt_core.capture():
         x = torch.randn(8, 8)
         syncs = s.counters["syncs"]

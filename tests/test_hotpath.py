@@ -187,7 +187,7 @@ def test_eager_runs_of_a_hot_block_are_its_eager_graph_and_equal_eager_exactly(
 ):
     """A block that runs eagerly (before its compile, after a revert or a failed compile) runs
     as one generated function of the same ops: bit for bit what eager PyTorch computes."""
-    from gt_core._hotpath import Engine
+    from gt_core.hotpath.engine import Engine
 
     instructions = []
     run_eagerly = Engine._run_eagerly
@@ -202,7 +202,7 @@ def test_eager_runs_of_a_hot_block_are_its_eager_graph_and_equal_eager_exactly(
         assert torch.equal(a.cpu(), b)
     step = max(_paths(), key=lambda p: p["eager_runs"])  # (the transformer has a second,
     assert step["status"] == "failed" and step["eager_runs"] >= 8  # smaller one that never ran)
-    blocks = gt_core._capture.session().transport.ex.engine.blocks.values()
+    blocks = gt_core.client.capture.session().transport.engine.blocks.values()
     assert all(b.eager_fn is not None for b in blocks)
     assert not instructions  # no occurrence ran op by op
 
@@ -224,7 +224,7 @@ def test_an_eager_graph_failing_midway_is_an_error_then_its_instructions_run(hot
 
         for _ in range(8):
             step()
-        (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
+        (block,) = gt_core.client.capture.session().transport.engine.blocks.values()
         graph = block.eager_fn
 
         def fails_after_running(*args):
@@ -261,7 +261,7 @@ def test_faster_compiled_block_is_kept(hot, fixed_times):
     _check_against_eager(steps=14)
     (p,) = _paths()
     assert p["status"] == "compiled" and not _reverts()
-    (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
+    (block,) = gt_core.client.capture.session().transport.engine.blocks.values()
     assert block.judged and p["compiled_runs"] > 3  # judged after 3 runs, compiled from then on
 
 
@@ -494,7 +494,7 @@ def test_events_are_json_and_the_log_redraws_the_report(hot, tmp_path):
     types = {e["type"] for e in data["events"]}
     assert {ev.DETECTED, ev.COMPILE_STARTED, ev.COMPILE_FINISHED, ev.ITERATION} <= types
     offline = gt_core.report.__self__ if False else None  # noqa: F841
-    from gt_core.report import summarize
+    from gt_core.observe.report import summarize
 
     again = summarize(gt_core.events.load_log(log))
     assert again["hot_paths"][0]["signature"] == p["signature"]
@@ -508,7 +508,7 @@ def test_compile_runs_in_the_background_while_eager_continues(inprocess):
     gt_core.configure(auto_compile=True, background=True, threshold=3)
     try:
         _check_against_eager(steps=12)
-        gt_core._capture.session().request("engine", ("wait", 30))
+        gt_core.client.capture.session().request("engine", ("wait", 30))
     finally:
         gt_core.configure(auto_compile=False)
     types = [e["type"] for e in gt_core.report().events]
@@ -531,7 +531,7 @@ def test_inductor_mlp_step_equal_to_eager_and_alpha_kept(inprocess):
 def test_alpha_rewrite_is_needed_and_correct():
     from torch import fx
 
-    from gt_core._compiler import compile_block, rewrite_alpha
+    from gt_core.compile.lower import compile_block, rewrite_alpha
 
     def f(w, a, b):
         return (torch.ops.aten.add.Tensor(w, torch.ops.aten.mm.default(a, b), alpha=-0.01),)

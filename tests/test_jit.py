@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from models import TRANSFORMER, Block, mlp
 
 import gt_core
-from gt_core import _capture
+from gt_core.client import capture as _capture
 
 
 def _jit_events(state=None):
@@ -280,7 +280,7 @@ def test_a_global_rebound_to_another_object_runs_the_python(inprocess):
 
 
 def test_replayed_calls_in_flight_are_bounded(process, monkeypatch):
-    from gt_core import _jit
+    from gt_core.client import jit as _jit
 
     waits = []
     t = _capture.session().transport

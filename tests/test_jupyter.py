@@ -12,7 +12,7 @@ from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing.globalipapp import start_ipython
 
 import gt_core
-from gt_core.report import summarize
+from gt_core.observe.report import summarize
 from gt_jupyter import _figures, _tables
 from gt_jupyter.dashboard import Dashboard
 from gt_jupyter.magics import GT

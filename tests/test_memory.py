@@ -11,7 +11,7 @@ import random
 import pytest
 
 from gt_core import events as ev
-from gt_core.report import summarize
+from gt_core.observe.report import summarize
 from gt_jupyter import _figures, _tables
 
 SIG = "abc123"

@@ -113,7 +113,7 @@ def test_adam_step_counter_item_needs_no_round_trip(inprocess):
         x = torch.randn(4, 32)
         model(x).sum().backward()
         opt.step()
-        session = gt_core._capture.session()
+        session = gt_core.client.capture.session()
         before = session.counters["syncs"]
         for _ in range(3):
             model(x).sum().backward()
@@ -202,7 +202,7 @@ def test_reduce_overhead_mode_reaches_the_compiled_block(inprocess, monkeypatch)
 
 
 def test_int_lists_and_scalar_keywords_take_the_fast_path(inprocess, monkeypatch):
-    from gt_core import _proxy
+    from gt_core.client import proxy as _proxy
 
     slow = []
     real = _proxy._record
@@ -231,7 +231,7 @@ def test_int_lists_and_scalar_keywords_take_the_fast_path(inprocess, monkeypatch
 
 
 def test_changing_floats_reuse_cached_metadata_where_values_cannot_matter(inprocess):
-    from gt_core import _proxy
+    from gt_core.client import proxy as _proxy
 
     with gt_core.capture():
         torch.manual_seed(0)

@@ -10,12 +10,13 @@ from models import mlp
 
 import gt_core
 from gt_core import events as ev
-from gt_core._hotpath import _MAX_PROBES
-from gt_core._instructions import FREE, OP, PUT, RUN, Ref
-from gt_core._lift import Scalar
-from gt_core._plan import Plan, Replay, Slot, expand
-from gt_core._transport import _CpuShare
-from gt_core.report import Status
+from gt_core.client.replay import Replay
+from gt_core.hotpath.engine import _MAX_PROBES
+from gt_core.observe.report import Status
+from gt_core.remote.cpu_share import CpuShare as _CpuShare
+from gt_core.stream.instructions import FREE, OP, PUT, RUN, Ref
+from gt_core.stream.lift import Scalar
+from gt_core.stream.plan import Plan, Slot, expand
 
 # -- the matcher on its own ----------------------------------------------------------------
 # mm(in0, in1) -> t0; mul(t0, <lifted float>) -> t1; free t0; add_(in0, t1, alpha=1)
@@ -141,13 +142,13 @@ def _sent(session):
 
 
 def test_training_steps_travel_as_one_message_each_and_match_eager(hot):
-    counts = _sent(gt_core._capture.session())
+    counts = _sent(gt_core.client.capture.session())
     params, losses = _train(40, True)
     ref, ref_losses = _train(40, False)
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
     assert losses == pytest.approx(ref_losses)
-    runs = gt_core._capture.session().replay.runs
+    runs = gt_core.client.capture.session().replay.runs
     assert runs >= 30, f"only {runs} of 40 steps were sent as one message"
     assert counts["runs"] == runs
     # before the plan arrived every op travelled on its own; after it, none did
@@ -223,7 +224,7 @@ def _stream(client_match: bool, adam: bool) -> tuple:
     gt_core.reset()
     gt_core.configure(client_match=client_match)
     sent = []
-    s = gt_core._capture.session()
+    s = gt_core.client.capture.session()
     send = s.transport.send
 
     def spying(batch):
@@ -245,7 +246,7 @@ def test_following_plans_sends_exactly_the_stream_recording_would(hot, adam):
     it midway (an op more, inputs of another size) reach the worker as the same instructions,
     in the same order, with the same ids, as without plans; the results are eager's."""
     with_plans, params, losses = _stream(True, adam)
-    r = gt_core._capture.session().replay
+    r = gt_core.client.capture.session().replay
     runs, followed = r.runs, r.followed
     without, _, _ = _stream(False, adam)
     assert runs >= 10 and followed >= 10 * 30, (runs, followed)
@@ -272,7 +273,7 @@ def test_same_ops_on_other_shapes_run_correctly_and_withdraw_the_plan(hot):
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
     assert losses == pytest.approx(ref_losses)
-    s = gt_core._capture.session()
+    s = gt_core.client.capture.session()
     assert s.replay.runs >= 1
     blocks = gt_core.report().to_data()["hot_paths"]
     assert len(blocks) == 2  # the new size is a block of its own, found by the worker
@@ -291,7 +292,7 @@ def test_a_step_that_differs_midway_runs_its_instructions_eagerly(hot):
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
     assert losses == pytest.approx(ref_losses)
-    assert gt_core._capture.session().replay.runs >= 5
+    assert gt_core.client.capture.session().replay.runs >= 5
 
 
 def test_adam_with_a_schedule_sends_lifted_scalars_in_the_run(hot):
@@ -301,19 +302,19 @@ def test_adam_with_a_schedule_sends_lifted_scalars_in_the_run(hot):
     ref, ref_losses = _train(30, False, opt=adam, sched=cosine)
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b, atol=1e-5, rtol=1e-4)
-    assert gt_core._capture.session().replay.runs >= 15
+    assert gt_core.client.capture.session().replay.runs >= 15
     data = gt_core.report().to_data()
     assert sum(e["type"] == ev.COMPILE_FINISHED for e in data["events"]) == 1
 
 
 def test_client_match_off_sends_every_op(hot):
     gt_core.configure(client_match=False)
-    counts = _sent(gt_core._capture.session())
+    counts = _sent(gt_core.client.capture.session())
     params, _ = _train(20, True)
     ref, _ = _train(20, False)
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
-    assert gt_core._capture.session().replay.runs == 0 and counts["runs"] == 0
+    assert gt_core.client.capture.session().replay.runs == 0 and counts["runs"] == 0
     assert gt_core.report().to_data()["hot_paths"][0]["compiled_runs"] >= 10
 
 
@@ -326,15 +327,15 @@ def test_plans_cross_to_a_worker_process(process):
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
     assert losses == pytest.approx(ref_losses)
-    assert gt_core._capture.session().replay.runs >= 10
+    assert gt_core.client.capture.session().replay.runs >= 10
 
 
 @pytest.mark.parametrize("window_s", [3600.0, 0.0], ids=["an-hour", "none"])
 def test_iteration_timings_travel_together_and_a_sync_brings_them_all(hot, monkeypatch, window_s):
     # Timings wait up to _EVENTS_EVERY_S for one another: a window no step outlasts however
     # busy the machine, or none at all, so what is sent depends on the window alone.
-    monkeypatch.setattr("gt_core._hotpath._EVENTS_EVERY_S", window_s)
-    s = gt_core._capture.session()
+    monkeypatch.setattr("gt_core.hotpath.engine._EVENTS_EVERY_S", window_s)
+    s = gt_core.client.capture.session()
     published = []
     on_events = s.transport._on_events
 
@@ -343,7 +344,7 @@ def test_iteration_timings_travel_together_and_a_sync_brings_them_all(hot, monke
         on_events(events)
 
     s.transport._on_events = counting
-    s.transport.ex.engine._publish = counting
+    s.transport.engine._publish = counting
     _train(60, True)  # ends with loss.item(): a sync
     iterations = [e for e in gt_core.events_log().snapshot() if e["type"] == ev.ITERATION]
     assert len(iterations) >= 50  # none held back after the sync
@@ -357,7 +358,7 @@ def test_iteration_timings_travel_together_and_a_sync_brings_them_all(hot, monke
 def test_the_worker_inbox_knows_when_the_client_waits():
     import multiprocessing as mp
 
-    from gt_core._transport import _Inbox
+    from gt_core.client.transport import _Inbox
 
     a, b = mp.Pipe()
     for msg in [("batch", [1]), ("req", "fetch", 3), ("batch", [2])]:
@@ -378,7 +379,7 @@ def two_threads():
 
 
 def test_the_worker_leaves_a_core_to_the_client_while_it_records(two_threads):
-    from gt_core._transport import _CpuShare
+    from gt_core.remote.cpu_share import CpuShare as _CpuShare
 
     share = _CpuShare(torch.device("cpu"))
     share.set(client_waits=False)
@@ -394,7 +395,7 @@ def test_the_worker_leaves_a_core_to_the_client_while_it_records(two_threads):
 
 
 def test_each_block_keeps_the_thread_count_it_ran_faster_with_while_the_client_waits(two_threads):
-    from gt_core._transport import _CpuShare
+    from gt_core.remote.cpu_share import CpuShare as _CpuShare
 
     share = _CpuShare(torch.device("cpu"))
     share.set(client_waits=False)
@@ -433,14 +434,14 @@ def test_compiled_runs_ask_the_cpu_share_for_their_thread_count(hot):
             return len(self.told) > 3  # the first three runs tried a thread count
 
     share = Share()
-    gt_core._capture.session().transport.ex.engine.cpu_share = share
+    gt_core.client.capture.session().transport.engine.cpu_share = share
     params, _ = _train(20, True)
     ref, _ = _train(20, False)
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
     assert share.asked and len(share.told) == len(share.asked)
     assert all(block == share.asked[0] and n == 1 and ms > 0 for block, n, ms in share.told)
-    (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
+    (block,) = gt_core.client.capture.session().transport.engine.blocks.values()
     assert len(block.samples[("compiled", (True, False))]) == len(share.told) - 3
 
 
@@ -457,7 +458,7 @@ class _Share:
 
 
 def _engine():
-    return gt_core._capture.session().transport.ex.engine
+    return gt_core.client.capture.session().transport.engine
 
 
 @pytest.mark.parametrize("client_waits_later", [True, False])
@@ -472,7 +473,7 @@ def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
     fixed_times(eager=1.0, compiled=2.0)  # always reverted
     _engine().cpu_share = Share()
     _train(30, True)
-    (block,) = gt_core._capture.session().transport.ex.engine.blocks.values()
+    (block,) = gt_core.client.capture.session().transport.engine.blocks.values()
     kinds = [e["kind"] for e in gt_core.report().events if e["type"] == ev.ITERATION]
     assert block.judged, kinds
     # Eager runs timed after the compile as the baseline: the one timed before it ran while
@@ -565,10 +566,10 @@ def test_runs_trying_a_thread_count_are_not_samples_of_the_compiled_block(hot, f
 def test_client_match_turned_back_on_gets_the_plans_again(hot):
     gt_core.configure(client_match=False)
     _train(20, True)
-    assert gt_core._capture.session().replay.runs == 0
+    assert gt_core.client.capture.session().replay.runs == 0
     gt_core.configure(client_match=True)
     params, _ = _train(20, True)
     ref, _ = _train(20, False)
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
-    assert gt_core._capture.session().replay.runs >= 10
+    assert gt_core.client.capture.session().replay.runs >= 10

@@ -12,7 +12,8 @@ from conftest import assert_close
 from models import TRANSFORMER, train
 
 import gt_core
-from gt_core import _executor, _portable
+from gt_core.remote import executor as _executor
+from gt_core.remote import portable as _portable
 
 aten = torch.ops.aten
 FWD = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -84,7 +85,7 @@ def test_transformer_block_trains_through_portable_attention_compiled_and_equal(
     assert got_losses == pytest.approx(ref_losses, abs=1e-5)
     for a, b in zip(got.parameters(), ref.parameters(), strict=True):
         assert_close(a, b, atol=1e-5)
-    ex = gt_core._capture.session().transport.ex
+    ex = gt_core.client.capture.session().transport.ex
     stand_ins = [op for op in ex.ops.values() if isinstance(op, _portable.Portable)]
     assert {op.op for op in stand_ins} == {FWD, BWD}
     paths = gt_core.report().to_data()["hot_paths"]

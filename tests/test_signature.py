@@ -2,8 +2,8 @@
 
 import torch
 
-from gt_core._instructions import FREE, OP, Ref
-from gt_core.signature import canonicalize, diff, diff_text, to_networkx
+from gt_core.stream.canonical import canonicalize, diff, diff_text, to_networkx
+from gt_core.stream.instructions import FREE, OP, Ref
 
 F32 = ((8, 8), (8, 1), torch.float32, torch.device("cpu"))
 F32_B = ((4, 8), (8, 1), torch.float32, torch.device("cpu"))

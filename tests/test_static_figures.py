@@ -8,7 +8,7 @@ import torch
 
 import gt_core
 from gt_core import events as ev
-from gt_core.report import summarize
+from gt_core.observe.report import summarize
 from gt_jupyter import _figures, _svg, _tables
 from gt_jupyter.dashboard import Dashboard
 from gt_jupyter.views import GraphView

@@ -204,7 +204,7 @@ def test_deepcopy_model_is_made_on_the_worker_and_independent(process, inside):
 
 
 def _syncs():
-    return gt_core._capture.session().counters["syncs"]
+    return gt_core.client.capture.session().counters["syncs"]
 
 
 def test_deepcopy_keeps_grads_and_flags_as_eager(process):
@@ -306,9 +306,9 @@ def test_model_cpu_makes_plain_tensors(inprocess, move):
     ref, ref_opt, x, y = _trained(False)
     got, got_opt, *_ = _trained(True)
     params = list(got.parameters())
-    uploads = gt_core._capture.session().counters["uploads"]
+    uploads = gt_core.client.capture.session().counters["uploads"]
     assert move(got) is got
-    assert gt_core._capture.session().counters["uploads"] == uploads  # nothing went back
+    assert gt_core.client.capture.session().counters["uploads"] == uploads  # nothing went back
     for (name, a), b in zip(got.named_parameters(), ref.parameters(), strict=True):
         assert not gt_core.is_remote(a), name
         assert type(a) is torch.nn.Parameter and a.requires_grad, name

@@ -5,8 +5,8 @@ import torch
 from conftest import assert_close
 
 import gt_core
-from gt_core._executor import Executor
-from gt_core._instructions import DEFOP, OP, PUT, Ref
+from gt_core.remote.executor import Executor
+from gt_core.stream.instructions import DEFOP, OP, PUT, Ref
 
 
 # Defined in the client's process only: a spawned worker has never heard of it.

@@ -4,7 +4,7 @@ A session lives as long as its worker. Restarting the worker starts a new sessio
 proxy can tell whether the worker that holds its value still exists.
 
 Every instruction goes through :meth:`Session.emit`. Once the worker has sent plans of its
-hot blocks, emit hands instructions to the :class:`~gt_core._plan.Replay`, which turns each
+hot blocks, emit hands instructions to the :class:`~gt_core.stream.plan.Replay`, which turns each
 complete occurrence into one RUN and sends it at once (the worker runs step i while the
 client records step i+1). Proxies that die only queue their id (``freed``): a free never
 re-enters the matcher from a destructor; it joins the stream before the next instruction.
@@ -18,12 +18,12 @@ import statistics
 import threading
 from collections import deque
 
-from . import events as ev
-from ._instructions import DEFOP, FREE, RNG, SEED, defining_module, qualified_name
-from ._interrupt import check as check_interrupt
-from ._plan import Replay
-from .config import Options
-from .errors import WorkerDied, WorkerLost
+from gt_core.client.interrupt import check as check_interrupt
+from gt_core.client.replay import Replay
+from gt_core.config import Options
+from gt_core.errors import WorkerDied, WorkerLost
+from gt_core.observe import events as ev
+from gt_core.stream.instructions import DEFOP, FREE, RNG, SEED, defining_module, qualified_name
 
 __all__ = ["Session", "LOCK"]
 
@@ -39,7 +39,7 @@ class Session:
     """Ids, the pending batch and the transport of one worker generation."""
 
     def __init__(self, options: Options, log: ev.EventLog):
-        from ._transport import InProcessTransport, ProcessTransport
+        from gt_core.client.transport import InProcessTransport, ProcessTransport
 
         self.gen = next(_generations)
         self.options = options

@@ -41,7 +41,7 @@ SIGNAL = "signal"  # name, phase ("enter" | "exit")
 JIT = "jit"  # function, name, state ("replaying" | "refused"), signature, reason, frozen, ...
 JIT_STATS = "jit.stats"  # function, name, signature, replayed, client_ms (cumulative)
 CLIENT_STATS = "client.stats"  # signature, runs, client_ms: the client's ms per occurrence
-PLAN = "hotpath.plan"  # signature, plan (a gt_core._plan.Plan, or None to withdraw it): for the client's matcher, never logged
+PLAN = "hotpath.plan"  # signature, plan (a gt_core.stream.plan.Plan, or None to withdraw it): for the client's matcher, never logged
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause
 STATS = "stats"  # ops, frees, syncs, uploads (client counters, cumulative)

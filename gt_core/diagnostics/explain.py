@@ -33,7 +33,7 @@ def _codes(obj) -> tuple[str, list]:
     """(name, the code objects Dynamo may have compiled for ``obj``)."""
     from torch._dynamo.eval_frame import innermost_fn
 
-    from ._stance import display_name
+    from gt_core.diagnostics.stance import display_name
 
     mod = getattr(obj, "_orig_mod", None)
     if mod is not None:  # torch.compile(module)
@@ -120,7 +120,7 @@ def explain(fn_or_name, frame) -> str:
     """The text of ``gt_core.diagnostics.explain`` (``frame``: where a name is looked up)."""
     from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    from .diagnostics import recompile_limit
+    from gt_core.diagnostics import recompile_limit
 
     obj = _resolve(fn_or_name, frame)
     name, codes = _codes(obj)

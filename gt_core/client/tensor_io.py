@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from ._proxy import Proxy, _rebind, upload
+from gt_core.client.proxy import Proxy, _rebind, upload
 
 __all__ = [
     "reduce",
@@ -172,7 +172,7 @@ def to(p: Proxy, args: tuple, kwargs: dict):
 def _capturing() -> bool:
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    from ._proxy import CaptureMode
+    from gt_core.client.proxy import CaptureMode
 
     return any(isinstance(m, CaptureMode) for m in _get_current_dispatch_mode_stack())
 

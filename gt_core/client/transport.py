@@ -7,15 +7,12 @@ back on their own channel, read by a thread of the client, so the dashboard sees
 
 from __future__ import annotations
 
-import collections
 import contextlib
-import gc
 import itertools
 import multiprocessing as mp
 import os
 import pickle
 import signal
-import statistics
 import sys
 import threading
 import time
@@ -24,248 +21,16 @@ import types
 
 import torch
 
-from . import events as ev
-from ._compile_proc import end_group
-from ._instructions import PUT, RNG
-from ._interrupt import check as check_interrupt
-from ._interrupt import interruptible
-from .errors import WorkerDied
+from gt_core.client.interrupt import check as check_interrupt
+from gt_core.client.interrupt import interruptible
+from gt_core.compile.process import end_group
+from gt_core.errors import WorkerDied
+from gt_core.observe import events as ev
+from gt_core.stream.instructions import PUT, RNG
 
-__all__ = ["Transport", "ProcessTransport", "InProcessTransport", "worker_main"]
+__all__ = ["Transport", "ProcessTransport", "InProcessTransport"]
 
 _POLL_S = 0.05
-
-
-def _device(choice: str = "auto"):
-    """The worker's device: the option's, or for "auto" CUDA where present, else the CPU."""
-    import torch
-
-    if choice == "auto":
-        choice = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(choice)
-
-
-def _make_executor(options, publish):
-
-    from ._executor import Executor
-    from ._hotpath import Engine
-
-    try:
-        import torch._inductor.config as ic
-
-        ic.fallback_random = True  # compiled random ops draw from the same generator as eager
-    except Exception:
-        pass
-    ex = Executor(_device(options.device), publish)
-    ex.engine = Engine(ex, options, publish)
-    return ex
-
-
-def _serve(ex, msg):
-    """Answer one request ``("req", id, kind, payload)``: ("ok", value) or ("err", exception)."""
-    kind, payload = msg[2], msg[3]
-    ex.barrier(kind)
-    err = ex.take_error()
-    if err is not None:
-        return ("err", err)
-    try:
-        if kind == "fetch":
-            return ("ok", ex.fetch(payload))
-        if kind == "call":
-            return ("ok", ex.call(*payload))
-        if kind == "stats":
-            return ("ok", ex.stats())
-        if kind == "ping":
-            return ("ok", (os.getpid(), str(ex.device)))
-        if kind == "engine":
-            return ("ok", ex.engine.control(*payload))
-        if kind == "events_sent":
-            ex.publish_events()  # the count includes every event up to here
-            return ("ok", _sent[0])
-        if kind == "rng":  # the CPU generator's state, after everything sent so far ran
-            return ("ok", torch.get_rng_state())
-        return ("err", ValueError(f"gt worker: unknown request {kind!r}"))
-    except Exception as exc:
-        return ("err", exc)
-
-
-_sent = [0]  # event batches this worker process has published (see ProcessTransport.drain)
-
-
-def worker_main(conn, event_conn, options) -> None:
-    """The worker process's loop: run batches, answer requests, until told to stop."""
-    lock = threading.Lock()
-
-    def publish(events):
-        with lock:
-            event_conn.send(events)
-            _sent[0] += 1
-
-    # Ctrl-C in a terminal reaches the whole process group: it is the client's to handle (its
-    # wait ends; this process finishes the work and answers). SIGTERM (the client exiting
-    # without stop()) ends the loop below, so the compile process and its files go too.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    from ._instructions import import_op_modules
-
-    torch.set_grad_enabled(False)  # autograd runs in the client; the worker sees plain aten ops
-    try:
-        import_op_modules(options.worker_imports)
-    except Exception as exc:  # the answer to the client's first request, then the end
-        _refuse(conn, exc)
-        return
-    ex = _make_executor(options, publish)
-    cp = ex.engine.compile_process() if options.auto_compile or options.compile_all else None
-    if cp is not None:
-        cp.start()  # the compile process imports beside this one
-        cp.imports()  # before serving, not beside a step: seconds of Python holding the GIL
-        threading.Thread(target=ex.engine.warm, name="gt-compile-warm", daemon=True).start()
-    gc.freeze()  # torch's own objects live as long as the worker: full collections skip them
-    publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(ex.device))])
-    share = ex.engine.cpu_share = _CpuShare(ex.device, options.worker_threads)
-    inbox = _Inbox(conn)
-    try:
-        while True:
-            try:
-                msg = inbox.next()
-            except (EOFError, OSError):
-                break  # the client went away
-            share.set(inbox.requests > 0 or msg[0] == "req", ex.engine.compiling > 0)
-            if msg[0] == "batch":
-                ex.feed(msg[1])
-            elif msg[0] == "req":
-                status, value = _serve(ex, msg)
-                try:
-                    conn.send((msg[1], status, value))  # the request's id: see request()
-                except Exception as exc:  # an unpicklable exception or value
-                    why = RuntimeError(f"{type(value).__name__}: {value}\n{exc}")
-                    conn.send((msg[1], "err", why))
-                # The events up to this sync go out after its answer, not before it:
-                # publishing (pickling, a write) cost every .item() about 30 µs of waiting.
-                # The client's event thread receives them either way; wait() and report()
-                # drain them.
-                ex.publish_events()
-            elif msg[0] == "mark":  # everything sent before it has run (see post_mark)
-                conn.send((msg[1], "ok", None))
-            elif msg[0] == "stop":
-                break
-    except SystemExit:
-        pass
-    finally:
-        with contextlib.suppress(Exception):  # the client may be gone: nothing to tell
-            ex.engine.close()
-    try:
-        publish([ev.event(ev.WORKER, state="stopped", pid=os.getpid(), device=str(ex.device))])
-    except Exception:
-        pass
-
-
-def _exit_on_sigterm(signum, frame):
-    raise SystemExit(0)
-
-
-def _refuse(conn, exc: BaseException) -> None:
-    """Answer the first request with ``exc`` (a worker that could not start)."""
-    try:
-        while True:
-            msg = conn.recv()
-            if msg[0] == "req":
-                conn.send((msg[1], "err", exc))
-                return
-    except (EOFError, OSError):
-        pass
-
-
-class _Inbox:
-    """The worker's incoming messages, read as soon as they are sent: knows if a request waits."""
-
-    def __init__(self, conn):
-        self.conn = conn
-        self.queue: collections.deque = collections.deque()
-        self.requests = 0  # requests queued: the client is blocked on one
-
-    def next(self):
-        if not self.queue:
-            self._take(self.conn.recv())
-        while self.conn.poll(0):
-            self._take(self.conn.recv())
-        msg = self.queue.popleft()
-        if msg[0] == "req":
-            self.requests -= 1
-        return msg
-
-    def _take(self, msg) -> None:
-        self.queue.append(msg)
-        if msg[0] == "req":
-            self.requests += 1
-
-
-class _CpuShare:
-    """The worker's intra-op threads on a CPU: every core while the client waits for an answer,
-    one fewer while the client records the next steps, one fewer again while a block compiles.
-
-    Two busy processes on too few cores stall each other: OpenMP's barriers spin for threads
-    the client's recording has preempted. Measured on 2 cores (benchmarks/overhead.py, MLP
-    batch 128, no sync): a compiled step took 3.4 ms on the worker with 2 threads beside the
-    client and 1.2 ms with 1. Beside an inductor compile (its process and C++ builds), eager
-    runs with 2 threads stalled up to 117 ms; with 1, at most 13 ms (benchmarks/stall.py).
-
-    Whether a compiled block gains from the extra core while the client waits depends on the
-    block: the MLP step at batch 128 took 0.73 ms with 2 threads and 1.18 ms with 1, at batch
-    8 it took 0.35 ms with 2 and 0.19 ms with 1 (waking the second thread for each of its
-    small kernels costs more than it saves, and its spinning afterwards slowed the client's
-    recording of the next step). So each block tries both counts a few times and keeps the
-    one with the lower median (see choose and learn).
-    """
-
-    TRIALS = 5  # runs per thread count before a block's choice is made
-
-    def __init__(self, device, threads: int | None = None):
-        import torch
-
-        self.torch = torch
-        self.all = torch.get_num_threads()
-        self.active = device.type == "cpu" and self.all > 1
-        self.now = self.all
-        self.waits = False
-        self.trials: dict[str, dict[int, list[float]]] = {}  # block -> thread count -> ms
-        self.chosen: dict[str, int] = {}
-        if threads:  # a fixed count instead (options.worker_threads; benchmarks)
-            torch.set_num_threads(threads)
-            self.active = False
-
-    def set(self, client_waits: bool, compiling: bool = False) -> None:
-        if not self.active:
-            return
-        self.waits = client_waits
-        self._use(max(1, self.all - (not client_waits) - compiling))
-
-    def _use(self, n: int) -> None:
-        if n != self.now:
-            self.torch.set_num_threads(n)
-            self.now = n
-
-    def choose(self, block: str) -> int | None:
-        """The thread count for a compiled run of ``block`` now (None: the current one)."""
-        if not self.active or not self.waits or self.now < 2:
-            return None  # nothing to choose: the client records beside it, or one core
-        n = self.chosen.get(block)
-        if n is None:
-            tried = self.trials.setdefault(block, {self.now: [], self.now - 1: []})
-            n = min(tried, key=lambda k: len(tried[k]))  # the count tried least so far
-        n = min(n, self.now)
-        self._use(n)
-        return n
-
-    def learn(self, block: str, n: int | None, ms: float) -> bool:
-        """A compiled run of ``block`` with ``n`` threads took ``ms``; False while trying."""
-        if n is None or block in self.chosen:
-            return True
-        tried = self.trials[block]
-        tried.setdefault(n, []).append(ms)
-        if all(len(v) >= self.TRIALS for v in tried.values()):
-            self.chosen[block] = min(tried, key=lambda k: statistics.median(tried[k]))
-        return False
 
 
 @contextlib.contextmanager
@@ -320,10 +85,9 @@ def _no_modes():
 @contextlib.contextmanager
 def _isolated():
     """Run worker code in the client's process as the worker process would: no capture, no grad."""
-    import torch
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from ._capture import _in_worker
+    from gt_core.client.capture import _in_worker
 
     was, _in_worker.active = getattr(_in_worker, "active", False), True
     try:
@@ -337,12 +101,14 @@ class InProcessTransport(Transport):
     """The executor in this process: same code path, no second process (debugging, tests)."""
 
     def __init__(self, options, on_events):
-        from ._instructions import import_op_modules
+        from gt_core.remote.serve import Worker
+        from gt_core.stream.instructions import import_op_modules
 
         self._on_events = on_events
         import_op_modules(options.worker_imports)
-        self.ex = _make_executor(options, on_events)
-        self.pid, self.device = os.getpid(), str(self.ex.device)
+        self.worker = Worker(options, on_events)
+        self.ex, self.engine = self.worker.ex, self.worker.engine
+        self.pid, self.device = os.getpid(), str(self.worker.device)
         on_events(
             [ev.event(ev.WORKER, state="started", pid=self.pid, device=self.device, inprocess=True)]
         )
@@ -350,12 +116,14 @@ class InProcessTransport(Transport):
 
     def send(self, batch):
         with _isolated():
-            self.ex.feed(batch)
+            self.worker.feed(batch)
 
     def request(self, kind, payload=None):
+        from gt_core.remote.serve import serve
+
         with _isolated():
-            status, value = _serve(self.ex, ("req", 0, kind, payload))
-            self.ex.publish_events()
+            status, value = serve(self.worker, ("req", 0, kind, payload))
+            self.worker.publish_events()
         if kind == "fetch" and status == "ok":
             # The worker's own tensor otherwise: later steps would change a value already
             # fetched (a saved state dict, a model moved to the CPU). A process worker's
@@ -370,7 +138,7 @@ class InProcessTransport(Transport):
 
     def stop(self):
         if self._alive:
-            self.ex.engine.close()
+            self.worker.close()
         self._alive = False
 
 
@@ -388,6 +156,8 @@ class ProcessTransport(Transport):
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._events_conn, child_events = ctx.Pipe(duplex=False)
+        from gt_core.remote.serve import worker_main
+
         self.proc = ctx.Process(
             target=worker_main, args=(child, child_events, options), daemon=True, name="gt-worker"
         )

@@ -20,14 +20,14 @@ import weakref
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ._instructions import OP, PUT, Ref
-from ._interrupt import GT_DIR, LIBRARY_DIRS
-from ._interrupt import STATE as HELD
-from ._interrupt import check as check_interrupt
-from ._lift import Scalar
-from ._plan import Slot
-from ._session import LOCK
-from .errors import UnsupportedOperation, WorkerLost
+from gt_core.client.interrupt import GT_DIR, LIBRARY_DIRS
+from gt_core.client.interrupt import STATE as HELD
+from gt_core.client.interrupt import check as check_interrupt
+from gt_core.client.session import LOCK
+from gt_core.errors import UnsupportedOperation, WorkerLost
+from gt_core.stream.instructions import OP, PUT, Ref
+from gt_core.stream.lift import Scalar
+from gt_core.stream.plan import Slot
 
 _OURS = (GT_DIR, *LIBRARY_DIRS)  # gt's, torch's and the standard library's files
 
@@ -91,7 +91,7 @@ class Proxy(torch.Tensor):
     # -- sync points that do not pass through the dispatcher ------------------------------
     def cpu(self, memory_format=torch.preserve_format) -> torch.Tensor:  # noqa: ARG002
         """The value as a plain CPU tensor (waits for the worker)."""
-        from ._tensor_io import mark_fetched
+        from gt_core.client.tensor_io import mark_fetched
 
         s = self._gt_s
         s.check()
@@ -99,25 +99,25 @@ class Proxy(torch.Tensor):
 
     def to(self, *args, **kwargs):
         """torch's ``to``; outside a capture, ``to("cpu")`` fetches (see ``_tensor_io.to``)."""
-        from ._tensor_io import to
+        from gt_core.client.tensor_io import to
 
         return to(self, args, kwargs)
 
     def __reduce_ex__(self, protocol):
         """Pickled (``torch.save``) as the plain tensor it stands for: its value is fetched."""
-        from ._tensor_io import reduce
+        from gt_core.client.tensor_io import reduce
 
         return reduce(self, protocol)
 
     def __copy__(self):
         """A tensor sharing this value on the worker, as copy.copy shares storage in eager."""
-        from ._tensor_io import shallow_copy
+        from gt_core.client.tensor_io import shallow_copy
 
         return shallow_copy(self)
 
     def __deepcopy__(self, memo):
         """A copy made on the worker (a recorded clone), as eager's deepcopy makes one."""
-        from ._tensor_io import deepcopy
+        from gt_core.client.tensor_io import deepcopy
 
         return deepcopy(self, memo)
 
@@ -163,7 +163,7 @@ class Proxy(torch.Tensor):
         # its own, so freeing x later does not free p's value.
         with LOCK:
             if not isinstance(other, Proxy):
-                from ._tensor_io import become_plain, is_fetched
+                from gt_core.client.tensor_io import become_plain, is_fetched
 
                 if is_fetched(other):  # a move to the CPU (Module.cpu()): p becomes that tensor
                     become_plain(self, other)
@@ -247,7 +247,7 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
 
 # -- recording ----------------------------------------------------------------------------
 def _current_session():
-    from . import _capture
+    from gt_core.client import capture as _capture
 
     s = _capture.session()
     s.check()  # a factory op for a dead worker fails now, not at some later flush
@@ -535,7 +535,7 @@ _SET_STORAGE = (
 
 def _record(func, args, kwargs):
     if func in _SET_STORAGE and isinstance(args[1], torch.UntypedStorage):
-        from ._tensor_io import set_host_storage  # torch.load builds tensors this way
+        from gt_core.client.tensor_io import set_host_storage  # torch.load builds tensors this way
 
         return set_host_storage(func, args, kwargs)
     w = _Walk(func)

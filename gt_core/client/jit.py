@@ -38,11 +38,11 @@ import types
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import events as ev
-from ._instructions import FREE, JIT_SIGNAL, MARK, OP, RUN, Ref, op_name
-from ._plan import _Occurrence
-from ._proxy import Proxy, upload
-from ._session import LOCK
+from gt_core.client.proxy import Proxy, upload
+from gt_core.client.replay import Occurrence
+from gt_core.client.session import LOCK
+from gt_core.observe import events as ev
+from gt_core.stream.instructions import FREE, JIT_SIGNAL, MARK, OP, RUN, Ref, op_name
 
 __all__ = ["jit", "Jit"]
 
@@ -77,7 +77,7 @@ class Jit:
         return self if obj is None else types.MethodType(self, obj)
 
     def __call__(self, *args, **kwargs):
-        from . import _capture
+        from gt_core.client import capture as _capture
 
         s = _capture._here.session
         if s is None:  # outside a capture: an ordinary call
@@ -419,7 +419,7 @@ class _Recipe:
     """What a replayed call does: where each input is read, where each output goes."""
 
     def __init__(self, plan, rec: _Recording):
-        occ = _Occurrence(plan)
+        occ = Occurrence(plan)
         for ins in rec.instrs:
             if not occ.match(ins):
                 raise _Refused("the worker's block does not match the recorded call")

@@ -6,8 +6,8 @@ calls it: a live session, a saved log and the dashboard read the same data.
 
 from __future__ import annotations
 
-from . import events as ev
-from .causes import budget_message, explain
+from gt_core.observe import events as ev
+from gt_core.observe.causes import budget_message, explain
 
 __all__ = ["summarize_user_compiles"]
 

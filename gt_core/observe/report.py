@@ -14,8 +14,8 @@ import html
 import statistics
 from dataclasses import dataclass, field
 
-from . import events as ev
-from .causes import explain
+from gt_core.observe import events as ev
+from gt_core.observe.causes import explain
 
 __all__ = ["Report", "summarize", "Status"]
 
@@ -229,7 +229,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             n, ms = folded[sig]
             p["saved_ms"] += n * p["eager_median_ms"] - ms
 
-    from .user_compiles import summarize_user_compiles  # noqa: PLC0415 (cycle-free, lazy)
+    from gt_core.observe.user_compiles import summarize_user_compiles  # noqa: PLC0415 (cycle-free, lazy)
 
     shown = list(events[since:])
     if since:  # the graphs of listed hot paths come from their detection, maybe earlier

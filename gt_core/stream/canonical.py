@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-from ._instructions import FREE, Ref
+from gt_core.stream.instructions import FREE, Ref
 
 __all__ = ["Canonical", "canonicalize", "Namer", "to_networkx", "diff", "diff_text", "signature_of"]
 

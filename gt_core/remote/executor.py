@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import importlib
 import sys
-import time
 
 import torch
 from torch.utils._pytree import tree_flatten
 
-from ._instructions import DEFOP, FREE, MARK, OP, PUT, RNG, SEED, SYNC, Ref, op_name, resolve_op
-from ._portable import for_device
-from .errors import UnsupportedOperation
+from gt_core.errors import UnsupportedOperation
+from gt_core.remote.portable import for_device
+from gt_core.stream.instructions import (
+    DEFOP,
+    FREE,
+    OP,
+    PUT,
+    RNG,
+    SEED,
+    Ref,
+    op_name,
+    resolve_op,
+)
 
 __all__ = ["Executor", "describe_args", "Unresolved"]
 
@@ -87,27 +96,8 @@ class Executor:
         self.poisoned: set[int] = set()  # ids whose producing instruction failed
         self.publish = publish or (lambda events: None)
         self.executed = 0
-        self.engine = None  # a hot-path engine; None runs every instruction eagerly
 
     # -- the stream ----------------------------------------------------------------------
-    def feed(self, instrs) -> None:
-        """Run a batch: through the hot-path engine when there is one, else eagerly."""
-        if self.engine is None:
-            for ins in instrs:
-                self.execute(ins)
-        else:
-            self.engine.feed(instrs)
-
-    def barrier(self, kind: str) -> None:
-        """A sync point: everything before it must have run (its events: see publish_events)."""
-        if self.engine is not None:
-            self.engine.feed([(SYNC, kind)])
-
-    def publish_events(self) -> None:
-        """Send the events still held back (after a sync's answer: see worker_main)."""
-        if self.engine is not None:
-            self.engine.flush_events()
-
     def execute(self, ins) -> None:
         """Run one instruction eagerly."""
         code = ins[0]
@@ -160,7 +150,9 @@ class Executor:
         except KeyError:  # an input failed earlier (or was freed): propagate, one error only
             self.poisoned.update(o for o in outs if o is not None)
             if self.error is None:
-                self.error = RuntimeError(f"gt worker: {op_name(self.ops[idx])} used a value that does not exist")
+                self.error = RuntimeError(
+                    f"gt worker: {op_name(self.ops[idx])} used a value that does not exist"
+                )
             return None
         if self._device_arg[idx]:
             k = self._place(k)
@@ -224,7 +216,9 @@ class Executor:
 
     def fetch(self, vid: int) -> torch.Tensor:
         if vid in self.poisoned:
-            raise RuntimeError("gt: this value was never computed: the op that makes it failed earlier")
+            raise RuntimeError(
+                "gt: this value was never computed: the op that makes it failed earlier"
+            )
         t = self.values[vid].detach()
         t = t.cpu() if t.device.type != "cpu" else t
         # A lazy conjugate or negative view (fft.ifft's output) loses its bit on the pipe.
@@ -255,7 +249,15 @@ class Executor:
                     "(strided) only. Bring the input home first (t.cpu()): ops on plain "
                     "tensors run in this process, inside capture too."
                 )
-        inputs = {id(v): r.id for v, r in zip(tree_flatten(a)[0] + tree_flatten(k)[0], tree_flatten(args)[0] + tree_flatten(kwargs)[0], strict=False) if isinstance(r, Ref)}
+        inputs = {
+            id(v): r.id
+            for v, r in zip(
+                tree_flatten(a)[0] + tree_flatten(k)[0],
+                tree_flatten(args)[0] + tree_flatten(kwargs)[0],
+                strict=False,
+            )
+            if isinstance(r, Ref)
+        }
         next_id = [base_id]
 
         def describe(x):
@@ -282,15 +284,3 @@ class Executor:
                 if t.layout == torch.strided  # (the only kind there is: see upload and call)
             ),
         }
-
-
-def timed(fn, *args):
-    """(result, milliseconds) of fn(*args), synchronising CUDA so the time is real."""
-    t0 = time.perf_counter()
-    out = fn(*args)
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        torch.cuda.synchronize()
-    return out, (time.perf_counter() - t0) * 1e3
-
-
-__all__ += ["timed", "MARK"]

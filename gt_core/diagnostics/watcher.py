@@ -13,9 +13,9 @@ import os
 import re
 import threading
 
-from . import _stance
-from . import events as ev
-from .causes import budget_message, short_reason
+from gt_core.diagnostics import stance as _stance
+from gt_core.observe import events as ev
+from gt_core.observe.causes import budget_message, short_reason
 
 _GT_DIR = os.path.dirname(os.path.abspath(__file__))
 _EXAMPLES = os.path.join(_GT_DIR, "examples")  # user code, though it ships with gt
@@ -69,7 +69,7 @@ def _qualname(co_name: str, filename: str, lineno: int) -> str:
 
 def _in_gt() -> bool:
     """Whether gt's own code runs here: its in-process worker, or one of its compile threads."""
-    from ._capture import _in_worker
+    from gt_core.client.capture import _in_worker
 
     return getattr(_in_worker, "active", False) or threading.current_thread().name.startswith("gt-")
 

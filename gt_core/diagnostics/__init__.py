@@ -35,8 +35,8 @@ import contextlib
 import sys
 import threading
 
-from . import events as ev
-from ._watcher import _Watcher, recompile_limit
+from gt_core.diagnostics.watcher import _Watcher, recompile_limit
+from gt_core.observe import events as ev
 
 __all__ = ["diagnostics", "explain", "recompile_limit"]
 
@@ -54,7 +54,7 @@ def diagnostics(log: ev.EventLog | None = None):
     In [2]: gt_core.report().to_data()["user_compiles"]
     """
     if log is None:
-        from ._capture import events_log
+        from gt_core.client.capture import events_log
 
         log = events_log()
     with _lock:
@@ -82,7 +82,7 @@ def diagnostics(log: ev.EventLog | None = None):
 
 def explain(fn_or_name) -> str:
     """One torch.compile'd function's cache entries (one per compile) and their guards, as text."""
-    from ._explain import explain as _explain
+    from gt_core.diagnostics.explain import explain as _explain
 
     return _explain(fn_or_name, sys._getframe(1))
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ._instructions import OP, Ref
-from .signature import Mismatch, Namer
+from gt_core.stream.canonical import Mismatch, Namer
+from gt_core.stream.instructions import OP, Ref
 
 __all__ = ["Scalar", "LiftNamer", "lift_positions", "lower", "has_scalars"]
 

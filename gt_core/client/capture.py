@@ -14,15 +14,15 @@ import torch
 import torch.optim.optimizer as _torch_optimizer
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from . import events as ev
-from ._interrupt import check as check_interrupt
-from ._interrupt import held
-from ._proxy import CaptureMode, Proxy, upload
-from ._session import LOCK
-from ._stance import routing
-from .config import Options, from_env
-from .errors import CaptureError, ConfigError
-from .report import Report
+from gt_core.client.interrupt import check as check_interrupt
+from gt_core.client.interrupt import held
+from gt_core.client.proxy import CaptureMode, Proxy, upload
+from gt_core.client.session import LOCK
+from gt_core.config import Options, from_env
+from gt_core.diagnostics.stance import routing
+from gt_core.errors import CaptureError, ConfigError
+from gt_core.observe import events as ev
+from gt_core.observe.report import Report
 
 __all__ = [
     "capture",
@@ -41,7 +41,7 @@ _lock = threading.RLock()
 
 
 class _InWorker(threading.local):
-    active = False  # in-process worker code runs in this thread (see _transport._isolated)
+    active = False  # in-process worker code runs in this thread (see client.transport._isolated)
 
 
 class _Here(threading.local):
@@ -125,7 +125,7 @@ def session(replace_dead: bool = False):
                 )
                 return fresh
         if s is None or s.closed:
-            from ._session import Session
+            from gt_core.client.session import Session
 
             opts = _options()
             _apply_log(opts)
@@ -223,7 +223,7 @@ def capture(**options):
         if _state["captures"] == 0:
             _patch_seed()
             _patch_capturable(True)
-            from ._tensor_io import place_optimizer_state
+            from gt_core.client.tensor_io import place_optimizer_state
 
             _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
             s.send_rng_state(torch.get_rng_state())

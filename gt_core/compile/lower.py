@@ -18,8 +18,8 @@ import time
 import torch
 import torch.fx as fx
 
-from ._lift import Scalar, _Lifted, lower
-from .signature import Canonical
+from gt_core.stream.canonical import Canonical
+from gt_core.stream.lift import Scalar, _Lifted, lower
 
 __all__ = [
     "build_graph",

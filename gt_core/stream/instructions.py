@@ -73,7 +73,7 @@ def import_op_modules(modules) -> None:
     """
     import importlib
 
-    from .errors import ConfigError
+    from gt_core.errors import ConfigError
 
     for name in modules:
         try:

@@ -30,7 +30,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from ._instructions import qualified_name
+from gt_core.stream.instructions import qualified_name
 
 __all__ = ["CompileProcess", "CompileProcessDied", "end_group"]
 
@@ -161,7 +161,7 @@ class CompileProcess:
         root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
         code = (
-            "from gt_core._compile_proc import main; "
+            "from gt_core.compile.process import main; "
             f"main({theirs.fileno()}, {self._dir!r}, {self._imports!r}, {sys.path!r})"
         )
         self._proc = subprocess.Popen(
@@ -216,8 +216,8 @@ def _load(path: str):
 
 
 def _build(canon, names, out_paths, n_scalars):
-    from ._compiler import build_graph
-    from ._instructions import resolve_op
+    from gt_core.compile.lower import build_graph
+    from gt_core.stream.instructions import resolve_op
 
     ops = {name: resolve_op(q) for name, q in names.items()}
     return build_graph(canon, ops, out_paths, True, n_scalars)  # alpha rewritten for inductor
@@ -248,7 +248,7 @@ def main(fd: int, folder: str, imports: tuple = (), path: list = ()) -> None:
     ).start()
     import torch
 
-    from ._instructions import import_op_modules
+    from gt_core.stream.instructions import import_op_modules
 
     sys.path.extend(p for p in path if p not in sys.path)
     unknown = ""  # why ops of worker_imports may be missing here: said with each failure

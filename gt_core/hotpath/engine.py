@@ -6,7 +6,7 @@ expected, is matched against the block's canonical form and buffered; a complete
 occurrence then runs as one call of the compiled function. A mismatch mid-block runs the
 buffered instructions eagerly: correct, just not faster.
 
-Each hot block's plan goes to the client (``gt_core._plan``), which from then on sends a
+Each hot block's plan goes to the client (``gt_core.stream.plan``), which from then on sends a
 whole occurrence as one RUN instruction: the engine checks its inputs against the block's
 and runs it like an occurrence it matched itself, with no per-instruction work.
 
@@ -25,25 +25,44 @@ from collections import deque
 
 import torch
 
-from . import events as ev
-from ._compile_proc import CompileProcess
-from ._compiler import (
+from gt_core.compile.lower import (
     build_graph,
     compile_block,
     cudagraph_skips,
     replay_here,
     uses_cudagraphs,
 )
-from ._executor import timed
-from ._instructions import BARRIERS, DEFOP, FREE, JIT_SIGNAL, MARK, OP, RUN, SYNC, Ref, op_name
-from ._lift import LiftNamer, lift_positions
-from ._plan import expand, make_plan
-from .config import Options
-from .errors import CompiledRunFailed
-from .report import Status
-from .signature import Canonical, Mismatch, Namer, _finish, _name, canonicalize
+from gt_core.compile.process import CompileProcess
+from gt_core.config import Options
+from gt_core.errors import CompiledRunFailed
+from gt_core.observe import events as ev
+from gt_core.observe.report import Status
+from gt_core.stream.canonical import Canonical, Mismatch, Namer, _finish, _name, canonicalize
+from gt_core.stream.instructions import (
+    BARRIERS,
+    DEFOP,
+    FREE,
+    JIT_SIGNAL,
+    MARK,
+    OP,
+    RUN,
+    SYNC,
+    Ref,
+    op_name,
+)
+from gt_core.stream.lift import LiftNamer, lift_positions
+from gt_core.stream.plan import expand, make_plan
 
 __all__ = ["Engine"]
+
+
+def timed(fn, *args):
+    """(result, milliseconds) of fn(*args), synchronising CUDA so the time is real."""
+    t0 = time.perf_counter()
+    out = fn(*args)
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return out, (time.perf_counter() - t0) * 1e3
 
 # GT_DEBUG_COMPILE=1: one line per detection, compile, fallback, revert (2: every event
 # but iterations: also compile starts, signals and mismatches).
@@ -262,7 +281,7 @@ class Engine:
         self._published = 0.0  # perf_counter of the last publish
         self._compiler: CompileProcess | None = None
         self.compiling = 0  # compiles under way (the worker leaves them a core)
-        self.cpu_share = None  # the worker process's intra-op threads (_transport._CpuShare)
+        self.cpu_share = None  # the worker process's intra-op threads (worker.cpu_share.CpuShare)
         # Every timed run of a block goes through this one callable, (kind, fn, *args) ->
         # (result, ms): regression checks judge what it measures, and a test that gives it
         # fixed times per kind gets the judge's decision without depending on the machine.
@@ -917,7 +936,7 @@ class Engine:
         )
         for other in self.blocks.values():
             if other is not block and other.canon.ops == block.canon.ops:
-                from .signature import diff
+                from gt_core.stream.canonical import diff
 
                 self.emit(
                     ev.RECOMPILE,
@@ -1133,7 +1152,7 @@ def _longest_segment(barriers: list[int], lo: int, p: int) -> tuple[int, int]:
 
 def _graph_data(data: dict) -> dict:
     """The block's dependency graph as plain nodes and edges (what the dashboard draws)."""
-    from .signature import to_networkx
+    from gt_core.stream.canonical import to_networkx
 
     g = to_networkx(data)
     nodes = [

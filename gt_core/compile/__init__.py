@@ -1,0 +1,1 @@
+"""Compiling a hot block: lowering to FX, backends, the compile process."""

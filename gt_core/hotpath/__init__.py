@@ -1,0 +1,1 @@
+"""Hot paths: the stream's history, detection, blocks, their runs and regression checks."""

@@ -1,0 +1,1 @@
+"""What gt tells (torch-free): events, the report, causes with fixes, metrics."""

@@ -1,0 +1,202 @@
+"""The worker process: its loop reads the client's messages, runs batches through the hot-path
+engine, and answers requests (a fetch, a sync op, a control) naming each request's id.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import gc
+import os
+import signal
+import threading
+
+import torch
+
+from gt_core.hotpath.engine import Engine
+from gt_core.observe import events as ev
+from gt_core.remote.cpu_share import CpuShare
+from gt_core.remote.executor import Executor
+from gt_core.stream.instructions import SYNC, import_op_modules
+
+__all__ = ["Worker", "worker_main", "serve"]
+
+
+def _device(choice: str = "auto"):
+    """The worker's device: the option's, or for "auto" CUDA where present, else the CPU."""
+    import torch
+
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(choice)
+
+
+class Worker:
+    """The executor and the hot-path engine over it: what a worker (or the in-process one) is.
+
+    Batches go through the engine, which runs their instructions on the executor (as hot
+    blocks, or one by one); the executor knows nothing of the engine.
+    """
+
+    def __init__(self, options, publish):
+        try:
+            import torch._inductor.config as ic
+
+            ic.fallback_random = True  # compiled random ops draw from the same generator as eager
+        except Exception:
+            pass
+        self.ex = Executor(_device(options.device), publish)
+        self.engine = Engine(self.ex, options, publish)
+        self.device = self.ex.device
+
+    def feed(self, batch) -> None:
+        self.engine.feed(batch)
+
+    def barrier(self, kind: str) -> None:
+        """A sync point: everything before it has run (its events: see publish_events)."""
+        self.engine.feed([(SYNC, kind)])
+
+    def publish_events(self) -> None:
+        """Send the events still held back (after a sync's answer: see worker_main)."""
+        self.engine.flush_events()
+
+    def close(self) -> None:
+        self.engine.close()
+
+
+def serve(w: Worker, msg):
+    """Answer one request ``("req", id, kind, payload)``: ("ok", value) or ("err", exception)."""
+    kind, payload = msg[2], msg[3]
+    w.barrier(kind)
+    ex = w.ex
+    err = ex.take_error()
+    if err is not None:
+        return ("err", err)
+    try:
+        if kind == "fetch":
+            return ("ok", ex.fetch(payload))
+        if kind == "call":
+            return ("ok", ex.call(*payload))
+        if kind == "stats":
+            return ("ok", ex.stats())
+        if kind == "ping":
+            return ("ok", (os.getpid(), str(ex.device)))
+        if kind == "engine":
+            return ("ok", w.engine.control(*payload))
+        if kind == "events_sent":
+            w.publish_events()  # the count includes every event up to here
+            return ("ok", _sent[0])
+        if kind == "rng":  # the CPU generator's state, after everything sent so far ran
+            return ("ok", torch.get_rng_state())
+        return ("err", ValueError(f"gt worker: unknown request {kind!r}"))
+    except Exception as exc:
+        return ("err", exc)
+
+
+_sent = [0]  # event batches this worker process has published (see the client's drain)
+
+
+def worker_main(conn, event_conn, options) -> None:
+    """The worker process's loop: run batches, answer requests, until told to stop."""
+    lock = threading.Lock()
+
+    def publish(events):
+        with lock:
+            event_conn.send(events)
+            _sent[0] += 1
+
+    # Ctrl-C in a terminal reaches the whole process group: it is the client's to handle (its
+    # wait ends; this process finishes the work and answers). SIGTERM (the client exiting
+    # without stop()) ends the loop below, so the compile process and its files go too.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    torch.set_grad_enabled(False)  # autograd runs in the client; the worker sees plain aten ops
+    try:
+        import_op_modules(options.worker_imports)
+    except Exception as exc:  # the answer to the client's first request, then the end
+        _refuse(conn, exc)
+        return
+    w = Worker(options, publish)
+    cp = w.engine.compile_process() if options.auto_compile or options.compile_all else None
+    if cp is not None:
+        cp.start()  # the compile process imports beside this one
+        cp.imports()  # before serving, not beside a step: seconds of Python holding the GIL
+        threading.Thread(target=w.engine.warm, name="gt-compile-warm", daemon=True).start()
+    gc.freeze()  # torch's own objects live as long as the worker: full collections skip them
+    publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(w.device))])
+    share = w.engine.cpu_share = CpuShare(w.device, options.worker_threads)
+    inbox = _Inbox(conn)
+    try:
+        while True:
+            try:
+                msg = inbox.next()
+            except (EOFError, OSError):
+                break  # the client went away
+            share.set(inbox.requests > 0 or msg[0] == "req", w.engine.compiling > 0)
+            if msg[0] == "batch":
+                w.feed(msg[1])
+            elif msg[0] == "req":
+                status, value = serve(w, msg)
+                try:
+                    conn.send((msg[1], status, value))  # the request's id: see request()
+                except Exception as exc:  # an unpicklable exception or value
+                    why = RuntimeError(f"{type(value).__name__}: {value}\n{exc}")
+                    conn.send((msg[1], "err", why))
+                # The events up to this sync go out after its answer, not before it:
+                # publishing (pickling, a write) cost every .item() about 30 µs of waiting.
+                # The client's event thread receives them either way; wait() and report()
+                # drain them.
+                w.publish_events()
+            elif msg[0] == "mark":  # everything sent before it has run (see post_mark)
+                conn.send((msg[1], "ok", None))
+            elif msg[0] == "stop":
+                break
+    except SystemExit:
+        pass
+    finally:
+        with contextlib.suppress(Exception):  # the client may be gone: nothing to tell
+            w.close()
+    try:
+        publish([ev.event(ev.WORKER, state="stopped", pid=os.getpid(), device=str(w.device))])
+    except Exception:
+        pass
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(0)
+
+
+def _refuse(conn, exc: BaseException) -> None:
+    """Answer the first request with ``exc`` (a worker that could not start)."""
+    try:
+        while True:
+            msg = conn.recv()
+            if msg[0] == "req":
+                conn.send((msg[1], "err", exc))
+                return
+    except (EOFError, OSError):
+        pass
+
+
+class _Inbox:
+    """The worker's incoming messages, read as soon as they are sent: knows if a request waits."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.queue: collections.deque = collections.deque()
+        self.requests = 0  # requests queued: the client is blocked on one
+
+    def next(self):
+        if not self.queue:
+            self._take(self.conn.recv())
+        while self.conn.poll(0):
+            self._take(self.conn.recv())
+        msg = self.queue.popleft()
+        if msg[0] == "req":
+            self.requests -= 1
+        return msg
+
+    def _take(self, msg) -> None:
+        self.queue.append(msg)
+        if msg[0] == "req":
+            self.requests += 1

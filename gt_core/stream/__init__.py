@@ -1,0 +1,1 @@
+"""The instruction stream's vocabulary, shared by client and worker: instructions, plans, canonical forms."""
