@@ -11,21 +11,21 @@ __all__ = ["load_ipython_extension", "unload_ipython_extension", "Dashboard", "L
 
 def load_ipython_extension(ip) -> None:
     """Register ``%%gt`` and ``%gt`` (what ``%load_ext gt_jupyter`` calls; twice is harmless)."""
-    from gt_core.magics import load  # noqa: PLC0415
+    from .magics import load  # noqa: PLC0415
 
     load(ip)
 
 
 def unload_ipython_extension(ip) -> None:
     """Remove the magics and stop the worker if one was started."""
-    from gt_core.magics import unload  # noqa: PLC0415
+    from .magics import unload  # noqa: PLC0415
 
     unload(ip)
 
 
 def __getattr__(name: str):
     if name in ("Dashboard", "LiveUpdater"):
-        from gt_core import dashboard  # noqa: PLC0415
+        from . import dashboard  # noqa: PLC0415
 
         return getattr(dashboard, name)
     raise AttributeError(f"module 'gt_jupyter' has no attribute {name!r}")

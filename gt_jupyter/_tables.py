@@ -8,7 +8,7 @@ from __future__ import annotations
 import html
 import re
 
-from gt_core import _figures, _svg
+from . import _figures, _svg
 
 __all__ = [
     "STATUS_COLUMNS",

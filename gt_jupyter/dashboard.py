@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from gt_core import _figures, _tables
+from . import _figures, _tables
 
 __all__ = ["Dashboard", "LiveUpdater", "EMPTY", "SHOW", "frontend_mode"]
 

@@ -24,8 +24,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import TraitError, TraitType
 from traitlets.config import Config, Configurable
 
-from gt_core.dashboard import SHOW, Dashboard, LiveUpdater
-from gt_core.views import Text, graph_view, status_view
+from .dashboard import SHOW, Dashboard, LiveUpdater
+from .views import Text, graph_view, status_view
 
 __all__ = ["GTMagics", "GT", "load", "unload"]
 
@@ -555,7 +555,7 @@ def _find_signature(data: dict, prefix: str | None) -> str:
     if not sigs:
         raise UsageError("%gt: no hot path yet (run a %%gt cell with a loop first)")
     if prefix is None:
-        from gt_core._tables import primary  # noqa: PLC0415
+        from ._tables import primary  # noqa: PLC0415
 
         return primary(data)
     hits = [s for s in sigs if s.startswith(prefix)]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
-from gt_core import _figures, _tables
+from . import _figures, _tables
 
 __all__ = ["Text", "StatusView", "GraphView", "status_view", "graph_view"]
 
