@@ -202,10 +202,10 @@ def test_reduce_overhead_mode_reaches_the_compiled_block(inprocess, monkeypatch)
 
 
 def test_int_lists_and_scalar_keywords_take_the_fast_path(inprocess, monkeypatch):
-    from gt_core.client import proxy as _proxy
+    from gt_core.client import record as _recording
 
     slow = []
-    real = _proxy._record
+    real = _recording._record
 
     def counting(func, args, kwargs):
         slow.append(str(func))
@@ -217,7 +217,7 @@ def test_int_lists_and_scalar_keywords_take_the_fast_path(inprocess, monkeypatch
 
     a, b = torch.randn(24), torch.randn(24)
     want = f(a.clone(), b)
-    monkeypatch.setattr(_proxy, "_record", counting)
+    monkeypatch.setattr(_recording, "_record", counting)
     with gt_core.capture():
         pa, pb = torch.randn(24), torch.randn(24)
         pa.copy_(a), pb.copy_(b)
@@ -231,7 +231,7 @@ def test_int_lists_and_scalar_keywords_take_the_fast_path(inprocess, monkeypatch
 
 
 def test_changing_floats_reuse_cached_metadata_where_values_cannot_matter(inprocess):
-    from gt_core.client import proxy as _proxy
+    from gt_core.client import meta
 
     with gt_core.capture():
         torch.manual_seed(0)
@@ -245,7 +245,7 @@ def test_changing_floats_reuse_cached_metadata_where_values_cannot_matter(inproc
             opt.step()
             opt.zero_grad()
             sched.step()
-            sizes.append(len(_proxy._meta_cache))
+            sizes.append(len(meta._meta_cache))
         assert sizes[-1] == sizes[2], "new bias corrections every step, no new cache entries"
         # where a float's value decides the shape, it stays in the key
         assert torch.arange(0, 5.5, 0.5).shape == (11,)

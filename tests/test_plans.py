@@ -358,7 +358,7 @@ def test_iteration_timings_travel_together_and_a_sync_brings_them_all(hot, monke
 def test_the_worker_inbox_knows_when_the_client_waits():
     import multiprocessing as mp
 
-    from gt_core.client.transport import _Inbox
+    from gt_core.remote.serve import _Inbox
 
     a, b = mp.Pipe()
     for msg in [("batch", [1]), ("req", "fetch", 3), ("batch", [2])]:

@@ -16,7 +16,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import held
-from gt_core.client.proxy import CaptureMode, Proxy, upload
+from gt_core.client.mode import CaptureMode
+from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
 from gt_core.config import Options, from_env
 from gt_core.diagnostics.stance import routing

@@ -32,7 +32,7 @@ class Occurrence:
     def match(self, ins) -> bool:
         e = self.entries[self.pos]
         if e[0] == "free":
-            if ins[0] != FREE or not self._bind(e[1], ins[1]):
+            if ins[0] != FREE or not self.bind(e[1], ins[1]):
                 return False
         else:
             if ins[0] != OP or ins[1] != e[1]:
@@ -64,7 +64,31 @@ class Occurrence:
         self.pos += 1
         return True
 
-    def _bind(self, slot: Slot, vid: int) -> bool:
+    # -- what following a plan needs (see gt_core.client.follow) --------------------------
+    def upcoming(self) -> tuple:
+        """(what recording the next entry learned or None, the entry)."""
+        pos = self.pos
+        return self.plan.learned[pos], self.entries[pos]
+
+    def learn(self, pos: int, learned: tuple) -> None:
+        """Recording entry ``pos`` found ``learned``: (op, varying key parts, template, n
+        proxies), what later occurrences follow it by."""
+        self.plan.learned[pos] = learned
+
+    def lift(self, k: int, value: float) -> None:
+        """The occurrence's lifted scalar ``k`` is ``value``."""
+        self.scalars[k] = value
+
+    def produce(self, j: int, vid: int) -> bool:
+        """``vid`` is the entry's output ``j``: True where ``j`` is the next value produced."""
+        if j != len(self.produced):
+            return False
+        self.produced.append(vid)
+        self.bound.add(vid)
+        return True
+
+    def bind(self, slot: Slot, vid: int) -> bool:
+        """``vid`` takes ``slot``'s name: True where it has that name and no other."""
         k = slot.k
         if slot.kind == "t":
             return k < len(self.produced) and self.produced[k] == vid
@@ -79,7 +103,7 @@ class Occurrence:
     def _arg(self, t, a) -> bool:
         tt = type(t)
         if tt is Slot:
-            return type(a) is Ref and self._bind(t, a.id)
+            return type(a) is Ref and self.bind(t, a.id)
         if tt is list or tt is tuple:
             if type(a) is not tt or len(a) != len(t):
                 return False
@@ -114,7 +138,7 @@ class Replay:
         self.runs = 0  # occurrences sent as one RUN
         self.client_ms: dict[str, deque] = {}  # signature -> the client's ms per occurrence
         self._last: tuple = (None, 0.0)  # the last RUN: its signature and time
-        self.followed = 0  # ops recorded by following a plan (_proxy.follow)
+        self.followed = 0  # ops recorded by following a plan (see gt_core.client.follow)
 
     def offer(self, sig: str, plan: Plan | None) -> None:
         """A plan from the worker (None withdraws it); any thread."""
@@ -155,13 +179,21 @@ class Replay:
         if len(cands) == 1:
             c = cands[0]
             e = c.entries[c.pos]
-            if e[0] == "free" and c._bind(e[1], vid):
+            if e[0] == "free" and c.bind(e[1], vid):
                 c.pos += 1
                 self.kept.append(None)
                 if c.pos == c.n:
                     self._complete(c)
                 return
         self.feed((FREE, vid))
+
+    def followed_op(self, c: Occurrence) -> None:
+        """``c``'s next entry was recorded by following it: kept as None (see release)."""
+        self.followed += 1
+        c.pos += 1
+        self.kept.append(None)
+        if c.pos == c.n:
+            self._complete(c)
 
     def _start(self, ins) -> None:
         if self.inbox:
@@ -195,7 +227,7 @@ class Replay:
     def release(self) -> None:
         """The occurrence in progress did not complete: its instructions go out as they are.
 
-        An op recorded by following the plan (``_proxy.follow``) is kept as None: it is its
+        An op recorded by following the plan (``gt_core.client.follow``) is kept as None: it is its
         entry with the candidate's bindings, rebuilt here.
         """
         kept, cands = self.kept, self.cands

@@ -172,7 +172,7 @@ def to(p: Proxy, args: tuple, kwargs: dict):
 def _capturing() -> bool:
     from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
-    from gt_core.client.proxy import CaptureMode
+    from gt_core.client.mode import CaptureMode
 
     return any(isinstance(m, CaptureMode) for m in _get_current_dispatch_mode_stack())
 

@@ -1,0 +1,104 @@
+"""Following a plan: the op a hot block's occurrence expects next, recorded by its plan.
+
+While the client's stream matches one candidate occurrence of a plan, an op recorded there
+before (its entry's ``learned``) is bound from the plan, without building an instruction or
+looking up the metadata cache. The matcher (``replay.Occurrence``) keeps the bindings.
+"""
+
+from __future__ import annotations
+
+from gt_core.client.meta import _ANY_FLOAT, _NEW, _SCALARS, _floats_free
+from gt_core.client.proxy import Proxy
+from gt_core.stream.lift import Scalar
+from gt_core.stream.plan import Slot
+
+
+def follow(session, func, args, kwargs):
+    """The op the plan of the occurrence being matched expects next, recorded by the plan.
+
+    Taken only where recording that entry once found this op, and the parts of its cache key
+    that can vary between occurrences (its tensors' metadata, its lifted scalars' kind) are
+    the same now; the rest of the key is the template's literals, checked equal. So the
+    output's metadata is what the cache would give. Anything else returns None: the op is
+    recorded the usual way, and matched (or not) as an instruction.
+    """
+    rp = session.replay
+    c = rp.cands[0]
+    learned, e = c.upcoming()
+    if learned is None or learned[0] is not func:
+        return None
+    _, want, t, n_proxies = learned
+    eargs, ekw = e[2], e[3]
+    if len(args) != len(eargs) or len(kwargs) != len(ekw):
+        return None
+    parts = []
+    proxies = []
+    for tmpl, a in zip(eargs, args):  # noqa: B905 (lengths checked)
+        ta = type(a)
+        if ta is Proxy:
+            if a._gt_s is not session or a._gt_v is not None or type(tmpl) is not Slot:
+                return None
+            if not c.bind(tmpl, a._gt_id):
+                return None
+            parts.append(a._gt_k)
+            proxies.append(a)
+        elif type(tmpl) is Scalar:
+            if ta is not float and ta is not int:
+                return None
+            c.lift(tmpl.k, float(a))
+            parts.append(_scalar_part(a, func))
+        else:  # a literal: only record's inline kinds, equal to the template's
+            if ta is list or ta is tuple:
+                if not all(type(x) is int for x in a):
+                    return None  # (before comparing: a proxy in a list must not be compared)
+            elif ta not in _SCALARS:
+                return None
+            if type(tmpl) is not ta or tmpl != a:
+                return None
+    for k, v in kwargs.items():
+        tmpl = ekw.get(k, _MISSING)
+        tv = type(v)
+        if type(tmpl) is Scalar:
+            if tv is not float and tv is not int:
+                return None
+            c.lift(tmpl.k, float(v))
+            parts.append(_scalar_part(v, func))
+        elif tv is not type(tmpl) or tmpl != v or tv not in _SCALARS:
+            return None
+    if tuple(parts) != want or len(proxies) != n_proxies:
+        return None
+    outs = e[4]
+    if t[0] == _NEW:
+        vid = session.next_id
+        if not c.produce(outs[0], vid):
+            return None
+        session.next_id = vid + 1
+        result = Proxy(session, vid, t[1], t[2])
+    else:
+        result = proxies[t[1]]
+    session.counters["ops"] += 1
+    rp.followed_op(c)
+    return result
+
+
+def _scalar_part(a, func):
+    """A lifted scalar's part of the cache key (as record builds it)."""
+    return _ANY_FLOAT if type(a) is float and _floats_free(func) else (type(a), a)
+
+
+def _varying(e, args, kwargs, func) -> tuple:
+    """The parts of an op's cache key a plan entry's template leaves free: its tensors'
+    metadata and its lifted scalars' (the template's literals fix the rest)."""
+    parts = []
+    for tmpl, a in zip(e[2], args):  # noqa: B905 (the entry matched these arguments)
+        if type(a) is Proxy:
+            parts.append(a._gt_k)
+        elif type(tmpl) is Scalar:
+            parts.append(_scalar_part(a, func))
+    for k, v in kwargs.items():
+        if type(e[3].get(k)) is Scalar:
+            parts.append(_scalar_part(v, func))
+    return tuple(parts)
+
+
+_MISSING = object()

@@ -1,0 +1,131 @@
+"""The metadata cache and meta inference: what an op's outputs look like, without its data.
+
+An op's result metadata comes from running it on meta tensors once per (op, argument
+metadata, non-tensor arguments) and is cached, so the steady state records an op without
+any inference. Ops that need real data (a Python scalar result, or a shape that depends on
+values) are marked ``_SYNC``: they flush the stream and run on the worker at once.
+
+A cache entry is ``(template, n_new, mask)``: how to build the result (``_NEW`` proxies,
+inputs returned as ``_ALIAS``, constants), how many new values it makes, and which outputs
+are new.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gt_core.client.proxy import Proxy, _meta_id, _meta_of
+from gt_core.errors import UnsupportedOperation
+
+_meta_cache: dict = {}
+_SYNC = object()  # cache marker: this op runs on the worker at once
+_NEW, _ALIAS = 0, 1
+
+_SCALARS = (int, float, bool, type(None))
+_ANY_FLOAT = (
+    float,
+    None,
+)  # a float's cache key part where its value cannot change the result's metadata
+_float_free: dict = {}
+
+
+def _floats_free(func) -> bool:
+    """True when no float argument's value can change ``func``'s result metadata.
+
+    Pointwise ops (shape from broadcasting, dtype from the float's type), foreach ops and
+    scalar_tensor. Their cache key keeps a float's type, not its value: Adam's bias
+    corrections and LR schedules change every step and would otherwise miss the cache (a
+    meta inference each time) and grow it without bound.
+    """
+    r = _float_free.get(func)
+    if r is None:
+        r = _float_free[func] = (
+            torch.Tag.pointwise in func.tags
+            or func._opname.startswith("_foreach_")
+            or func is torch.ops.aten.scalar_tensor.default
+        )
+    return r
+
+
+def _to_meta(a, metas: list):
+    if isinstance(a, torch.Tensor):
+        if isinstance(a, Proxy):
+            shape, stride, offset, dtype = a._gt_m
+        else:
+            shape, stride, offset, dtype = tuple(a.shape), a.stride(), a.storage_offset(), a.dtype
+        m = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        if offset:
+            # (an empty view needs no element past its offset: (s - 1) would go negative)
+            size = offset
+            if all(shape):
+                size += sum((s - 1) * st for s, st in zip(shape, stride, strict=True)) + 1
+            m = torch.empty(size, dtype=dtype, device="meta").as_strided(shape, stride, offset)
+        metas.append(m)
+        return m
+    if type(a) in (list, tuple):
+        return type(a)(_to_meta(x, metas) for x in a)
+    return a
+
+
+def _scalar_result(func) -> bool:
+    return any(
+        not isinstance(r.type, torch.TensorType) and "Tensor" not in str(r.type)
+        for r in func._schema.returns
+    )
+
+
+def _infer(func, args, kwargs):
+    """The output template of ``func`` from a meta run, or _SYNC if it needs real data."""
+    if _scalar_result(func):
+        return _SYNC  # a Python scalar or bool result: only the worker knows it
+    metas: list = []
+    margs = _to_meta(args, metas)
+    mkwargs = {k: _to_meta(v, metas) for k, v in kwargs.items()}
+    if any(a.name == "device" for a in func._schema.arguments):
+        mkwargs["device"] = torch.device("meta")
+    before = [_meta_of(m) for m in metas]
+    try:
+        with torch._C._DisableTorchDispatch():
+            out = func(*margs, **mkwargs)
+    except Exception:
+        # Only the real kernel knows: a data-dependent output shape (nonzero, unique, boolean
+        # masks, indices read from a tensor as tensor_split's), a project's op without a fake
+        # kernel, or a meta kernel stricter than the real one (circular padding of an empty
+        # tensor). The worker runs it at once; a call that is wrong raises eager's own error.
+        return _SYNC
+    counter = [0]
+    template = _template(out, metas, before, counter)
+    return template, counter[0], tuple(_mask(template))
+
+
+def _mask(template):
+    """For each tensor output in order: True if new, False if it is an input."""
+    kind = template[0]
+    if kind == _NEW:
+        yield True
+    elif kind == _ALIAS:
+        yield False
+    elif kind is not None:
+        for t in template[1]:
+            yield from _mask(t)
+
+
+def _template(o, metas, before, counter):
+    """How to build an op's result: new proxies, inputs returned (in place), constants."""
+    if isinstance(o, torch.Tensor):
+        if o.layout != torch.strided:
+            raise UnsupportedOperation(
+                f"gt: this op makes a {o.layout} tensor; worker tensors are dense (strided) "
+                "only. Bring the input home first (t.cpu()): ops on plain tensors run in this "
+                "process, inside capture too."
+            )
+        for i, m in enumerate(metas):
+            if o is m:
+                after = _meta_of(m)
+                return (_ALIAS, i, after if after != before[i] else None)
+        counter[0] += 1
+        meta = _meta_of(o)
+        return (_NEW, meta, _meta_id(meta))
+    if type(o) in (list, tuple):
+        return (type(o), tuple(_template(x, metas, before, counter) for x in o))
+    return (None, o)

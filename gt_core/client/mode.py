@@ -1,0 +1,73 @@
+"""CaptureMode: inside capture, factories and ops on worker tensors are recorded."""
+
+from __future__ import annotations
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gt_core.client.interrupt import STATE as HELD
+from gt_core.client.interrupt import check as check_interrupt
+from gt_core.client.proxy import Proxy
+from gt_core.client.record import record
+from gt_core.client.session import LOCK
+
+__all__ = ["CaptureMode"]
+
+
+class CaptureMode(TorchDispatchMode):
+    """Inside capture, every aten op (factories included) is recorded for the worker."""
+
+
+def _capture_dispatch(self, func, types, args=(), kwargs=None):
+    kwargs = kwargs or {}
+    if (
+        (args and type(args[0]) is Proxy)
+        or _has_proxy(args)
+        or _has_proxy(kwargs.values())
+        or func in _LIFTS
+        or (_makes_tensors(func) and not _has_tensor(args) and not _has_tensor(kwargs.values()))
+    ):  # an op on worker tensors, or a factory: the new tensor lives on the worker
+        with LOCK:
+            if HELD["pending"]:
+                check_interrupt()
+            return record(func, args, kwargs)
+    # Plain tensors from outside stay plain (numpy(), printing and torch internals use
+    # them), and so do bookkeeping ops such as profiler ranges.
+    return func(*args, **kwargs)
+
+
+# Assigned after the class is made: TorchDispatchMode.__init_subclass__ would wrap it in
+# torch._disable_dynamo, which costs several µs on every recorded op.
+CaptureMode.__torch_dispatch__ = _capture_dispatch
+
+
+# torch.tensor(data) builds a plain tensor, then lifts it: that is where it becomes ours.
+_LIFTS = (
+    torch.ops.aten.lift_fresh.default,
+    torch.ops.aten.lift_fresh_copy.default,
+    torch.ops.aten.lift.default,
+)
+
+
+_tensor_returns: dict = {}
+
+
+def _makes_tensors(func) -> bool:
+    r = _tensor_returns.get(func)
+    if r is None:
+        r = _tensor_returns[func] = any("Tensor" in str(x.type) for x in func._schema.returns)
+    return r
+
+
+def _has_proxy(xs) -> bool:
+    for x in xs:
+        if isinstance(x, Proxy) or (type(x) in (list, tuple) and _has_proxy(x)):
+            return True
+    return False
+
+
+def _has_tensor(xs) -> bool:
+    for x in xs:
+        if isinstance(x, torch.Tensor) or (type(x) in (list, tuple) and _has_tensor(x)):
+            return True
+    return False

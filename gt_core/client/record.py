@@ -1,0 +1,306 @@
+"""Recording: every aten op on proxies becomes one OP instruction, its outputs new proxies.
+
+The steady state's common case is inline in ``record`` (the metadata cache hit, one new
+tensor or an input returned); inside a hot block's occurrence, ``follow`` binds the op from
+the plan first. Everything else (first sights, uploads, shadows, ops that need real data)
+goes through ``_record``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from gt_core.client.follow import _varying, follow
+from gt_core.client.interrupt import GT_DIR, LIBRARY_DIRS
+from gt_core.client.meta import (
+    _ALIAS,
+    _ANY_FLOAT,
+    _NEW,
+    _SCALARS,
+    _SYNC,
+    _floats_free,
+    _infer,
+    _meta_cache,
+    _scalar_result,
+)
+from gt_core.client.proxy import Proxy, _meta_id, upload
+from gt_core.client.shadows import _on_shadows, _shadow
+from gt_core.errors import UnsupportedOperation, WorkerLost
+from gt_core.stream.instructions import OP, Ref
+
+__all__ = ["record"]
+
+_OURS = (GT_DIR, *LIBRARY_DIRS)  # gt's, torch's and the standard library's files
+
+
+def _current_session():
+    from gt_core.client import capture as _capture
+
+    s = _capture.session()
+    s.check()  # a factory op for a dead worker fails now, not at some later flush
+    return s
+
+
+class _Walk:
+    """One op's arguments: their cache key, the form sent (with Refs), the proxies met.
+
+    A class, not a closure: a recursive closure is a reference cycle that would keep the
+    argument proxies alive until the garbage collector runs, and delay their frees.
+    """
+
+    __slots__ = ("func", "session", "proxies", "plain", "floats_free")
+
+    def __init__(self, func):
+        self.func = func
+        self.floats_free = _floats_free(func)
+        self.session = None
+        self.proxies: list[Proxy] = []
+        self.plain: dict[int, torch.Tensor] = {}  # index in proxies -> plain tensor uploaded there
+
+    def walk(self, a):
+        """-> (cache key part, the argument as sent).
+
+        A tensor's key part is its metadata id (an int); a constant's is (type, value), so
+        1, 1.0 and True stay apart and never collide with a metadata id.
+        """
+        t = type(a)
+        if t is Proxy and a._gt_s is self.session:  # the common case, first
+            self.proxies.append(a)
+            return a._gt_k, Ref(a._gt_id)
+        if t is float and self.floats_free:
+            return _ANY_FLOAT, a
+        if t is int or t is float or t is bool or a is None:
+            return (t, a), a
+        if isinstance(a, torch.Tensor):
+            if not isinstance(a, Proxy):
+                if self.session is None:
+                    self.session = _current_session()
+                self.plain[len(self.proxies)] = a
+                a = upload(self.session, a)
+            s = a._gt_s
+            if s.dead is not None and not s.closed:  # died, not yet restarted
+                s.check()  # raises WorkerDied with the cause
+            if s is not self.session:
+                if s.closed:
+                    raise WorkerLost(
+                        f"{self.func}: a worker tensor {list(a.shape)} belongs to a gt worker that was "
+                        "stopped or restarted; its value is gone. Re-run the code that creates it."
+                    )
+                if self.session is not None:
+                    raise WorkerLost(
+                        f"{self.func}: tensors from two gt worker generations were mixed; re-create the older ones"
+                    )
+                self.session = s
+            self.proxies.append(a)
+            return a._gt_k, Ref(a._gt_id)
+        if t is list or t is tuple:
+            parts = [self.walk(x) for x in a]
+            return (t, tuple(p[0] for p in parts)), t(p[1] for p in parts)
+        if t is torch.Generator:
+            raise UnsupportedOperation(
+                f"{self.func}: an explicit torch.Generator cannot drive a gt worker tensor; "
+                "use torch.manual_seed inside the capture instead"
+            )
+        return (t, a), a
+
+
+def record(func, args, kwargs):
+    """Record ``func(*args, **kwargs)`` as an instruction and return proxies for its outputs."""
+    # Inside a hot block's occurrence: the op the plan expects next, checked against what
+    # recording it found before, bound without building an instruction (see follow).
+    if args:
+        a = args[0]
+        if type(a) is Proxy:
+            s = a._gt_s
+            if s.replay.cands and not s.closed and s.dead is None:
+                if s.freed:
+                    s._frees()  # they come first, as emit would put them
+                if len(s.replay.cands) == 1:
+                    out = follow(s, func, args, kwargs)
+                    if out is not None:
+                        return out
+    # The steady state's common case, inline: proxies, scalars, int lists and scalar keyword
+    # arguments. The key is built exactly as _record builds it, so both share cache entries.
+    session = None
+    key = [func]
+    sent = []
+    proxies = []
+    for a in args:
+        t = type(a)
+        if t is Proxy:
+            if a._gt_v is not None:
+                break  # shadowed: the slow path keeps the shadow up to date
+            s = a._gt_s
+            if s is not session:
+                if session is not None or s.closed or s.dead is not None:
+                    break
+                session = s
+            proxies.append(a)
+            key.append(a._gt_k)
+            sent.append(Ref(a._gt_id))
+        elif t in _SCALARS:
+            key.append(_ANY_FLOAT if t is float and _floats_free(func) else (t, a))
+            sent.append(a)
+        elif (t is list or t is tuple) and all(type(x) is int for x in a):
+            key.append((t, tuple([(int, x) for x in a])))
+            sent.append(a)
+        else:
+            break
+    else:
+        for k, v in kwargs.items():
+            tv = type(v)
+            if tv not in _SCALARS:
+                session = None
+                break
+            key.append((k, _ANY_FLOAT if tv is float and _floats_free(func) else (tv, v)))
+        if session is not None:
+            entry = _meta_cache.get(tuple(key))
+            if entry is not None and entry is not _SYNC:
+                t = entry[0]
+                kind = t[0]
+                # one new tensor out, or an input returned unchanged (in place): the
+                # two most common op shapes of all
+                if (kind == _NEW and entry[1] == 1) or (kind == _ALIAS and t[2] is None):
+                    session.counters["ops"] += 1
+                    idx = session.op_index.get(func)
+                    if idx is None:
+                        idx = session.op(func)
+                    if kind == _NEW:
+                        vid = session.next_id
+                        session.next_id = vid + 1
+                        outs = (vid,)
+                    else:
+                        outs = (None,)
+                    if session.freed:
+                        session._frees()  # first, so the position below is this op's
+                    cands = session.replay.cands
+                    c = cands[0] if len(cands) == 1 else None
+                    pos = c.pos if c is not None else -1
+                    session.emit((OP, idx, tuple(sent), kwargs, outs))
+                    if c is not None and c.pos == pos + 1:
+                        # matched as the plan's entry pos: what the next occurrences reuse
+                        want = _varying(c.entries[pos], args, kwargs, func)
+                        c.learn(pos, (func, want, t, len(proxies)))
+                    return Proxy(session, vid, t[1], t[2]) if kind == _NEW else proxies[t[1]]
+    return _record(func, args, kwargs)
+
+
+_SET_STORAGE = (
+    torch.ops.aten.set_.source_Storage,
+    torch.ops.aten.set_.source_Storage_storage_offset,
+)
+
+
+def _record(func, args, kwargs):
+    if func in _SET_STORAGE and isinstance(args[1], torch.UntypedStorage):
+        from gt_core.client.tensor_io import set_host_storage  # torch.load builds tensors this way
+
+        return set_host_storage(func, args, kwargs)
+    w = _Walk(func)
+    walk = w.walk
+    pa = [walk(a) for a in args]
+    session, proxies, plain = w.session, w.proxies, w.plain
+    if kwargs:
+        pk = {k: walk(v) for k, v in kwargs.items()}
+        session = w.session
+        key = (func, *[p[0] for p in pa], *[(k, v[0]) for k, v in pk.items()])
+        sent_kwargs = {k: v[1] for k, v in pk.items()}
+    else:
+        key = (func, *[p[0] for p in pa])
+        sent_kwargs = {}
+    if session is None:  # a factory op (no tensor arguments) inside capture
+        session = _current_session()
+    sent_args = tuple([p[1] for p in pa])
+    try:
+        entry = _meta_cache.get(key)
+    except TypeError:  # an unhashable argument: infer every time
+        key, entry = None, None
+    if entry is None:
+        entry = _infer(func, args, kwargs)
+        if key is not None:
+            _meta_cache[key] = entry
+        where = _user_line()  # a first sight: worth the frame walk (errors name the line)
+    else:
+        where = None
+    shadowed = any(p._gt_v is not None for p in proxies)
+    if entry is _SYNC:
+        if shadowed and all(p._gt_v is not None for p in proxies) and _scalar_result(func):
+            return _on_shadows(func, args, kwargs)  # .item() of a step counter: no round trip
+        return _run_now(session, func, sent_args, sent_kwargs, proxies)
+    template, n_new, mask = entry
+    idx = session.op(func)
+    ids = session.new_ids(n_new) if n_new else ()
+    if len(mask) == n_new:
+        outs = tuple(ids)
+    else:  # some outputs are inputs (in place): the worker binds only the new ones
+        it = iter(ids)
+        outs = tuple(next(it) if new else None for new in mask)
+    session.counters["ops"] += 1
+    session.emit((OP, idx, sent_args, sent_kwargs, outs))
+    if where is not None and ids:
+        session.site(ids[0], where)
+    out = _build(template, session, iter(ids), proxies)
+    if shadowed:
+        _shadow(session, func, args, kwargs, out, proxies)
+    if plain and template[0] == _ALIAS and template[1] in plain and func._schema.is_mutable:
+        # In place on a plain tensor with a worker argument: bring the result home.
+        target = plain[template[1]]
+        with torch._C._DisableTorchDispatch():
+            target.copy_(out.cpu())
+        return target
+    return out
+
+
+def _user_line() -> tuple[str, int] | None:
+    """(file, line) of the innermost frame that is neither gt's, torch's nor the stdlib's."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_OURS) and not name.startswith("<frozen"):
+            return name, f.f_lineno
+        f = f.f_back
+    return None
+
+
+def _build(template, session, ids, proxies):
+    kind = template[0]
+    if kind == _NEW:
+        return Proxy(session, next(ids), template[1], template[2])
+    if kind == _ALIAS:
+        p = proxies[template[1]]
+        if template[2] is not None and template[2] != p._gt_m:  # in-place op changed metadata
+            _restride(p, template[2])
+        return p
+    if kind is None:
+        return template[1]
+    return kind(_build(t, session, ids, proxies) for t in template[1])
+
+
+def _restride(p: Proxy, meta: tuple) -> None:
+    shape, stride, offset, _ = meta
+    with torch._C._DisableTorchDispatch():
+        torch._C.TensorBase.as_strided_(p, shape, stride, offset)
+    p._gt_m, p._gt_k = meta, _meta_id(meta)
+
+
+def _run_now(session, func, args, kwargs, proxies):
+    """Flush and run ``func`` on the worker now; its outputs come back described."""
+    idx = session.op(func)
+    session.counters["ops"] += 1
+    base = session.next_id
+    described, end = session.request("call", (idx, args, kwargs, base))
+    session.next_id = max(session.next_id, end)
+    return _described(described, session, {p._gt_id: p for p in proxies})
+
+
+def _described(d, session, by_id):
+    """Proxies for the worker's description of a sync op's outputs."""
+    if type(d) is Ref:
+        return by_id[d.id]
+    if type(d) is tuple and len(d) == 5 and isinstance(d[4], torch.dtype):
+        return Proxy(session, d[0], d[1:])
+    if type(d) in (list, tuple):
+        return type(d)(_described(x, session, by_id) for x in d)
+    return d

@@ -1,0 +1,79 @@
+"""Shadows of small values: plain copies of worker values, kept equal to them here.
+
+Small tensors uploaded from the client (0-d ones: optimizer step counters,
+``torch.tensor(1.0)``) carry a shadow in ``Proxy._gt_v``, kept up to date by running here as
+well the ops made only of shadowed tensors. ``.item()`` of a shadowed proxy then answers
+without a round trip: Adam's bias corrections do not sync every step.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gt_core.client.proxy import Proxy
+
+_SHADOW_MAX = 64  # elements: a new (non-view) result larger than this keeps no shadow
+
+
+def _plain(a):
+    """Arguments with shadowed proxies replaced by their shadows."""
+    if isinstance(a, Proxy):
+        return a._gt_v
+    if type(a) in (list, tuple):
+        return type(a)(_plain(x) for x in a)
+    return a
+
+
+def _on_shadows(func, args, kwargs):
+    with torch._C._DisableTorchDispatch():
+        return func(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
+
+
+def _shadow(session, func, args, kwargs, out, proxies) -> None:
+    """Keep shadows equal to the worker's values after ``func`` was recorded on ``proxies``."""
+    if (
+        all(p._gt_v is not None for p in proxies)
+        and torch.Tag.nondeterministic_seeded not in func.tags
+    ):
+        try:
+            res, ok = _on_shadows(func, args, kwargs), True
+        except Exception:
+            res, ok = None, False
+        if ok:
+            storages = {p._gt_v.untyped_storage().data_ptr() for p in proxies}
+            _bind_shadows(out, res, storages)
+            return
+        for p in proxies:  # could not follow: these values are asked of the worker from now on
+            p._gt_v = None
+        return
+    if func._schema.is_mutable:
+        # A shadowed value written with unshadowed inputs: refresh it from the worker (the
+        # copy goes into the shadow's storage, so views sharing it follow). Only what the op
+        # writes: a shadowed input it only reads (`param.mul_(1 - lr * wd)`) stays as it is.
+        for p in _written(func, args, kwargs):
+            if type(p) is Proxy and p._gt_v is not None:
+                fresh = session.request("fetch", p._gt_id)
+                with torch._C._DisableTorchDispatch():
+                    p._gt_v.copy_(fresh)
+
+
+def _written(func, args, kwargs) -> list:
+    """The arguments ``func`` writes in place (tensors, or items of tensor lists)."""
+    out = []
+    for i, a in enumerate(func._schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        v = args[i] if i < len(args) else kwargs.get(a.name)
+        out.extend(v if type(v) in (list, tuple) else [v])
+    return out
+
+
+def _bind_shadows(out, res, storages) -> None:
+    if isinstance(out, Proxy):
+        if isinstance(res, torch.Tensor) and (
+            res.numel() <= _SHADOW_MAX or res.untyped_storage().data_ptr() in storages
+        ):
+            out._gt_v = res
+    elif type(out) in (list, tuple) and type(res) in (list, tuple) and len(out) == len(res):
+        for o, r in zip(out, res, strict=True):
+            _bind_shadows(o, r, storages)
