@@ -1,0 +1,198 @@
+"""A jitted step's recording and its recipe: what a replayed call reads where, and leaves where.
+
+Two recorded calls alike (``_Recording``, ``_differ``) and the worker's plan of their block
+make a ``_Recipe``: the block's inputs as places in the step's reachable state (or its
+arguments), its outputs as the places the recorded call left them in (see ``jit_places``).
+"""
+
+from __future__ import annotations
+
+import collections
+
+from torch.utils._pytree import tree_flatten
+
+from gt_core.client.jit_places import _before_id, _pid, _words
+from gt_core.client.proxy import Proxy
+from gt_core.client.replay import Occurrence
+from gt_core.stream.instructions import FREE, OP, Ref
+
+_OUT = "gt-jit-output"  # a result leaf that is the block's output (_OUT, its index)
+
+
+class _Refused(Exception):
+    pass
+
+
+class _Recording:
+    """One recorded call: what it read where, what it left where, its instructions."""
+
+    def __init__(self, leaves, roots, before, after, result, instrs):
+        self.arg_ids = {x._gt_id: i for i, x in enumerate(leaves) if type(x) is Proxy}
+        self.arg_keys = {i: x._gt_k for i, x in enumerate(leaves) if type(x) is Proxy}
+        self.roots = [(place, obj) for place, obj in roots if place is not None]
+        self.before, self.after = before, after
+        self.result_leaves, self.result_spec = tree_flatten(result)
+        self.instrs = instrs
+        self.syncs = 0
+
+    def unreplayable(self) -> str | None:
+        if self.syncs:
+            return (
+                f"a sync inside the step ({self.syncs} per call: .item(), printing a tensor, "
+                "a data-dependent shape): replay cannot answer it, the function keeps running"
+            )
+        other = [ins for ins in self.instrs if ins[0] not in (OP, FREE)]
+        if other:
+            return (
+                "the step uploads data or seeds the generator each call (a plain tensor or "
+                "torch.manual_seed inside it): move that out of the jitted function"
+            )
+        return None
+
+    def shape(self) -> list:
+        """The instructions without their ids (what two calls must share)."""
+        return [_shape(ins) for ins in self.instrs]
+
+    def floats(self) -> list:
+        """(op, argument, value) of every Python float the call passed to an op."""
+        out = []
+        for ins in self.instrs:
+            if ins[0] == OP:
+                for where, v in _float_args(ins):
+                    out.append((ins[1], where, v))
+        return out
+
+    def frozen(self, ops: dict) -> list[dict]:
+        """The Python numbers a replay keeps as recorded: {op, arg, value, count} each."""
+        counts = collections.Counter((ops.get(i, str(i)), w, v) for i, w, v in self.floats())
+        return [{"op": o, "arg": w, "value": v, "count": n} for (o, w, v), n in counts.items()]
+
+
+def _differ(a: _Recording, b: _Recording, ops: dict) -> str | None:
+    """Why two recorded calls cannot share one replay (None: they can)."""
+    if len(a.instrs) != len(b.instrs) or a.shape() != b.shape():
+        return None  # other work: the worker sees another block; recording goes on
+    for (i, where, x), (_, _, y) in zip(a.floats(), b.floats(), strict=True):
+        if x != y:
+            return (
+                f"a Python number the step passes to {ops.get(i, i)} ({where}) changed between "
+                f"calls ({x!r} -> {y!r}): replay would freeze it. Make it a tensor (e.g. "
+                "lr=torch.tensor(...), capturable=True), or keep calling without jit"
+            )
+    for x, y in zip(a.result_leaves, b.result_leaves, strict=True):
+        if type(x) is not Proxy and x != y:
+            return f"the step returns a Python value that changes ({x!r} -> {y!r})"
+    return None
+
+
+def _shape(ins) -> tuple:
+    if ins[0] == FREE:
+        return (FREE,)
+    return (
+        OP,
+        ins[1],
+        _strip(ins[2]),
+        tuple(sorted((k, _strip(v)) for k, v in ins[3].items())),
+        tuple(o is None for o in ins[4]),
+    )
+
+
+def _strip(a):
+    t = type(a)
+    if t is float:
+        return float
+    if t is list or t is tuple:
+        return tuple(_strip(x) for x in a)
+    if t is Ref:
+        return Ref
+    return a
+
+
+def _float_args(ins):
+    for i, a in enumerate(ins[2]):
+        yield from _floats(a, f"argument {i}")
+    for k, v in ins[3].items():
+        yield from _floats(v, k)
+
+
+def _floats(a, where):
+    if type(a) is float:
+        yield where, a
+    elif type(a) in (list, tuple):
+        for j, x in enumerate(a):
+            yield from _floats(x, f"{where}[{j}]")
+
+
+class _Recipe:
+    """What a replayed call does: where each input is read, where each output goes."""
+
+    def __init__(self, plan, rec: _Recording):
+        occ = Occurrence(plan)
+        for ins in rec.instrs:
+            if not occ.match(ins):
+                raise _Refused("the worker's block does not match the recorded call")
+        if occ.pos != occ.n:
+            raise _Refused("the worker's block is shorter than the recorded call")
+        self.sig = plan.sig
+        self.roots = rec.roots
+        self.n_produced = len(occ.produced)
+        before = {}
+        for place, p in rec.before:
+            if p is not None:
+                before.setdefault(p._gt_id, (place, p))
+        self.inputs = []
+        for vid in occ.inputs:
+            if vid in rec.arg_ids:
+                i = rec.arg_ids[vid]
+                self.inputs.append((i, rec.arg_keys[i]))
+            elif vid in before:
+                place, p = before[vid]
+                self.inputs.append((place, p._gt_k))
+            else:
+                raise _Refused(
+                    "the step reads a worker tensor jit cannot find again: not an argument, nor "
+                    "reachable from its closure or globals (through modules, optimizers, dicts, "
+                    "lists)"
+                )
+        freed = {ins[1] for ins in rec.instrs if ins[0] == FREE}
+        alive = [k for k, vid in enumerate(occ.produced) if vid not in freed]
+        index = {occ.produced[k]: j for j, k in enumerate(alive)}
+        metas: dict[int, tuple] = {}
+        self.placed = []
+        self.cleared = []
+        places_after = {_pid(place): (place, p) for place, p in rec.after}
+        for key, (place, p) in places_after.items():
+            was = _before_id(rec.before, key)
+            now = p._gt_id if p is not None else None
+            if was == now:
+                continue
+            if now is None:
+                self.cleared.append(place)
+            elif now in index:
+                self.placed.append((place, index[now]))
+                metas[now] = p._gt_m
+            else:
+                raise _Refused(f"the step moves a tensor into {_words(place)}: replay cannot")
+        self.result_spec = rec.result_spec
+        self.result = []
+        for x in rec.result_leaves:
+            if type(x) is Proxy:
+                if x._gt_id not in index:
+                    raise _Refused("the step returns a tensor it did not make (an input)")
+                self.result.append((_OUT, index[x._gt_id]))
+                metas[x._gt_id] = x._gt_m
+            else:
+                self.result.append(x)
+        one = (
+            len(self.result) == 1
+            and type(self.result[0]) is tuple
+            and rec.result_spec.num_nodes == 1
+        )
+        self.single = self.result[0][1] if one else None  # one tensor: returned without pytree
+        missing = [occ.produced[k] for k in alive if occ.produced[k] not in metas]
+        if missing:
+            raise _Refused(
+                f"{len(missing)} tensor(s) the step makes stay alive where jit cannot put them "
+                "again (e.g. appended to a list, or kept by an autograd graph): return them"
+            )
+        self.outputs = [(k, metas[occ.produced[k]]) for k in alive]
