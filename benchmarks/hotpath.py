@@ -3,7 +3,7 @@
     python benchmarks/hotpath.py [--quick] [--steps N] [--batches 8,128,1024] [--backend inductor]
                                  [--workloads mlp,transformer,mlp-adam]
 
-The issue-7 table: the MLP (784→256→10, SGD momentum) and the transformer block of
+The table: the MLP (784→256→10, SGD momentum) and the transformer block of
 tests/models.py, eager and through gt (a `.item()` every step; "no-sync": the same steps with
 one `.item()` at the end, so client and worker overlap), side by side in one run;
 medians of per-step times in the steady state (the last third), compile time and the

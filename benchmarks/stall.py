@@ -1,4 +1,4 @@
-"""No compile stall: step times while the hot block compiles in the background (issue 7, item 4).
+"""No compile stall: step times while the hot block compiles in the background.
 
     python benchmarks/stall.py [--quick] [--batch 128] [--backend inductor]
 

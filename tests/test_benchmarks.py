@@ -1,4 +1,4 @@
-"""Issue 7, item 8: every benchmark script's quick version runs (no timing is asserted)."""
+"""Every benchmark script's quick version runs (no timing is asserted)."""
 
 import io
 import json

@@ -1,4 +1,4 @@
-"""Issue 7, item 4: inductor compiles in a process of their own (gt_core.compile.process)."""
+"""Inductor compiles in a process of their own (gt_core.compile.process)."""
 
 import os
 import pickle

@@ -1,4 +1,4 @@
-"""Issue 7 item 7: a hot block under CUDA graphs (mode="reduce-overhead" on a GPU worker).
+"""A hot block under CUDA graphs (mode="reduce-overhead" on a GPU worker).
 
 A training step updates its inputs in place (parameters, optimizer state); gt declares those
 inputs static so that inductor's CUDA graph trees keep them instead of skipping graphs, and

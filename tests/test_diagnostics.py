@@ -397,7 +397,7 @@ def test_compiles_outside_the_block_are_not_reported():
 
 
 # -- data ----------------------------------------------------------------------------------
-def test_summarize_user_compiles_has_the_issue_shape():
+def test_summarize_user_compiles_gives_one_typed_entry_per_function():
     xs = [torch.randn(4) for _ in range(3)]
     g = torch.compile(breaks_on_print, backend="eager")
     with gt_core.diagnostics():

@@ -1,4 +1,4 @@
-"""Issue 2: plain PyTorch on the worker, equal to eager (the oracle) op for op."""
+"""Plain PyTorch on the worker, equal to eager (the oracle) op for op."""
 
 import functools
 import os
@@ -44,7 +44,7 @@ def test_mlp_optimizers_match_eager(inprocess, make_opt):
     _compare(mlp, make_opt, _mlp_data, F.mse_loss, steps=8)
 
 
-def test_issue_example_runs_on_a_worker_process(process):
+def test_a_training_loop_in_capture_runs_on_a_worker_process(process):
     with gt_core.capture():
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))

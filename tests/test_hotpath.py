@@ -1,4 +1,4 @@
-"""Issue 3: hot-path detection, the compiled-block cache, fallbacks, reverts, signals, config."""
+"""Hot-path detection, the compiled-block cache, fallbacks, reverts, signals, config."""
 
 import functools
 import json

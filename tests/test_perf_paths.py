@@ -1,4 +1,4 @@
-"""Issue 7: lifted scalars (Adam's bias corrections, LR schedules), shadows of step counters."""
+"""Lifted scalars (Adam's bias corrections, LR schedules), shadows of step counters."""
 
 import contextlib
 import functools

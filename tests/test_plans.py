@@ -1,4 +1,4 @@
-"""Issue 7: the client matches hot blocks itself and sends each occurrence as one RUN."""
+"""The client matches hot blocks itself and sends each occurrence as one RUN."""
 
 import contextlib
 

@@ -1,4 +1,4 @@
-"""Issue 3: signature properties, graph export and diffs in words."""
+"""Signature properties, graph export and diffs in words."""
 
 import torch
 
