@@ -4,7 +4,7 @@
                                  [--workloads mlp,transformer,mlp-adam]
 
 The table: the MLP (784→256→10, SGD momentum) and the transformer block of
-tests/models.py, eager and through gt (a `.item()` every step; "no-sync": the same steps with
+gt_core/workloads.py, eager and through gt (a `.item()` every step; "no-sync": the same steps with
 one `.item()` at the end, so client and worker overlap), side by side in one run;
 medians of per-step times in the steady state (the last third), compile time and the
 break-even iteration from gt's own events. For the MLP and the transformer also a
@@ -16,62 +16,14 @@ schedule (its changing scalars are lifted), for which no one-graph step is writt
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
-import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value
 
 import gt_core
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-from models import Block  # noqa: E402  (the workloads shared by tests and benchmarks)
-
-
-def make(batch, workload="mlp", device=None):
-    """(model, x, y, loss function) of a workload, built from seed 0 (on ``device`` if given)."""
-    torch.manual_seed(0)
-    workload = workload.removesuffix("-adam")
-    if workload == "transformer":
-        model = Block()
-        x, y = torch.randint(0, 50, (batch, 12)), torch.randint(0, 50, (batch, 12))
-        loss = lambda out, y: F.cross_entropy(out.flatten(0, 1), y.flatten())  # noqa: E731
-    else:
-        model = torch.nn.Sequential(
-            torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
-        )
-        x, y, loss = torch.randn(batch, 784), torch.randn(batch, 10), F.mse_loss
-    if device is not None:
-        model, x, y = model.to(device), x.to(device), y.to(device)
-    return model, x, y, loss
-
-
-def make_opt(model, workload):
-    """SGD with momentum; for 'mlp-adam', Adam with a cosine LR schedule (lifted scalars)."""
-    if workload == "mlp-adam":
-        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-        return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=1000)
-    return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), None
-
-
-def step_fn(batch, workload, device=None):
-    """One training step of a workload (returns the loss), built from seed 0."""
-    model, x, y, loss_fn = make(batch, workload, device)
-    opt, sched = make_opt(model, workload)
-
-    def step():
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        if sched is not None:
-            sched.step()
-        return loss
-
-    return step
+from gt_core.workloads import make, step_fn
 
 
 def eager_steps(batch, steps, workload="mlp"):

@@ -25,61 +25,17 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 import gt_core
+from gt_core.workloads import step_fn
 
 
 def _mlp(batch: int):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(batch, 784), torch.randn(batch, 10)
-
-    def step(x, y):
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    return step, x, y
-
-
-class _Block(nn.Module):
-    def __init__(self, vocab=50, d=32, heads=4):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, d)
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-        self.head, self.heads = nn.Linear(d, vocab), heads
-
-    def forward(self, tokens):
-        x = self.emb(tokens)
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return self.head(x + self.ff(self.ln2(x)))
+    return step_fn(batch, "mlp", args=True)
 
 
 def _transformer(batch: int):
-    torch.manual_seed(0)
-    model = _Block()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    x, y = torch.randint(0, 50, (batch, 12)), torch.randint(0, 50, (batch, 12))
-
-    def step(x, y):
-        loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    return step, x, y
+    return step_fn(batch, "transformer", args=True)
 
 
 def _eager(make, batch: int, steps: int, sync: bool) -> float:
@@ -146,7 +102,7 @@ def main(argv=None) -> None:
             es = _eager(_mlp, b, a.steps, True)
             js, _ = _jit(_mlp, b, a.steps, True)
             rows.append((e, j, es, js, client or float("nan")))
-        e, j, es, js, client = (statistics.median(c) for c in zip(*rows))
+        e, j, es, js, client = (statistics.median(c) for c in zip(*rows, strict=True))
         print(
             f"{b:>6} {e:>9.3f} {j:>8.3f} {e / j:>7.2f}x {es:>11.3f} {js:>9.3f} "
             f"{es / js:>6.2f}x {client:>10.1f}"
