@@ -1,10 +1,11 @@
-"""The compilation benchmark: four workloads, eager vs gt (auto-compile) vs torch.compile.
+"""The compilation benchmark: four workloads, eager vs gt (auto-compile) vs jit vs torch.compile.
 
     python -m gt_core.bench [--quick] [--iters N] [--backend NAME] [--json PATH]
 
-Every workload runs eagerly, through gt, and as the hand-written ``torch.compile`` of the
-same step function (for a training step: forward, loss, backward and optimizer step, which
-Dynamo splits at ``loss.backward()`` as it would for a user), side by side in one run.
+Every workload runs eagerly, through gt, through ``gt_core.jit``, and as the hand-written
+``torch.compile`` of the same step function (for a training step: forward, loss, backward
+and optimizer step, which Dynamo splits at ``loss.backward()`` as it would for a user), side
+by side in one run.
 Per-iteration times are medians of the steady state (the last third), so ratios are
 comparable even on a noisy machine. torch.compile's final loss and parameters, and gt's
 final loss, are checked against eager's.
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gt_core
+from gt_core.workloads import make, make_opt
 
 __all__ = ["WORKLOADS", "RTOL", "run", "Result", "table", "main"]
 
@@ -51,12 +53,11 @@ def matmul_chain():
 
 
 def mlp_training():
-    model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x, y = torch.randn(128, 784), torch.randn(128, 10)
+    model, x, y, loss_fn = make(128, "mlp")
+    opt, _ = make_opt(model, "mlp")
 
     def step():
-        loss = F.mse_loss(model(x), y)
+        loss = loss_fn(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
@@ -137,6 +138,8 @@ class Result:
     torch_compile_rel_diff: float | None  # the largest over the final loss and the parameters
     status: str
     verdict: str
+    jit_ms: float | None = None  # the step through gt_core.jit (replayed calls, one sync)
+    jit_speedup: float | None = None
 
 
 class _Progress:
@@ -239,6 +242,9 @@ def run(name: str, iters: int, backend: str, progress: _Progress | None = None) 
     gt_diff = _rel_diff([torch.tensor(gt_value)], expected[:1])
     progress.done(f"{name}: gt {g:.3f} ms/it ({status})")
 
+    jit = _jit_ms(make, iters, backend, progress.phase(name, "jit", iters))
+    progress.done(f"{name}: jit {jit:.3f} ms/it")
+
     # The hand-written baseline: torch.compile of the whole step function, same seed and data.
     torch.manual_seed(0)
     step, state = make()
@@ -273,7 +279,30 @@ def run(name: str, iters: int, backend: str, progress: _Progress | None = None) 
         torch_compile_rel_diff=tc_diff,
         status=status,
         verdict=verdict,
+        jit_ms=jit,
+        jit_speedup=e / jit,
     )
+
+
+def _jit_ms(make, iters: int, backend: str, tick=None) -> float:
+    """ms per call of the step through ``gt_core.jit`` in the steady state: warm-up calls,
+    the block compiled, then ``iters`` timed calls with one sync at the end."""
+    gt_core.reset()
+    with gt_core.capture(backend=backend, auto_compile=True, background=True):
+        torch.manual_seed(0)
+        step, _ = make()
+        f = gt_core.jit(step)
+        for _ in range(20):
+            f()
+        gt_core.wait(compiles=True, timeout=600)  # the block compiled, as in a long run
+        f().item()
+        t0 = time.perf_counter()
+        for i in range(iters):
+            out = f()
+            if tick:
+                tick(i + 1)
+        out.item()
+        return (time.perf_counter() - t0) / iters * 1e3
 
 
 def _break_even(gt_times: list[float], eager_s: float) -> int | None:
@@ -305,8 +334,10 @@ _COLUMNS: list[tuple[str, str, Callable[[Result], str]]] = [
     ("", "workload", lambda r: r.workload),
     ("ms per iteration", "eager", lambda r: _fmt(r.eager_ms, ".3f")),
     ("ms per iteration", "gt", lambda r: _fmt(r.gt_ms, ".3f")),
+    ("ms per iteration", "jit", lambda r: _fmt(r.jit_ms, ".3f")),
     ("ms per iteration", "torch.compile", lambda r: _fmt(r.torch_compile_ms, ".3f")),
     ("speedup", "gt", lambda r: _fmt(r.speedup, ".2f", "x")),
+    ("speedup", "jit", lambda r: _fmt(r.jit_speedup, ".2f", "x")),
     ("speedup", "torch.compile", lambda r: _fmt(r.torch_compile_speedup, ".2f", "x")),
     ("total s", "eager", lambda r: _fmt(r.eager_total_s, ".2f")),
     ("total s", "gt", lambda r: _fmt(r.gt_total_s, ".2f")),
@@ -351,6 +382,8 @@ def table(results: list[Result]) -> str:
             *(line(row) for row in cells),
             "ms per iteration: median of the steady state (the last third); speedup: eager ms"
             " / that ms (>1: faster than eager).",
+            "jit: the step through gt_core.jit once its block is compiled (replayed calls,"
+            " one sync at the end, so client and worker overlap).",
             "torch.compile: the whole step function compiled by hand (training steps split at"
             " backward). vs eager: final loss (gt), final loss and parameters (torch.compile,"
             f" 'tc') within {RTOL:g} relative.",
