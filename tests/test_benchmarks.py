@@ -141,16 +141,19 @@ def test_table_has_every_column():
         torch_compile_rel_diff=5e-2,
         status="compiled",
         verdict="faster",
+        jit_ms=0.5,
+        jit_speedup=4.0,
     )
     text = bench.table([r])
     head, row = text.splitlines()[1], text.splitlines()[3]
     assert head.split() == [
-        "workload", "eager", "gt", "torch.compile", "gt", "torch.compile", "eager", "gt",
+        "workload", "eager", "gt", "jit", "torch.compile", "gt", "jit", "torch.compile", "eager", "gt",
         "torch.compile", "compile", "s", "warmup", "s", "break-even", "it", "vs", "eager",
         "verdict",
     ]  # fmt: skip
     assert row.split() == [
-        "w", "2.000", "1.000", "4.000", "2.00x", "0.50x", "0.25", "0.75", "1.50", "-", "0.10",
+        "w", "2.000", "1.000", "0.500", "4.000", "2.00x", "4.00x", "0.50x", "0.25", "0.75", "1.50", "-",
+        "0.10",
         "-", "DIFFERS:", "tc", "5.0e-02", "faster",
     ]  # fmt: skip
     assert "ms per iteration" in text.splitlines()[0] and "total s" in text.splitlines()[0]
