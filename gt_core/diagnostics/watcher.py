@@ -69,9 +69,7 @@ def _qualname(co_name: str, filename: str, lineno: int) -> str:
 
 def _in_gt() -> bool:
     """Whether gt's own code runs here: its in-process worker, or one of its compile threads."""
-    from gt_core.client.capture import _in_worker
-
-    return getattr(_in_worker, "active", False) or threading.current_thread().name.startswith("gt-")
+    return _stance.in_worker.active or threading.current_thread().name.startswith("gt-")
 
 
 class _Tap(logging.Filter):
