@@ -17,7 +17,7 @@ from gt_core.diagnostics import stance as _stance
 from gt_core.observe import events as ev
 from gt_core.observe.causes import budget_message, short_reason
 
-_GT_DIR = os.path.dirname(os.path.abspath(__file__))
+_GT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gt_core
 _EXAMPLES = os.path.join(_GT_DIR, "examples")  # user code, though it ships with gt
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<fn>.+?)_at_\d+$")
 _USER_FRAME = re.compile(
