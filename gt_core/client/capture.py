@@ -14,6 +14,7 @@ import torch
 import torch.optim.optimizer as _torch_optimizer
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from gt_core.client import session as _session_module
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import held
 from gt_core.client.mode import CaptureMode
@@ -125,6 +126,9 @@ def session(replace_dead: bool = False):
             _apply_log(opts)
             s = _state["session"] = Session(opts, events_log())
         return s
+
+
+_session_module._LIVE[:] = [session]  # where recording finds the live session
 
 
 class WorkerHandle:

@@ -12,8 +12,6 @@ import weakref
 
 import torch
 
-from gt_core.client.interrupt import STATE as HELD
-from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.session import LOCK
 from gt_core.errors import UnsupportedOperation
 from gt_core.stream.instructions import OP, PUT
@@ -66,45 +64,12 @@ class Proxy(torch.Tensor):
             s.freed.append(self._gt_id)  # joins the stream before the next instruction
             s.counters["frees"] += 1
 
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        with LOCK:
-            if HELD["pending"]:
-                check_interrupt()  # a Ctrl-C held during gt's last op: raised here, between ops
-            return record(func, args, kwargs or {})
-
     # -- sync points that do not pass through the dispatcher ------------------------------
     def cpu(self, memory_format=torch.preserve_format) -> torch.Tensor:  # noqa: ARG002
         """The value as a plain CPU tensor (waits for the worker)."""
-        from gt_core.client.tensor_io import mark_fetched
-
         s = self._gt_s
         s.check()
         return mark_fetched(s.request("fetch", self._gt_id))
-
-    def to(self, *args, **kwargs):
-        """torch's ``to``; outside a capture, ``to("cpu")`` fetches (see ``_tensor_io.to``)."""
-        from gt_core.client.tensor_io import to
-
-        return to(self, args, kwargs)
-
-    def __reduce_ex__(self, protocol):
-        """Pickled (``torch.save``) as the plain tensor it stands for: its value is fetched."""
-        from gt_core.client.tensor_io import reduce
-
-        return reduce(self, protocol)
-
-    def __copy__(self):
-        """A tensor sharing this value on the worker, as copy.copy shares storage in eager."""
-        from gt_core.client.tensor_io import shallow_copy
-
-        return shallow_copy(self)
-
-    def __deepcopy__(self, memo):
-        """A copy made on the worker (a recorded clone), as eager's deepcopy makes one."""
-        from gt_core.client.tensor_io import deepcopy
-
-        return deepcopy(self, memo)
 
     def numpy(self, *, force: bool = False):  # noqa: ARG002
         return self.cpu().numpy()
@@ -148,10 +113,8 @@ class Proxy(torch.Tensor):
         # its own, so freeing x later does not free p's value.
         with LOCK:
             if not isinstance(other, Proxy):
-                from gt_core.client.tensor_io import become_plain, is_fetched
-
                 if is_fetched(other):  # a move to the CPU (Module.cpu()): p becomes that tensor
-                    become_plain(self, other)
+                    self._gt_become_plain(other)  # (client.tensor_io)
                     return
                 other = upload(self._gt_s, other)
             fresh = torch.ops.aten.alias.default(other)
@@ -233,5 +196,17 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
 _SCALAR_TENSOR = torch.ops.aten.scalar_tensor.default
 _CPU = torch.device("cpu")
 
-# Proxy.__torch_dispatch__ calls record, which builds on Proxy: imported once Proxy exists.
-from gt_core.client.record import record  # noqa: E402
+
+_fetched: dict[int, weakref.ref] = {}  # id(plain tensor) -> weakref: values fetched from a proxy
+
+
+def mark_fetched(t: torch.Tensor) -> torch.Tensor:
+    """Remember that ``t`` is a value fetched from the worker (a move to the CPU)."""
+    key = id(t)
+    _fetched[key] = weakref.ref(t, lambda _r, k=key: _fetched.pop(k, None))
+    return t
+
+
+def is_fetched(t: torch.Tensor) -> bool:
+    ref = _fetched.get(id(t))
+    return ref is not None and ref() is t

@@ -14,6 +14,8 @@ import torch
 
 from gt_core.client.follow import _varying, follow
 from gt_core.client.interrupt import GT_DIR, LIBRARY_DIRS
+from gt_core.client.interrupt import STATE as HELD
+from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.meta import (
     _ALIAS,
     _ANY_FLOAT,
@@ -25,7 +27,8 @@ from gt_core.client.meta import (
     _meta_cache,
     _scalar_result,
 )
-from gt_core.client.proxy import Proxy, _meta_id, upload
+from gt_core.client.proxy import Proxy, _meta_id, _rebind, upload
+from gt_core.client.session import LOCK, live_session
 from gt_core.client.shadows import _on_shadows, _shadow
 from gt_core.errors import UnsupportedOperation, WorkerLost
 from gt_core.stream.instructions import OP, Ref
@@ -36,9 +39,7 @@ _OURS = (GT_DIR, *LIBRARY_DIRS)  # gt's, torch's and the standard library's file
 
 
 def _current_session():
-    from gt_core.client import capture as _capture
-
-    s = _capture.session()
+    s = live_session()
     s.check()  # a factory op for a dead worker fails now, not at some later flush
     return s
 
@@ -195,9 +196,7 @@ _SET_STORAGE = (
 
 def _record(func, args, kwargs):
     if func in _SET_STORAGE and isinstance(args[1], torch.UntypedStorage):
-        from gt_core.client.tensor_io import set_host_storage  # torch.load builds tensors this way
-
-        return set_host_storage(func, args, kwargs)
+        return set_host_storage(func, args, kwargs)  # torch.load builds tensors this way
     w = _Walk(func)
     walk = w.walk
     pa = [walk(a) for a in args]
@@ -304,3 +303,25 @@ def _described(d, session, by_id):
     if type(d) in (list, tuple):
         return type(d)(_described(x, session, by_id) for x in d)
     return d
+
+
+def set_host_storage(func, args, kwargs) -> Proxy:
+    """``p.set_(storage, ...)`` with a plain CPU storage: ``p`` takes that data, uploaded."""
+    p = args[0]
+    with torch._C._DisableTorchDispatch():
+        plain = torch.empty(0, dtype=p.dtype)
+        func(plain, *args[1:], **kwargs)
+    _rebind(p, upload(p._gt_s, plain, cache=False))
+    return p
+
+
+def _dispatch(cls, func, types, args=(), kwargs=None):
+    with LOCK:
+        if HELD["pending"]:
+            check_interrupt()  # a Ctrl-C held during gt's last op: raised here, between ops
+        return record(func, args, kwargs or {})
+
+
+# Every aten op on a proxy is recorded. Set here, not in the class body: recording makes
+# proxies, so the class cannot import it.
+Proxy.__torch_dispatch__ = classmethod(_dispatch)

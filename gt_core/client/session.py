@@ -25,12 +25,21 @@ from gt_core.errors import WorkerDied, WorkerLost
 from gt_core.observe import events as ev
 from gt_core.stream.instructions import DEFOP, FREE, RNG, SEED, defining_module, qualified_name
 
-__all__ = ["Session", "LOCK"]
+__all__ = ["Session", "LOCK", "live_session"]
 
 _generations = itertools.count(1)
 # Every change to a session's stream (an op recorded, a request, a flush) holds this lock:
 # threads that use worker tensors at once take turns op by op, and the stream stays whole.
 LOCK = threading.RLock()
+_LIVE: list = []  # the accessor of the live session, set by client.capture (see live_session)
+
+
+def live_session() -> Session:
+    """The session ops with no worker tensor go to (a factory inside a capture), a worker
+    started if there is none: client.capture's session(), which knows the options."""
+    return _LIVE[0]()
+
+
 _SITES = 4096  # values whose recording line is remembered for errors (the newest)
 _FOR_CLIENT = frozenset((ev.PLAN,))  # the client's own: never logged
 

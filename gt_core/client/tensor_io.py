@@ -25,7 +25,7 @@ import weakref
 
 import torch
 
-from gt_core.client.proxy import Proxy, _rebind, upload
+from gt_core.client.proxy import Proxy, is_fetched, mark_fetched, upload
 
 __all__ = [
     "reduce",
@@ -35,23 +35,8 @@ __all__ = [
     "is_fetched",
     "become_plain",
     "to",
-    "set_host_storage",
     "place_optimizer_state",
 ]
-
-_fetched: dict[int, weakref.ref] = {}  # id(plain tensor) -> weakref: values fetched from a proxy
-
-
-def mark_fetched(t: torch.Tensor) -> torch.Tensor:
-    """Remember that ``t`` is a value fetched from the worker (a move to the CPU)."""
-    key = id(t)
-    _fetched[key] = weakref.ref(t, lambda _r, k=key: _fetched.pop(k, None))
-    return t
-
-
-def is_fetched(t: torch.Tensor) -> bool:
-    ref = _fetched.get(id(t))
-    return ref is not None and ref() is t
 
 
 def _is_param(p: Proxy) -> bool:
@@ -177,16 +162,6 @@ def _capturing() -> bool:
     return any(isinstance(m, CaptureMode) for m in _get_current_dispatch_mode_stack())
 
 
-def set_host_storage(func, args, kwargs) -> Proxy:
-    """``p.set_(storage, ...)`` with a plain CPU storage: ``p`` takes that data, uploaded."""
-    p = args[0]
-    with torch._C._DisableTorchDispatch():
-        plain = torch.empty(0, dtype=p.dtype)
-        func(plain, *args[1:], **kwargs)
-    _rebind(p, upload(p._gt_s, plain, cache=False))
-    return p
-
-
 _placed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> its state dict
 
 
@@ -206,3 +181,12 @@ def place_optimizer_state(opt: torch.optim.Optimizer, args, kwargs) -> None:  # 
                 if isinstance(v, torch.Tensor) and not isinstance(v, Proxy):
                     entries[k] = upload(p._gt_s, v, cache=False)
     _placed[opt] = state
+
+
+# A Proxy's moves to files, copies and devices: its methods, defined here.
+Proxy.to = lambda self, *args, **kwargs: to(self, args, kwargs)
+Proxy.to.__doc__ = "torch's ``to``; outside a capture, ``to('cpu')`` fetches (see tensor_io.to)."
+Proxy.__reduce_ex__ = reduce  # pickled (torch.save) as the plain tensor it stands for
+Proxy.__copy__ = shallow_copy  # shares this value on the worker, as copy.copy shares storage
+Proxy.__deepcopy__ = deepcopy  # a copy made on the worker (a recorded clone)
+Proxy._gt_become_plain = become_plain  # ``p.data = fetched`` (Module.cpu()): p turns plain
