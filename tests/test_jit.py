@@ -12,6 +12,7 @@ from models import TRANSFORMER, Block, mlp
 
 import gt_core
 from gt_core.client import capture as _capture
+from gt_core.client.patches import patch_capturable
 
 
 def _jit_events(state=None):
@@ -25,11 +26,11 @@ def _jit_events(state=None):
 @contextlib.contextmanager
 def _capturable():
     """Eager's capturable optimizers on the CPU, as inside a capture (the oracle needs them)."""
-    _capture._patch_capturable(True)
+    patch_capturable(True)
     try:
         yield
     finally:
-        _capture._patch_capturable(False)
+        patch_capturable(False)
 
 
 def _run(make_model, make_opt, make_data, loss_fn, steps, on_worker, *, jit, sched=None, seed=0):

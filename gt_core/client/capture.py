@@ -11,13 +11,13 @@ import sys
 import threading
 
 import torch
-import torch.optim.optimizer as _torch_optimizer
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gt_core.client import session as _session_module
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import held
 from gt_core.client.mode import CaptureMode
+from gt_core.client.patches import patch_capturable, patch_seed, unpatch_seed
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
 from gt_core.config import Options, from_env
@@ -49,12 +49,11 @@ class _Here(threading.local):
 
 
 _here = _Here()
-# "captures": threads inside a capture now; "seed": torch.manual_seed as it was before
+# "captures": threads inside a capture now; "opt_hook": the optimizer-state hook while one is
 _state = {
     "session": None,
     "options": None,
     "captures": 0,
-    "seed": None,
     "opt_hook": None,
 }
 
@@ -219,8 +218,8 @@ def capture(**options):
             s.request("engine", ("options", opts))
         _apply_log(opts)
         if _state["captures"] == 0:
-            _patch_seed()
-            _patch_capturable(True)
+            patch_seed(lambda: _here.session)
+            patch_capturable(True)
             from gt_core.client.tensor_io import place_optimizer_state
 
             _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
@@ -241,8 +240,8 @@ def capture(**options):
             _state["captures"] -= 1
             last = _state["captures"] == 0
             if last:
-                _unpatch_seed()
-                _patch_capturable(False)
+                unpatch_seed()
+                patch_capturable(False)
                 _state["opt_hook"].remove()
                 _state["opt_hook"] = None
         _end(s, ok and last)
@@ -271,51 +270,6 @@ def _same_options(options: dict, active, where: str) -> None:
             f"capture({given}) {where} with other options: one worker has one set of options. "
             "Give options to the outermost capture only, or end the other capture first."
         )
-
-
-def _patch_seed() -> None:
-    """torch.manual_seed also seeds the worker, when called by a thread inside a capture."""
-    seed = _state["seed"] = torch.manual_seed
-
-    def manual_seed(n):
-        s = _here.session
-        # Not worker code that runs in this process (the in-process worker's compiler
-        # seeds its own things), not threads outside a capture.
-        if s is not None and not _in_worker.active and not s.closed:
-            s.seed(int(n))
-        return seed(n)
-
-    torch.manual_seed = torch.random.manual_seed = manual_seed
-
-
-def _unpatch_seed() -> None:
-    seed, _state["seed"] = _state["seed"], None
-    if seed is not None:
-        torch.manual_seed = torch.random.manual_seed = seed
-
-
-def _capturable_devices(supports_xla: bool = True) -> list[str]:
-    """torch.optim's accelerators for capturable=True, and the CPU: inside a capture, tensors
-    live on the worker, and a capturable optimizer keeps its step and bias corrections as
-    tensors there (no .item(), no Python float that changes every step: what gt_core.jit
-    needs to replay Adam)."""
-    return [*_ORIGINAL_CAPTURABLE(supports_xla), "cpu"]
-
-
-def _optim_modules() -> list:
-    return [
-        m
-        for name, m in list(sys.modules.items())
-        if name.startswith("torch.optim.") and hasattr(m, "_get_capturable_supported_devices")
-    ]
-
-
-def _patch_capturable(on: bool) -> None:
-    for m in _optim_modules():
-        m._get_capturable_supported_devices = _capturable_devices if on else _ORIGINAL_CAPTURABLE
-
-
-_ORIGINAL_CAPTURABLE = _torch_optimizer._get_capturable_supported_devices
 
 
 def _on_routed():

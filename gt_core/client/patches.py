@@ -1,0 +1,64 @@
+"""What a capture changes in torch while it runs, and puts back when the last one ends:
+``torch.manual_seed`` (it seeds the worker too) and torch.optim's capturable devices.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.optim.optimizer as _torch_optimizer
+
+from gt_core.diagnostics.stance import in_worker
+
+__all__ = ["patch_seed", "unpatch_seed", "patch_capturable"]
+
+_saved: dict = {"seed": None}  # torch.manual_seed as it was before the first capture
+
+
+def patch_seed(session_here) -> None:
+    """torch.manual_seed also seeds the worker, when called by a thread inside a capture
+    (``session_here()``: that thread's capture's session, or None)."""
+    seed = _saved["seed"] = torch.manual_seed
+
+    def manual_seed(n):
+        s = session_here()
+        # Not worker code that runs in this process (the in-process worker's compiler
+        # seeds its own things), not threads outside a capture.
+        if s is not None and not in_worker.active and not s.closed:
+            s.seed(int(n))
+        return seed(n)
+
+    torch.manual_seed = torch.random.manual_seed = manual_seed
+
+
+def unpatch_seed() -> None:
+    seed, _saved["seed"] = _saved["seed"], None
+    if seed is not None:
+        torch.manual_seed = torch.random.manual_seed = seed
+
+
+def _capturable_devices(supports_xla: bool = True) -> list[str]:
+    """torch.optim's accelerators for capturable=True, and the CPU: inside a capture, tensors
+    live on the worker, and a capturable optimizer keeps its step and bias corrections as
+    tensors there (no .item(), no Python float that changes every step: what gt_core.jit
+    needs to replay Adam)."""
+    return [*_ORIGINAL_CAPTURABLE(supports_xla), "cpu"]
+
+
+def _optim_modules() -> list:
+    return [
+        m
+        for name, m in list(sys.modules.items())
+        if name.startswith("torch.optim.") and hasattr(m, "_get_capturable_supported_devices")
+    ]
+
+
+def patch_capturable(on: bool) -> None:
+    for m in _optim_modules():
+        m._get_capturable_supported_devices = _capturable_devices if on else _ORIGINAL_CAPTURABLE
+
+
+_ORIGINAL_CAPTURABLE = _torch_optimizer._get_capturable_supported_devices
+
+
