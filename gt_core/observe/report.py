@@ -71,13 +71,15 @@ _SYNC_CUTS = frozenset({"sync point", "end of stream"})
 _CLIENT = frozenset({ev.JIT, ev.JIT_STATS, ev.CLIENT_STATS})
 
 
-def _client(e: dict, path) -> None:
+def _client(e: dict, path, known) -> None:
     """What the client says of a hot path: gt_core.jit's state and counts, its ms."""
     sig = e.get("signature")
-    if sig is None:
+    t = e["type"]
+    # Counts and timings annotate a hot path the report knows; only jit's own state (its
+    # block registered just before) names one it may not have seen yet.
+    if sig is None or (sig not in known and not (t == ev.JIT and e.get("state") == "replaying")):
         return
     p = path(sig)
-    t = e["type"]
     if t == ev.JIT:
         p["jit"] = e.get("function")
         if e.get("state") == "replaying":
@@ -186,7 +188,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         elif t == ev.STATS:
             stats.update({k: e[k] for k in stats if k in e})
         elif t in _CLIENT or (t == ev.FOLDED and e.get("of") in _CLIENT):
-            _client(e.get("last", e), path)
+            _client(e.get("last", e), path, paths)
         elif t == ev.FOLDED:
             if e.get("of") == ev.MISMATCH and sig not in paths:
                 continue  # as for a mismatch: a block known only before a reset()
