@@ -21,7 +21,7 @@ from models import TRANSFORMER, mlp
 import gt_core
 from gt_core import events as ev
 from gt_core.compile.lower import cudagraph_skips, mutated_inputs, replay_here
-from gt_core.hotpath import engine as _hotpath
+from gt_core.hotpath import compiling as _compiling
 from gt_jupyter._tables import reason_rows, status_html, to_text
 
 aten = torch.ops.aten
@@ -120,7 +120,7 @@ def test_a_skip_is_reported_with_its_reason_where_graphs_were_asked_for(inproces
 
     (Inductor only counts a CPU skip; a logged reason is taken as the test above shows.)
     """
-    monkeypatch.setattr(_hotpath, "uses_cudagraphs", lambda mode, device: True)
+    monkeypatch.setattr(_compiling, "uses_cudagraphs", lambda mode, device: True)
     gt_core.configure(
         auto_compile=True, backend="inductor", mode="reduce-overhead", background=False, threshold=3
     )

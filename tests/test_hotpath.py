@@ -187,12 +187,14 @@ def test_eager_runs_of_a_hot_block_are_its_eager_graph_and_equal_eager_exactly(
 ):
     """A block that runs eagerly (before its compile, after a revert or a failed compile) runs
     as one generated function of the same ops: bit for bit what eager PyTorch computes."""
-    from gt_core.hotpath.engine import Engine
+    from gt_core.hotpath.runner import Runner
 
     instructions = []
-    run_eagerly = Engine._run_eagerly
+    run_instructions = Runner.run_instructions
     monkeypatch.setattr(
-        Engine, "_run_eagerly", lambda self, buf: (instructions.append(1), run_eagerly(self, buf))
+        Runner,
+        "run_instructions",
+        lambda self, buf: (instructions.append(1), run_instructions(self, buf)),
     )
     gt_core.configure(backend="gt_raising")  # the compile fails: every occurrence runs eagerly
     ref, ref_losses = train(**workload, steps=14, on_worker=False, sync_every=1)

@@ -11,7 +11,7 @@ from models import mlp
 import gt_core
 from gt_core import events as ev
 from gt_core.client.replay import Replay
-from gt_core.hotpath.engine import _MAX_PROBES
+from gt_core.hotpath.judge import _MAX_PROBES
 from gt_core.observe.report import Status
 from gt_core.remote.cpu_share import CpuShare as _CpuShare
 from gt_core.stream.instructions import FREE, OP, PUT, RUN, Ref
@@ -334,7 +334,7 @@ def test_plans_cross_to_a_worker_process(process):
 def test_iteration_timings_travel_together_and_a_sync_brings_them_all(hot, monkeypatch, window_s):
     # Timings wait up to _EVENTS_EVERY_S for one another: a window no step outlasts however
     # busy the machine, or none at all, so what is sent depends on the window alone.
-    monkeypatch.setattr("gt_core.hotpath.engine._EVENTS_EVERY_S", window_s)
+    monkeypatch.setattr("gt_core.hotpath.outbox._EVENTS_EVERY_S", window_s)
     s = gt_core.client.capture.session()
     published = []
     on_events = s.transport._on_events
@@ -344,7 +344,7 @@ def test_iteration_timings_travel_together_and_a_sync_brings_them_all(hot, monke
         on_events(events)
 
     s.transport._on_events = counting
-    s.transport.engine._publish = counting
+    s.transport.engine.outbox.publish = counting
     _train(60, True)  # ends with loss.item(): a sync
     iterations = [e for e in gt_core.events_log().snapshot() if e["type"] == ev.ITERATION]
     assert len(iterations) >= 50  # none held back after the sync

@@ -96,6 +96,7 @@ class Executor:
         self.poisoned: set[int] = set()  # ids whose producing instruction failed
         self.publish = publish or (lambda events: None)
         self.executed = 0
+        self._names: dict[int, str] = {}
 
     # -- the stream ----------------------------------------------------------------------
     def execute(self, ins) -> None:
@@ -139,8 +140,16 @@ class Executor:
             self._device_arg[idx] = False
             return
         self.ops[idx] = op
+        self._names.pop(idx, None)
         self.unresolved.discard(idx)
         self._device_arg[idx] = any(a.name == "device" for a in op._schema.arguments)
+
+    def op_name(self, idx: int) -> str:
+        """The name of op ``idx`` ('aten.add.Tensor')."""
+        name = self._names.get(idx)
+        if name is None:
+            name = self._names[idx] = op_name(self.ops[idx])
+        return name
 
     def run_op(self, ins):
         _, idx, args, kwargs, outs = ins
@@ -208,6 +217,42 @@ class Executor:
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False
         return kwargs
+
+    # -- what the hot-path engine does besides instructions ------------------------------
+    def meta(self, vid: int) -> tuple | None:
+        """(shape, stride, dtype, device) of value ``vid``, or None if there is none."""
+        t = self.values.get(vid)
+        return None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device)
+
+    def lookup(self, ids) -> list[torch.Tensor]:
+        """The values of ``ids``, in order (KeyError if one is missing)."""
+        values = self.values
+        return [values[i] for i in ids]
+
+    def bind_outputs(self, ids, outs) -> None:
+        """Values computed together (a block's outputs) become ``ids``."""
+        values = self.values
+        for vid, value in zip(ids, outs, strict=True):
+            values[vid] = value
+
+    def drop(self, ids) -> None:
+        """Forget ``ids`` (freed by instructions that ran as one call, or not at all)."""
+        values = self.values
+        for vid in ids:
+            values.pop(vid, None)
+
+    def fail_outputs(self, ids, exc: BaseException) -> bool:
+        """``ids`` were never computed; ``exc`` is the error the next sync raises unless an
+        earlier one is pending. Whether ``exc`` is that error."""
+        self.poisoned.update(ids)
+        if self.error is not None:
+            return False
+        self.error = exc
+        return True
+
+    def count(self, n: int) -> None:
+        """``n`` instructions ran without passing through ``execute`` (as one call)."""
+        self.executed += n
 
     # -- requests (each follows a barrier) ----------------------------------------------
     def take_error(self) -> BaseException | None:

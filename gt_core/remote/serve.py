@@ -132,7 +132,7 @@ def worker_main(conn, event_conn, options) -> None:
                 msg = inbox.next()
             except (EOFError, OSError):
                 break  # the client went away
-            share.set(inbox.requests > 0 or msg[0] == "req", w.engine.compiling > 0)
+            share.set(inbox.requests > 0 or msg[0] == "req", w.engine.compiler.compiling > 0)
             if msg[0] == "batch":
                 w.feed(msg[1])
             elif msg[0] == "req":

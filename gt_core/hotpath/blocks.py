@@ -1,0 +1,177 @@
+"""Hot blocks, the occurrences of them in progress and complete, and the blocks known so far.
+
+States of a block (named as in the report): hot → compiling → compiled, or failed /
+reverted; blocks marked by a signal start as recording. Failed and reverted blocks stay
+known (and run eagerly): that keeps the stream aligned, so the same loop is not detected
+again at another rotation.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+
+from gt_core.observe.report import Status
+from gt_core.stream.canonical import Canonical, Mismatch, Namer
+from gt_core.stream.instructions import FREE
+from gt_core.stream.lift import LiftNamer
+from gt_core.stream.plan import expand
+
+__all__ = ["Block", "Blocks", "Occurrence", "Tracker", "TIMED_RUNS"]
+
+TIMED_RUNS = 1000  # timings a block keeps per series (its memory stays flat over long runs)
+
+
+class Block:
+    """A hot block: its canonical form, how to build its graph, its compiled function."""
+
+    def __init__(
+        self,
+        canon: Canonical,
+        out_paths: list,
+        ops: dict,
+        period: int,
+        signal: str | None = None,
+        lift: dict | None = None,
+        scalar_dtypes: tuple = (),
+        value_meta: dict | None = None,
+    ):
+        self.canon = canon
+        self.lift = lift or {}  # entry position -> {argument path: dtype}: floats lifted to inputs
+        self.scalar_dtypes = scalar_dtypes
+        self.sig = canon.id
+        self.out_paths = out_paths
+        self.ops = ops  # op name -> OpOverload
+        self.gap = period - len(canon.entries)  # instructions between occurrences (barriers)
+        self.status = Status.HOT
+        self.fn = None
+        self.eager_fn = None  # the block's eager form as one generated function (Runner)
+        # Clean eager runs (the baseline of regression checks) and compiled ones: the latest
+        # few, as a check reads only those and the client's report has every run's timing.
+        self.eager_ms: deque[float] = deque(maxlen=TIMED_RUNS)
+        self.compiled_ms: deque[float] = deque(maxlen=TIMED_RUNS)
+        self.probe = 0  # eager runs still wanted as a baseline before judging the compiled one
+        self.probed = 0  # eager runs timed as such a baseline
+        # (kind, the worker's CPU condition) -> ms: what a regression check compares
+        self.samples: dict[tuple, deque[float]] = {}
+        self.judged = False  # regression check done
+        # Any in-place op: a failure mid-run may have written some inputs already.
+        self.mutates = any(ops[name]._schema.is_mutable for name in set(canon.ops))
+        self.signal = signal
+        self.thread: threading.Thread | None = None
+        self.value_meta = value_meta or {}  # value name -> shape and dtype, for the graph
+        self.plan = None  # set when registered: what the client matches and RUNs carry
+        self.free_slots: list = []  # the plan's freed values, in order (what a RUN frees)
+        self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan
+        self.n_produced = sum(
+            1 for e in canon.entries if e[0] == "op" for o in e[4] if o is not None
+        )
+
+
+class Blocks:
+    """The blocks known so far, by signature and by what their first instruction looks like."""
+
+    def __init__(self):
+        self._by_sig: dict[str, Block] = {}
+        self._by_first: dict[tuple, list[Block]] = {}
+        self._lift_first: list[Block] = []  # blocks whose first op has a lifted scalar
+
+    def add(self, block: Block) -> None:
+        self._by_sig[block.sig] = block
+        if 0 in block.lift:
+            self._lift_first.append(block)
+        else:
+            self._by_first.setdefault(block.canon.entries[0], []).append(block)
+
+    def get(self, sig) -> Block | None:
+        return self._by_sig.get(sig)
+
+    def __getitem__(self, sig: str) -> Block:
+        return self._by_sig[sig]
+
+    def __contains__(self, sig) -> bool:
+        return sig in self._by_sig
+
+    def values(self):
+        return self._by_sig.values()
+
+    @property
+    def startable(self) -> bool:
+        """Whether any block can begin (the stream is worth matching)."""
+        return bool(self._by_first or self._lift_first)
+
+    def starting_with(self, first: tuple) -> list[Block]:
+        """The blocks an occurrence beginning with canonical entry ``first`` may be of."""
+        return self._by_first.get(first, []) + self._lift_first
+
+
+class Tracker:
+    """One occurrence of a block in progress: the position reached and the names bound."""
+
+    __slots__ = ("block", "namer", "pos")
+
+    def __init__(self, block: Block, meta_of):
+        self.block = block
+        self.namer = LiftNamer(meta_of, block.lift) if block.lift else Namer(meta_of)
+        self.pos = 0
+
+    def match(self, ins, op_name_of) -> bool:
+        entries = self.block.canon.entries
+        try:
+            got = self.namer.entry(ins, op_name_of)
+        except (Mismatch, KeyError):
+            return False
+        if got != entries[self.pos]:
+            return False
+        k = len(self.namer.input_meta)
+        if k and self.namer.input_meta[k - 1] != self.block.canon.input_meta[k - 1]:
+            return False
+        self.pos += 1
+        return True
+
+    @property
+    def complete(self) -> bool:
+        return self.pos == len(self.block.canon.entries)
+
+
+class Occurrence:
+    """A complete occurrence, however it was found: what running it needs."""
+
+    __slots__ = ("inputs", "scalars", "out_ids", "free_ids", "_instrs", "_expand")
+
+    def __init__(self, inputs, scalars, out_ids, free_ids, instrs=None, expand_=None):
+        self.inputs = inputs  # value ids, in the block's input order
+        self.scalars = scalars  # lifted floats, in order
+        self.out_ids = out_ids  # ids the block's outputs are bound to
+        self.free_ids = free_ids  # ids the occurrence frees
+        self._instrs, self._expand = instrs, expand_
+
+    @property
+    def instructions(self) -> list:
+        if self._instrs is None:
+            self._instrs = self._expand()
+        return self._instrs
+
+    @classmethod
+    def tracked(cls, tracker: Tracker, buf: list) -> Occurrence:
+        """An occurrence the engine matched instruction by instruction."""
+        block = tracker.block
+        names = {n: vid for vid, n in tracker.namer.names.items()}
+        return cls(
+            tracker.namer.inputs,
+            getattr(tracker.namer, "scalars", ()),
+            [names[n] for n in block.canon.outputs],
+            [ins[1] for ins in buf if ins[0] == FREE],
+            instrs=buf,
+        )
+
+    @classmethod
+    def planned(cls, block: Block, inputs, produced, scalars) -> Occurrence:
+        """An occurrence the client matched against the block's plan (a RUN instruction)."""
+        return cls(
+            inputs,
+            scalars,
+            [produced[n[1]] for n in block.canon.outputs],
+            [inputs[f.k] if f.kind == "i" else produced[f.k] for f in block.free_slots],
+            expand_=lambda: expand(block.plan, inputs, produced, scalars),
+        )

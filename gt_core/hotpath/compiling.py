@@ -1,0 +1,181 @@
+"""Compile scheduling: where a hot block compiles (compile process, thread, or inline) and
+what its outcome is reported as (finished, with or without CUDA graphs, or failed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import traceback
+
+import torch
+
+from gt_core.compile.lower import (
+    build_graph,
+    compile_block,
+    cudagraph_skips,
+    replay_here,
+    uses_cudagraphs,
+)
+from gt_core.compile.process import CompileProcess
+from gt_core.config import Options
+from gt_core.hotpath.blocks import Block
+from gt_core.hotpath.outbox import reason
+from gt_core.observe import events as ev
+from gt_core.observe.report import Status
+
+__all__ = ["Compiler"]
+
+
+class Compiler:
+    """Compiles hot blocks off the critical path where the options allow, and counts them."""
+
+    def __init__(self, device: torch.device, outbox, options):
+        self.device = device
+        self.outbox = outbox
+        self.options = options
+        self.compiling = 0  # compiles under way (the worker leaves them a core)
+        self._process: CompileProcess | None = None
+        self._lock = threading.Lock()
+
+    def process(self) -> CompileProcess | None:
+        """Where inductor blocks compile off the critical path, or None (in the worker).
+
+        Background inductor compiles on a CPU worker go to a process of their own (see
+        CompileProcess); on a GPU they stay in a thread of the worker (not measured there yet).
+        """
+        o = self.options
+        if not (
+            o.compile_process
+            and o.background
+            and o.backend == "inductor"
+            and not o.dynamic
+            and self.device.type == "cpu"
+        ):
+            return None
+        with self._lock:
+            if self._process is None:
+                # The client ends it where the worker cannot (the worker killed): see
+                # ProcessTransport.death.
+                emit = self.outbox.emit
+                self._process = CompileProcess(
+                    o.worker_imports,
+                    lambda pid, folder: emit(ev.WORKER, state="compiler", pid=pid, dir=folder),
+                )
+            return self._process
+
+    def warm(self) -> None:
+        """Warm the compile process up (worker start): see CompileProcess.warm."""
+        cp = self.process()
+        if cp is None:
+            return
+        with self._busy():
+            try:
+                cp.warm()
+            except Exception:  # the first block's compile reports the same failure, with its reason
+                if self.options.debug:
+                    traceback.print_exc()
+
+    def release_unneeded(self, blocks) -> None:
+        """Close the compile process if the options no longer use it and nothing compiles
+        (a warm-up under way is cut short)."""
+        compiling = any(b.status == Status.COMPILING for b in blocks)
+        if self._process is not None and self.process() is None and not compiling:
+            self._process.close()
+            self._process = None
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.close()
+
+    @contextlib.contextmanager
+    def _busy(self):
+        with self._lock:
+            self.compiling += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.compiling -= 1
+
+    def schedule(self, block: Block) -> None:
+        """Compile ``block``: in a thread (that may use the compile process), or now."""
+        o = self.options
+        block.status = Status.COMPILING
+        cp = self.process()
+        self.outbox.emit(
+            ev.COMPILE_STARTED,
+            signature=block.sig,
+            backend=o.backend,
+            mode=o.mode,
+            where="process" if cp else "thread" if o.background else "inline",
+        )
+
+        def work():
+            with self._busy():
+                self._compile_and_report(block, cp, o)
+            if (
+                threading.current_thread() is not threading.main_thread()
+                and block.thread is not None
+            ):
+                self.outbox.flush()
+
+        if o.background:
+            if self._graphs(o):
+                replay_here()  # before the compile thread imports CUDA graph trees
+            block.thread = threading.Thread(
+                target=_no_grad(work), name=f"gt-compile-{block.sig}", daemon=True
+            )
+            block.thread.start()
+        else:
+            _no_grad(work)()
+
+    def _graphs(self, o: Options) -> bool:
+        """Whether a block compiled with ``o`` is recorded as CUDA graphs (see compile_block);
+        with dynamic shapes Dynamo compiles at the first call, out of gt's sight."""
+        return o.backend == "inductor" and not o.dynamic and uses_cudagraphs(o.mode, self.device)
+
+    def _compile_and_report(self, block: Block, cp: CompileProcess | None, o: Options) -> None:
+        """Compile, set the block's function and status, and publish the outcome."""
+        graphs = self._graphs(o)
+        try:
+            with cudagraph_skips() if graphs else contextlib.nullcontext() as skips:
+                fn, seconds = self._compiled_fn(block, cp, o)
+        except Exception as exc:
+            block.status = Status.FAILED
+            self.outbox.emit(ev.COMPILE_FAILED, signature=block.sig, reason=reason(exc))
+            if o.debug:
+                traceback.print_exc()
+        else:
+            block.fn = fn
+            if block.status == Status.COMPILING:
+                block.status = Status.COMPILED
+            extra = {}
+            if graphs:  # CUDA graphs asked for: whether inductor records them, and if not, why
+                extra = {"cudagraphs": "skipped" if skips else "used", "cudagraph_skips": skips}
+            self.outbox.emit(ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds, **extra)
+
+    def _compiled_fn(self, block: Block, cp: CompileProcess | None, o: Options):
+        """(compiled callable, seconds): in the compile process, or here."""
+        n_scalars = len(block.scalar_dtypes)
+        if cp is not None:
+            return cp.compile_block(
+                block.canon, block.ops, block.out_paths, block.scalar_dtypes, self.device, o.mode
+            )
+        gm = build_graph(
+            block.canon, block.ops, block.out_paths, o.backend == "inductor", n_scalars
+        )
+        examples = [
+            torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            for shape, stride, dtype, device in block.canon.input_meta
+        ]
+        examples += [torch.zeros((), dtype=dt, device=self.device) for dt in block.scalar_dtypes]
+        return compile_block(gm, examples, o.backend, o.mode, o.dynamic)
+
+
+def _no_grad(fn):
+    def run():
+        with torch.no_grad():
+            fn()
+
+    return run

@@ -1,0 +1,144 @@
+"""Period detection: pure functions over the history's keys and instructions.
+
+``repeating_period`` finds the shortest period whose last occurrences repeat ``threshold``
+times in a row; ``changes`` says, over the last period, which instructions differ from one
+period to the next (only in floats that can be lifted into inputs, or otherwise: a barrier);
+``cut`` then chooses where the block starts and ends within the period. Nothing here reads
+a worker: a test can run it on any list of keys and instructions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gt_core.hotpath.history import exact_key, value_ids
+from gt_core.stream.instructions import BARRIERS, OP
+
+__all__ = ["Cut", "repeating_period", "changes", "cut", "best_cut", "longest_segment"]
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Where a block lies in a periodic history, as positions in that history."""
+
+    start: int  # the block's first instruction, in the last period
+    length: int  # instructions in the block (the period, unless barriers shorten it)
+    occurrences: list[int]  # first instructions of its verified complete occurrences, oldest first
+    lift: dict  # position in the block -> {argument path: dtype} of the floats lifted to inputs
+    gap: int  # instructions still to run before the next occurrence begins
+
+
+def repeating_period(keys: list, threshold: int, min_seq: int) -> int | None:
+    """The shortest period p >= min_seq whose last ``threshold`` repeats end the keys, or None."""
+    n, t = len(keys), threshold
+    if n < t * min_seq:
+        return None
+    last = keys[-1]
+    for p in range(min_seq, n // t + 1):
+        if keys[n - 1 - p] == last and keys[n - t * p : n - p] == keys[n - (t - 1) * p : n]:
+            return p
+    return None
+
+
+def changes(instrs: list, p: int, threshold: int, is_barrier=None, lift=None):
+    """Over the last period: ({index: {path: dtype}} of liftable floats, [barrier indices]).
+
+    ``is_barrier(ins)``: an instruction no block contains (sync points by default);
+    ``lift(a, b)``: the argument paths where two calls of one op differ in floats that can
+    become inputs, or None (none can, by default).
+    """
+    n, H = len(instrs), instrs
+    lifts: dict[int, dict] = {}
+    barriers = []
+    for i in range(n - p, n):
+        ins = H[i]
+        if ins[0] in BARRIERS or (is_barrier is not None and is_barrier(ins)):
+            barriers.append(i)
+            continue
+        paths: dict = {}
+        for k in range(1, threshold):
+            a, b = H[i - (k - 1) * p], H[i - k * p] if i - k * p >= 0 else None
+            if b is None or exact_key(a) == exact_key(b):
+                continue
+            same_op = a[0] == OP == b[0] and a[1] == b[1]
+            got = lift(a, b) if same_op and lift is not None else None
+            if got is None:
+                barriers.append(i)
+                break
+            paths.update(got)
+        else:
+            if paths:
+                lifts[i] = paths
+    return lifts, barriers
+
+
+def cut(
+    instrs: list, p: int, threshold: int, min_seq: int, lifts: dict, barriers: list
+) -> Cut | None:
+    """Where the block of period ``p`` lies, or None (too short, or seen fewer than twice).
+
+    Cut at barriers (the longest stretch between them), else where the fewest values cross
+    the block's boundary.
+    """
+    n = len(instrs)
+    if barriers:
+        start, length = longest_segment(barriers, n - p, p)
+    else:
+        start, length = best_cut(instrs, p), p
+    if length < min_seq:
+        return None
+    # the most recent complete occurrences of [start, start + length), oldest first
+    begin = start if start + length <= n else start - p
+    verified = n - threshold * p  # the keys are periodic from here on
+    occurrences = [begin - k * p for k in range(threshold - 1, -1, -1) if begin - k * p >= verified]
+    if len(occurrences) < 2:
+        return None
+    lift = {}
+    for r in range(length):
+        j = start + r if start + r < n else start + r - p
+        if j in lifts:
+            lift[r] = lifts[j]
+    gap = start + p - n
+    if gap < 0:
+        gap += p
+    return Cut(start, length, occurrences, lift, gap)
+
+
+def best_cut(instrs: list, p: int) -> int:
+    """The rotation of the period where the fewest values cross the block boundary."""
+    n, H = len(instrs), instrs
+    # Judge boundaries in a period with a whole period of context on each side, so
+    # lifetimes are seen entirely; fall back to the last period when there is no room.
+    lo = max(0, n - 3 * p)
+    mid = n - 2 * p if n - 3 * p >= 0 else n - p
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i in range(lo, n):
+        for vid in value_ids(H[i]):
+            first.setdefault(vid, i)
+            last[vid] = i
+    delta = [0] * (n - lo + 1)
+    for vid, f in first.items():
+        if last[vid] > f:
+            delta[f + 1 - lo] += 1
+            delta[last[vid] + 1 - lo] -= 1
+    best, best_at, live = None, mid, 0
+    for i in range(lo, mid + p):
+        live += delta[i - lo]
+        if i >= mid and (best is None or live < best):
+            best, best_at = live, i
+    return best_at + (n - p - mid)  # the same phase, in the last period
+
+
+def longest_segment(barriers: list[int], lo: int, p: int) -> tuple[int, int]:
+    """(start, length) of the longest barrier-free run in one period, wrapping around."""
+    best = (barriers[0] + 1, 0)
+    for j, b in enumerate(barriers):
+        nxt = barriers[j + 1] if j + 1 < len(barriers) else barriers[0] + p
+        length = nxt - b - 1
+        if length > best[1]:
+            best = (b + 1, length)
+    start, length = best
+    if start >= lo + p:
+        start -= p
+    return start, length

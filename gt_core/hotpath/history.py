@@ -1,0 +1,134 @@
+"""The stream's recent history: the instructions run eagerly since the last hot occurrence.
+
+Detection searches it. Each instruction is kept three ways: as sent, as a key without its
+ids (``local_key``: equal for the same op at the same place in a period), and as the paths of
+its result's tensors (what a block built from it returns).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from gt_core.stream.instructions import FREE, MARK, OP, Ref
+
+__all__ = ["History", "local_key", "exact_key", "out_paths", "value_ids"]
+
+
+class History:
+    """The instructions run eagerly lately, their keys and out paths; bounded by ``window``."""
+
+    def __init__(self, meta):
+        self.meta = meta  # value id -> (shape, stride, dtype, device) of a live value, or None
+        self.instrs: list = []
+        self.keys: list = []
+        self.paths: list = []  # out paths of the OP instructions' results (None for others)
+        # Metadata of values freed lately: a block's input may be freed before it is named.
+        self.freed_meta: dict[int, tuple] = {}
+
+    def __len__(self) -> int:
+        return len(self.instrs)
+
+    def __getitem__(self, i):
+        return self.instrs[i]
+
+    def meta_of(self, vid: int):
+        """The metadata of a value, live or freed lately; None if unknown."""
+        m = self.meta(vid)
+        return self.freed_meta.get(vid) if m is None else m
+
+    def remember(self, vid: int) -> None:
+        """Keep the metadata of a value about to be freed."""
+        m = self.meta(vid)
+        if m is not None:
+            self.freed_meta[vid] = m
+
+    def append(self, ins, result, window: int) -> int:
+        """Record an instruction run eagerly; how many old ones were dropped to make room."""
+        self.instrs.append(ins)
+        self.keys.append(local_key(ins))
+        self.paths.append(out_paths(result) if ins[0] == OP else None)
+        if len(self.instrs) <= 2 * window:
+            return 0
+        drop = len(self.instrs) - window
+        del self.instrs[:drop], self.keys[:drop], self.paths[:drop]
+        if len(self.freed_meta) > 4 * window:
+            self.freed_meta.clear()
+        return drop
+
+    def clear(self) -> None:
+        """Forget the instructions (a hot occurrence ran: the period starts again)."""
+        self.instrs.clear(), self.keys.clear(), self.paths.clear()
+
+    def out_paths_of(self, positions) -> list:
+        """The out paths of the OP instructions at ``positions``, in order."""
+        return [self.paths[i] for i in positions if self.paths[i] is not None]
+
+
+def out_paths(result) -> list[tuple]:
+    """Where the tensors of an op's result are: [()] for a single tensor, else index paths."""
+    if isinstance(result, torch.Tensor):
+        return [()]
+    out = []
+    if isinstance(result, (list, tuple)):
+        for i, r in enumerate(result):
+            out.extend((i, *p) for p in out_paths(r))
+    return out
+
+
+def local_key(ins):
+    """An instruction without its ids: equal for the same op at the same place in a period."""
+    code = ins[0]
+    if code == OP:
+        return (OP, ins[1], _strip(ins[2]), len(ins[4]))
+    if code == FREE:
+        return (FREE,)
+    return (code, ins[1] if code == MARK else None)
+
+
+def _strip(a):
+    t = type(a)
+    if t is Ref:
+        return Ref
+    if t is list or t is tuple:
+        return tuple(_strip(x) for x in a)
+    if t is float:
+        # Python floats that change every step (Adam's bias corrections, LR schedules) must
+        # not hide the period; the canonical forms decide whether a segment really repeats.
+        return float
+    return a
+
+
+def exact_key(ins):
+    """An instruction without its ids but with its floats: equal where nothing changed."""
+    return (ins[0], ins[1], repr(_strip_refs(ins[2])), repr(ins[3])) if ins[0] == OP else (ins[0],)
+
+
+def _strip_refs(a):
+    t = type(a)
+    if t is Ref:
+        return None
+    if t is list or t is tuple:
+        return tuple(_strip_refs(x) for x in a)
+    return a
+
+
+def value_ids(ins):
+    """The ids an instruction reads, writes or frees."""
+    if ins[0] == FREE:
+        return (ins[1],)
+    if ins[0] != OP:
+        return ()
+    out = []
+    _collect(ins[2], out)
+    _collect(tuple(ins[3].values()), out)
+    out.extend(ins[4])
+    return out
+
+
+def _collect(a, out) -> None:
+    t = type(a)
+    if t is Ref:
+        out.append(a.id)
+    elif t is list or t is tuple:
+        for x in a:
+            _collect(x, out)

@@ -1,0 +1,114 @@
+"""The regression check: a compiled block slower than its eager runs goes back to eager.
+
+Timings compare only within one CPU condition (what the worker shared its cores with during
+a run: the client's recording, or its waiting; a compile beside it). Where no clean eager run
+was timed in the compiled runs' condition, a few eager occurrences are run as probes first.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+
+from gt_core.hotpath.blocks import TIMED_RUNS, Block
+from gt_core.observe import events as ev
+from gt_core.observe.report import Status
+
+__all__ = ["Judge"]
+
+_BASELINE_RUNS = 2  # clean eager runs a regression check compares against
+_MAX_PROBES = 4 * _BASELINE_RUNS  # eager runs timed for it at most, after the compile
+_SLOWER = 1.05  # a compiled median over this many times the eager one is a regression
+
+
+class Judge:
+    """Keeps each block's timings by CPU condition and decides whether compiling paid off."""
+
+    def __init__(self, outbox, compiler, options):
+        self.outbox = outbox
+        self.compiler = compiler  # (its count of compiles under way is part of the condition)
+        self.options = options
+        self.share = None  # the worker process's intra-op threads (remote.cpu_share.CpuShare)
+
+    def compiled_ran(self, block: Block, ms: float, threads) -> None:
+        """A compiled run took ``ms`` with ``threads`` intra-op threads (the share's choice)."""
+        block.compiled_ms.append(ms)
+        share = self.share
+        if share is None or share.learn(block.sig, threads, ms):
+            # (a run trying the other thread count is no sample of the compiled block)
+            block.samples.setdefault(("compiled", self._condition()), self._series()).append(ms)
+        self.outbox.emit(ev.ITERATION, signature=block.sig, kind="compiled", ms=ms)
+
+    def eager_ran(self, block: Block, ms: float) -> None:
+        """An eager run took ``ms``: a baseline sample, unless a compile slowed it."""
+        if block.status == Status.COMPILING:
+            # Slowed by the compile beside it: shown as such, never an eager baseline.
+            self.outbox.emit(ev.ITERATION, signature=block.sig, kind="compiling", ms=ms)
+            return
+        block.eager_ms.append(ms)
+        block.samples.setdefault(("eager", self._condition()), self._series()).append(ms)
+        self.outbox.emit(ev.ITERATION, signature=block.sig, kind="eager", ms=ms)
+        if block.probe:
+            block.probe -= 1
+            block.probed += 1
+            if not block.probe:
+                self.check(block)
+
+    def check(self, block: Block) -> None:
+        """Judge the block once enough compiled runs are timed; ask for probes if needed."""
+        if block.judged:
+            return
+        cond = self._condition()
+        compiled = block.samples.get(("compiled", cond), ())
+        if len(compiled) < self.options.regression_samples:
+            return
+        eager = block.samples.get(("eager", cond), ())
+        if len(eager) < _BASELINE_RUNS:
+            if block.probed >= _MAX_PROBES:  # the condition keeps changing: all runs
+                self._decide(block, block.eager_ms, block.compiled_ms, "all of them")
+                return
+            # No clean eager run timed as the compiled ones ran (compiled in the background
+            # before one was: runs beside a compile are slowed by it; or the client waited
+            # for those and records beside these, which leaves the worker a core fewer):
+            # time a few eager occurrences now, then judge.
+            block.probe = _BASELINE_RUNS - len(eager)
+            return
+        self._decide(block, eager, compiled, _in_words(cond))
+
+    def _decide(self, block: Block, eager_ms, compiled_ms, runs: str = "") -> None:
+        """Revert to eager if the compiled median is slower than the eager one.
+
+        ``runs``: which runs were compared, in words (the reason says it).
+        """
+        block.judged = True
+        n = len(compiled_ms)
+        eager = statistics.median(eager_ms)
+        comp = statistics.median(compiled_ms)
+        if comp > eager * _SLOWER:
+            block.status, block.fn = Status.REVERTED, None
+            self.outbox.emit(
+                ev.REVERT,
+                signature=block.sig,
+                eager_ms=eager,
+                compiled_ms=comp,
+                reason=f"compiled median {comp:.3f} ms is slower than eager {eager:.3f} ms over {n} runs"
+                + (f" ({runs})" if runs else ""),
+            )
+
+    def _series(self) -> deque:
+        """A bounded series of timings, long enough for a regression check."""
+        return deque(maxlen=max(TIMED_RUNS, self.options.regression_samples))
+
+    def _condition(self):
+        """What the worker's CPU was shared with during a run: timings compare within one."""
+        share = self.share
+        return None if share is None else (share.waits, self.compiler.compiling > 0)
+
+
+def _in_words(condition) -> str:
+    """A CPU condition (Judge._condition) as the revert reason names it."""
+    if condition is None:
+        return ""
+    waits, compiling = condition
+    words = "the client waiting for each" if waits else "each beside the client's recording"
+    return words + (", another block compiling" if compiling else "")

@@ -1,0 +1,132 @@
+"""Matching the stream against known blocks, instruction by instruction or by a client's RUN.
+
+Where an occurrence of a known block is expected (``gap`` instructions after the last one),
+or may begin (after a mismatch the stream realigns with a known block as soon as one begins
+again), instructions are matched against the blocks' canonical forms and buffered. A
+complete occurrence is handed on; a mismatch mid-block runs the buffered instructions
+eagerly: correct, just not faster.
+"""
+
+from __future__ import annotations
+
+from gt_core.hotpath.blocks import Block, Blocks, Occurrence, Tracker
+from gt_core.observe import events as ev
+from gt_core.stream.canonical import Mismatch, Namer
+from gt_core.stream.instructions import BARRIERS, FREE, MARK, OP, SYNC
+
+__all__ = ["Matcher"]
+
+
+class Matcher:
+    """The occurrence in progress: the candidate blocks still matching, and the buffer."""
+
+    def __init__(self, blocks: Blocks, meta_of, op_name, outbox, on_occurrence, run_eagerly):
+        self.blocks = blocks
+        self.meta_of = meta_of
+        self.op_name = op_name
+        self.outbox = outbox
+        self.on_occurrence = on_occurrence  # (block, Occurrence): a complete occurrence
+        self.run_eagerly = run_eagerly  # (instruction): one that joins no occurrence after all
+        self.trackers: list[Tracker] = []
+        self.buf: list = []
+        self.gap = -1  # instructions to run before the next occurrence; -1: none expected
+        self.speculative = False  # the occurrence in progress began where none was expected
+
+    @property
+    def idle(self) -> bool:
+        """No occurrence in progress or expected: the history may be searched."""
+        return self.gap < 0 and not self.trackers
+
+    def expect(self, gap: int) -> None:
+        """An occurrence ran: the next one is expected ``gap`` instructions on."""
+        self.buf, self.trackers = [], []
+        self.gap = gap
+
+    def take(self, ins) -> bool:
+        """Whether ``ins`` joined an occurrence; if not, the caller runs it eagerly."""
+        code = ins[0]
+        if self.trackers:
+            if code in BARRIERS:
+                self.flush(mismatch=True, got=ins)
+                return False
+            self._track(ins)
+            return True
+        if self.gap <= 0 and self.blocks.startable:
+            self.speculative = self.gap < 0
+            if code not in BARRIERS and self._start(ins):
+                return True
+            self.gap = -1
+        elif self.gap > 0:
+            self.gap -= 1
+        return False
+
+    def planned(self, ins) -> tuple[Block, Occurrence | None]:
+        """A RUN from the client: its block, and its occurrence if its inputs fit the block.
+
+        Where they do not (same ops, other shapes: a last smaller batch, a new size), the
+        client stops using the plan and the caller runs the plan's instructions.
+        """
+        _, sig, inputs, produced, scalars = ins
+        if self.trackers:  # instructions before it that began to look like a block
+            self.flush(mismatch=False)
+        block = self.blocks[sig]
+        meta = block.canon.input_meta
+        if (
+            len(inputs) != len(meta)
+            or len(produced) != block.n_produced
+            or any(self.meta_of(v) != m for v, m in zip(inputs, meta, strict=True))
+        ):
+            block.withdrawn = True
+            self.outbox.emit(ev.PLAN, signature=sig, plan=None)
+            return block, None
+        return block, Occurrence.planned(block, inputs, produced, scalars)
+
+    def flush(self, mismatch: bool, got=None) -> None:
+        """Run buffered instructions eagerly: the occurrence did not complete."""
+        if mismatch and self.trackers and self.buf and not self.speculative:
+            t = max(self.trackers, key=lambda t: t.pos)
+            if t.pos > 0 or len(self.buf) > 1:
+                entries = t.block.canon.entries
+                expected = entries[t.pos][1] if t.pos < len(entries) else "end"
+                self.outbox.emit(
+                    ev.MISMATCH,
+                    signature=t.block.sig,
+                    position=t.pos,
+                    expected=str(expected),
+                    got=self._describe(got),
+                )
+        buf, self.buf, self.trackers = self.buf, [], []
+        self.gap = -1
+        for ins in buf:
+            self.run_eagerly(ins)
+
+    def _start(self, ins) -> bool:
+        namer = Namer(self.meta_of)
+        try:
+            first = namer.entry(ins, self.op_name)
+        except (Mismatch, KeyError):
+            return False
+        cands = self.blocks.starting_with(first)
+        if not cands:
+            return False
+        self.trackers = [Tracker(b, self.meta_of) for b in cands]
+        self._track(ins)
+        return True
+
+    def _track(self, ins) -> None:
+        self.buf.append(ins)
+        alive = [t for t in self.trackers if t.match(ins, self.op_name)]
+        if not alive:
+            self.flush(mismatch=True, got=ins)
+            return
+        self.trackers = alive
+        done = next((t for t in alive if t.complete), None)
+        if done is not None:
+            self.on_occurrence(done.block, Occurrence.tracked(done, self.buf))
+
+    def _describe(self, ins) -> str:
+        if ins is None:
+            return "end of stream"
+        if ins[0] == OP:
+            return self.op_name(ins[1])
+        return {FREE: "free", SYNC: "sync point", MARK: "signal"}.get(ins[0], "upload/seed")

@@ -1,0 +1,64 @@
+"""The engine's events on their way to the client: held briefly, sent in batches.
+
+Iteration events wait up to ``_EVENTS_EVERY_S`` to travel together (one message per step
+would cost the client a wake-up of its event thread per step); any other event, and every
+sync, sends them all at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from gt_core.observe import events as ev
+
+__all__ = ["Outbox", "reason"]
+
+# GT_DEBUG_COMPILE=1: one line per detection, compile, fallback, revert (2: every event
+# but iterations: also compile starts, signals and mismatches).
+_DEBUG_LINES = frozenset(
+    (ev.DETECTED, ev.COMPILE_FINISHED, ev.COMPILE_FAILED, ev.RECOMPILE, ev.FALLBACK, ev.REVERT)
+)
+_EVENTS_EVERY_S = 0.05
+
+
+class Outbox:
+    """Events emitted by the engine (and its compile threads), published in batches."""
+
+    def __init__(self, publish, options):
+        self.publish = publish
+        self.options = options
+        self.events: list[dict] = []
+        self._lock = threading.Lock()  # the compile threads emit too
+        self._published = 0.0  # perf_counter of the last publish
+
+    def emit(self, type: str, **fields) -> None:
+        e = ev.event(type, **fields)
+        with self._lock:
+            self.events.append(e)
+        debug = self.options.debug
+        if debug and (type in _DEBUG_LINES or (debug >= 2 and type not in (ev.ITERATION, ev.PLAN))):
+            detail = fields.get("reason") or fields.get("seconds") or fields.get("n_ops") or ""
+            print(f"gt: {type} {fields.get('signature', '')} {detail}", flush=True)
+
+    def flush(self) -> None:
+        with self._lock:
+            events, self.events = self.events, []
+        if events:
+            self._published = time.perf_counter()
+            self.publish(events)
+
+    def flush_soon(self) -> None:
+        """Publish now unless only iteration timings are pending and some went out just now."""
+        events = self.events
+        if events and (
+            time.perf_counter() - self._published >= _EVENTS_EVERY_S
+            or any(e["type"] != ev.ITERATION for e in events)
+        ):
+            self.flush()
+
+
+def reason(exc: BaseException) -> str:
+    """An exception as an event's reason: its type and message, at most 2000 characters."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    return text if len(text) < 2000 else text[:2000] + " …"

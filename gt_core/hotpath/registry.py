@@ -1,0 +1,132 @@
+"""Making blocks: a segment of the history becomes a registered hot block.
+
+However a block was found (a detected period, a signal, a jit call, compile-every-segment),
+it is made here: its canonical form, its ops, its eager graph and its plan for the client;
+then it is announced (detected) and, where the options say so, compiled.
+"""
+
+from __future__ import annotations
+
+import traceback
+
+from gt_core.compile.lower import build_graph
+from gt_core.hotpath.blocks import Block, Blocks
+from gt_core.observe import events as ev
+from gt_core.observe.report import Status
+from gt_core.stream.canonical import Mismatch, _finish, _name, canonicalize, diff
+from gt_core.stream.lift import LiftNamer
+from gt_core.stream.plan import make_plan
+
+__all__ = ["Registry"]
+
+
+class Registry:
+    """Turns history segments into blocks, registers them in ``blocks`` and announces them."""
+
+    def __init__(self, ex, blocks: Blocks, meta_of, outbox, compiler, options, graph_data):
+        self.ex = ex
+        self.blocks = blocks
+        self.meta_of = meta_of
+        self.outbox = outbox
+        self.compiler = compiler
+        self.options = options
+        self.graph_data = graph_data  # canonical data -> the dashboard's nodes and edges
+
+    def block_op_name(self, idx: int) -> str:
+        """op_name for canonicalizing a block: an unresolved op never enters one."""
+        if idx in self.ex.unresolved:
+            raise Mismatch(f"{self.ex.op_name(idx)} is not known to the worker")
+        return self.ex.op_name(idx)
+
+    def canonicalize(self, instrs, lift: dict | None = None):
+        """(canonical form, namer) of ``instrs``, floats at ``lift`` made inputs; Mismatch if
+        they make no block."""
+        if not lift:
+            return canonicalize(instrs, self.meta_of, self.block_op_name)
+        namer = LiftNamer(self.meta_of, lift)
+        entries = tuple(namer.entry(ins, self.block_op_name) for ins in instrs)
+        return _finish(entries, namer), namer
+
+    def form(self, canon, namer, paths: list, period: int, **kw) -> Block:
+        """The block of a canonicalized segment (``kw``: Block's signal, lift, scalar_dtypes)."""
+        return Block(
+            canon, paths, self._ops_by_name(), period, value_meta=self._value_meta(namer), **kw
+        )
+
+    def adopt(self, block: Block, occurrences: int = 2) -> None:
+        """Register a new block and make it hot: announced, compiled where the options say."""
+        self._register(block)
+        self._make_hot(block, occurrences)
+
+    def republish_plans(self) -> None:
+        """Send every plan in use again (the client forgot its plans when it stopped matching)."""
+        for block in self.blocks.values():
+            if block.plan is not None and not block.withdrawn:
+                self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.plan)
+
+    def _register(self, block: Block) -> None:
+        block.eager_fn = self._eager_graph(block)
+        index = {self.ex.op_name(i): i for i in self.ex.ops}
+        block.plan = make_plan(block.canon, index, len(block.scalar_dtypes))
+        block.free_slots = [e[1] for e in block.plan.entries if e[0] == "free"]
+        self.blocks.add(block)
+        if self.options.client_match:
+            self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.plan)
+
+    def _eager_graph(self, block: Block):
+        """The block's eager form (build_graph without lifting or rewrites), or None.
+
+        Not on another device where an op names one: the executor places such ops on the
+        worker's device (Executor._place); the graph would keep the client's.
+        """
+        if self.ex.device.type != "cpu" and any(
+            e[0] == "op" and any(name == "device" for name, _ in e[3]) for e in block.canon.entries
+        ):
+            return None
+        try:
+            n = len(block.scalar_dtypes)
+            return build_graph(block.canon, block.ops, block.out_paths, False, n, lift=False)
+        except Exception:  # the instructions run it (a form FX cannot express)
+            if self.options.debug:
+                traceback.print_exc()
+            return None
+
+    def _make_hot(self, block: Block, occurrences: int) -> None:
+        block.status = Status.HOT
+        data = block.canon.to_data()
+        emit = self.outbox.emit
+        emit(
+            ev.DETECTED,
+            signature=block.sig,
+            ops=block.canon.ops,
+            n_ops=len(block.canon.ops),
+            n_instructions=len(block.canon.entries),
+            occurrences=occurrences,
+            signal=block.signal,
+            canonical=data,
+            graph=self.graph_data({**data, "values": block.value_meta}),
+        )
+        for other in self.blocks.values():
+            if other is not block and other.canon.ops == block.canon.ops:
+                reason = diff(other.canon.to_data(), data) or "same form"
+                emit(ev.RECOMPILE, signature=block.sig, previous=other.sig, reason=reason)
+                break
+        o = self.options
+        if block.signal or o.compile_all or (o.auto_compile and o.background):
+            self.compiler.schedule(block)
+        # Else it compiles on the critical path after a couple of eager occurrences, the
+        # baseline that regression detection and the speedup compare against (Runner.run).
+
+    def _value_meta(self, namer) -> dict:
+        """{canonical value name: {"shape", "dtype"}} of one occurrence: what the graph shows."""
+        out = {}
+        for vid, name in namer.names.items():
+            m = self.meta_of(vid)
+            if m is not None:
+                out[_name(name)] = {"shape": list(m[0]), "dtype": str(m[2]).removeprefix("torch.")}
+        return out
+
+    def _ops_by_name(self) -> dict:
+        # Without unresolved ops: the compile process resolves every name it is given.
+        unresolved = self.ex.unresolved
+        return {self.ex.op_name(i): op for i, op in self.ex.ops.items() if i not in unresolved}

@@ -1,0 +1,104 @@
+"""Blocks the user marks rather than the detector finds: signals, jit calls, every segment.
+
+A user signal (``gt_core.signal``) brackets a segment: seen twice alike, it becomes a block
+(compiled if its spec says so). A ``gt_core.jit`` call is a signal named ``JIT_SIGNAL…``:
+seen twice alike, the client asks for its block's plan and replays it. With
+``compile_all``, the instructions since the previous sync point become a block at once.
+"""
+
+from __future__ import annotations
+
+from gt_core.observe import events as ev
+from gt_core.stream.canonical import Mismatch
+from gt_core.stream.instructions import BARRIERS, FREE, JIT_SIGNAL, OP
+
+__all__ = ["Signals"]
+
+
+class Signals:
+    """Where each open signal started in the history, and the form each signal last made."""
+
+    def __init__(self, history, registry, outbox, options):
+        self.history = history
+        self.registry = registry
+        self.blocks = registry.blocks
+        self.outbox = outbox
+        self.options = options
+        self.start: dict[str, int] = {}  # open signal -> its position in the history
+        self.jit_open = False  # inside a gt_core.jit call being recorded (a "jit:" signal)
+        self.jit_ready: dict[str, str] = {}  # jit call name -> its block, seen twice alike
+        self.seen: dict[str, str] = {}  # signal name -> the signature its segment last had
+
+    def shift(self, dropped: int) -> None:
+        """The history dropped its oldest ``dropped`` instructions."""
+        for s in self.start:
+            self.start[s] -= dropped
+
+    def jit_plan(self, name: str):
+        """(signature, plan) of a jit call's block if its last two calls made the same one."""
+        block = self.blocks.get(self.seen.get(name))
+        if block is not None and self.jit_ready.get(name) == block.sig:
+            block.withdrawn = False
+            return block.sig, block.plan
+        return None
+
+    def mark(self, name: str, phase: str) -> None:
+        """A signal's "enter" or "exit" mark, just recorded in the history."""
+        jit = name.startswith(JIT_SIGNAL)
+        if not jit:  # (a jit call's marks are its own events, published by the client)
+            self.outbox.emit(ev.SIGNAL, name=name, phase=phase)
+        n = len(self.history)
+        if phase == "enter":
+            self.start[name] = n
+            self.jit_open = jit
+            return
+        self.jit_open = False
+        start = self.start.pop(name, None)
+        if start is None or start < 0:
+            return
+        seg = [i for i in range(start, n - 1) if self.history[i][0] in (OP, FREE)]
+        if not seg or seg != list(range(seg[0], seg[-1] + 1)):
+            return
+        try:
+            canon, namer = self.registry.canonicalize([self.history[i] for i in seg])
+        except Mismatch:
+            return
+        spec = {"compile": True} if jit else self.options.signals.get(name, {})
+        if canon.id in self.blocks:
+            if jit and self.seen.get(name) == canon.id:
+                self.jit_ready[name] = canon.id
+            self.seen[name] = canon.id
+            return
+        if self.seen.get(name) == canon.id and spec.get("compile"):
+            paths = self.history.out_paths_of(seg)
+            block = self.registry.form(canon, namer, paths, len(seg) + 2, signal=name)
+            self.registry.adopt(block)
+            if jit:
+                self.jit_ready[name] = block.sig
+            else:
+                self.outbox.emit(ev.SIGNAL, name=name, phase="compile", signature=canon.id)
+        elif not jit and self.seen.get(name) != canon.id:
+            # Seen once: recorded, waiting for a second occurrence (or the threshold).
+            self.outbox.emit(
+                ev.RECORDING, signature=canon.id, ops=canon.ops, n_ops=len(canon.ops), signal=name
+            )
+        self.seen[name] = canon.id
+
+    def compile_segment(self) -> None:
+        """compile_all: the instructions since the previous sync point become a block at once."""
+        history = self.history
+        n = len(history)
+        i = n - 1
+        while i > 0 and history[i - 1][0] not in BARRIERS:
+            i -= 1
+        seg = [k for k in range(i, n - 1) if history[k][0] in (OP, FREE)]
+        if not seg:
+            return
+        try:
+            canon, namer = self.registry.canonicalize([history[k] for k in seg])
+        except Mismatch:
+            return
+        if canon.id not in self.blocks:
+            paths = history.out_paths_of(seg)
+            block = self.registry.form(canon, namer, paths, len(seg) + 1)
+            self.registry.adopt(block, occurrences=1)

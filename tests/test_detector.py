@@ -1,0 +1,159 @@
+"""Period detection on synthetic streams: keys and instructions made up here, no worker."""
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gt_core.hotpath.detector import (
+    best_cut,
+    changes,
+    cut,
+    longest_segment,
+    repeating_period,
+)
+from gt_core.hotpath.history import local_key
+from gt_core.stream.instructions import FREE, OP, SYNC, Ref
+
+MIN_SEQ = 4
+
+
+def _periodic(keys: list, p: int) -> bool:
+    return all(keys[i] == keys[i + p] for i in range(len(keys) - p))
+
+
+@st.composite
+def repeats(draw, distinct: bool):
+    """(noise, block, k, threshold): a stream of noise then k >= threshold repeats of a block.
+
+    ``distinct``: the block's keys all differ (else few keys, so it may repeat inside itself).
+    """
+    threshold = draw(st.integers(2, 5))
+    keys = st.integers(0, 10_000) if distinct else st.integers(0, 3)
+    block = draw(st.lists(keys, min_size=MIN_SEQ, max_size=40, unique=distinct))
+    k = draw(st.integers(threshold, threshold + 3))
+    noise = draw(st.lists(st.integers(-10_000, -1), max_size=30, unique=True))
+    return noise, block, k, threshold
+
+
+@given(repeats(distinct=True))
+def test_a_block_repeated_threshold_times_is_found_with_its_period(case):
+    noise, block, k, threshold = case
+    assert repeating_period(noise + block * k, threshold, MIN_SEQ) == len(block)
+
+
+@given(repeats(distinct=False))
+def test_any_repeated_block_is_found_with_a_period_that_fits_it(case):
+    """A block with repeats inside it may have a shorter period: then that one, and the
+    stream's tail repeats with it."""
+    noise, block, k, threshold = case
+    stream = noise + block * k
+    p = repeating_period(stream, threshold, MIN_SEQ)
+    assert p is not None and MIN_SEQ <= p <= len(block)
+    assert _periodic(stream[-threshold * p :], p)
+
+
+@given(st.lists(st.integers(), unique=True, max_size=300), st.integers(2, 5))
+def test_noise_is_not_detected(stream, threshold):
+    assert repeating_period(stream, threshold, MIN_SEQ) is None
+
+
+@given(repeats(distinct=True))
+def test_fewer_repeats_than_the_threshold_are_not_detected(case):
+    noise, block, _, threshold = case
+    assert repeating_period(noise + block * (threshold - 1), threshold, MIN_SEQ) is None
+
+
+def test_periods_shorter_than_min_seq_are_not_blocks():
+    assert repeating_period([1, 2, 3] * 10, 3, MIN_SEQ) == 6  # twice the period: long enough
+    assert repeating_period([1, 2, 3] * 10, 3, 7) == 9
+    assert repeating_period([1, 2] * 4, 3, MIN_SEQ) is None  # too few keys for 3 x 4
+
+
+# -- instructions: a training-like loop of four ops per step --------------------------------
+PARAM = 1  # a value every step reads: it crosses every boundary alike
+
+
+def _step(base: int, lr: float = 0.1) -> list:
+    """x = f(param); y = g(x); free x; z = h(y); free y; param.add_(z, alpha=-lr); free z."""
+    x, y, z = base, base + 1, base + 2
+    return [
+        (OP, 0, (Ref(PARAM),), {}, [x]),
+        (OP, 1, (Ref(x),), {}, [y]),
+        (FREE, x),
+        (OP, 2, (Ref(y),), {}, [z]),
+        (FREE, y),
+        (OP, 3, (Ref(PARAM), Ref(z)), {"alpha": -lr}, []),
+        (FREE, z),
+    ]
+
+
+def _stream(steps: int, lrs=None, sync=False) -> list:
+    out = []
+    for s in range(steps):
+        out += _step(100 + 10 * s, lrs[s] if lrs else 0.1)
+        if sync:
+            out.append((SYNC, "item"))
+    return out
+
+
+def test_a_loop_is_cut_where_no_value_crosses_the_boundary():
+    instrs = _stream(5)[3:]  # starting mid-step: the cut still falls between steps
+    keys = [local_key(i) for i in instrs]
+    p = repeating_period(keys, 3, MIN_SEQ)
+    assert p == 7
+    lifts, barriers = changes(instrs, p, 3)
+    assert (lifts, barriers) == ({}, [])
+    c = cut(instrs, p, 3, MIN_SEQ, lifts, barriers)
+    assert c is not None and c.length == 7 and not c.lift
+    first = instrs[c.start]
+    assert first[0] == OP and first[1] == 0  # each block begins with a step's first op
+    assert [instrs[b][:2] for b in c.occurrences] == [(OP, 0)] * 3  # the last three, whole
+    assert c.occurrences == [c.occurrences[0] + i * p for i in range(3)]
+    assert c.occurrences[-1] + p <= len(instrs)
+    assert (len(instrs) + c.gap - c.start) % p == 0  # the next occurrence starts a period on
+
+
+def test_best_cut_is_in_the_last_period():
+    instrs = _stream(6)
+    at = best_cut(instrs, 7)
+    assert len(instrs) - 7 <= at < len(instrs) and instrs[at][:2] == (OP, 0)
+
+
+def test_floats_that_change_each_step_are_lifted_or_cut_at():
+    instrs = _stream(4, lrs=[0.1, 0.09, 0.08, 0.07])
+    p = 7
+    assert repeating_period([local_key(i) for i in instrs], 3, MIN_SEQ) == p  # floats ignored
+    add = len(instrs) - 2  # the step's last op, whose alpha changes
+
+    lifts, barriers = changes(instrs, p, 3, lift=lambda a, b: {(1, "alpha"): "float32"})
+    assert lifts == {add: {(1, "alpha"): "float32"}} and barriers == []
+    c = cut(instrs, p, 3, MIN_SEQ, lifts, barriers)
+    assert c.lift == {add - c.start if add >= c.start else add - c.start + p: lifts[add]}
+
+    lifts, barriers = changes(instrs, p, 3)  # nothing can be lifted: the op is a barrier
+    assert lifts == {} and barriers == [add]
+    c = cut(instrs, p, 3, MIN_SEQ, lifts, barriers)
+    assert c.length == p - 1 and instrs[c.start][0] == FREE  # after the op, around to it
+
+
+def test_a_sync_point_each_step_bounds_the_block():
+    instrs = _stream(4, sync=True)
+    p = repeating_period([local_key(i) for i in instrs], 3, MIN_SEQ)
+    assert p == 8
+    lifts, barriers = changes(instrs, p, 3)
+    assert barriers == [len(instrs) - 1]
+    c = cut(instrs, p, 3, MIN_SEQ, lifts, barriers)
+    assert (c.start, c.length, c.gap) == (len(instrs) - p, 7, 0)
+
+
+def test_longest_segment_wraps_around_the_period():
+    # barriers at 12 and 14 in the period [10, 20): the longest run is 15..21 (wrapping)
+    assert longest_segment([12, 14], 10, 10) == (15, 7)
+    assert longest_segment([11, 18], 10, 10) == (12, 6)
+    assert longest_segment([19], 10, 10) == (10, 9)  # (20 - 10: the same phase, in the period)
+
+
+def test_a_block_seen_once_is_no_cut():
+    instrs = _stream(3)
+    assert cut(instrs, 7, 2, MIN_SEQ, {}, []) is not None
+    assert cut(instrs[:10], 7, 2, MIN_SEQ, {}, []) is None  # one complete occurrence at most
+    assert cut(instrs, 7, 3, 8, {}, []) is None  # shorter than min_seq
