@@ -389,6 +389,23 @@ def test_widget_layer_does_not_import_torch():
     assert out.stdout.strip() == "False"
 
 
+def test_observe_and_signal_do_not_import_torch_and_the_api_loads_on_first_use():
+    code = (
+        "import sys, gt_core, gt_core.observe, gt_core.signal\n"
+        "import gt_core.observe.metrics, gt_core.observe.graph, gt_core.observe.status\n"
+        "assert 'torch' not in sys.modules, 'torch imported at load'\n"
+        "assert sorted(set(gt_core.__all__) - set(dir(gt_core))) == []\n"
+        "from gt_core import capture\n"
+        "import gt_core.config, gt_core.remote\n"
+        "assert 'torch' in sys.modules\n"
+        "assert callable(gt_core.worker) and callable(gt_core.config), 'a module hid a function'\n"
+        "assert callable(gt_core.diagnostics) and gt_core.capture is capture\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 def test_report_data_is_plain_json(ip):
     run(ip, "%%gt\n" + TRAIN.replace("STEPS", "8"))
     json.dumps(gt_core.report().to_data())
