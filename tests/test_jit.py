@@ -123,11 +123,21 @@ def test_replayed_training_equals_eager_bit_for_bit(process, one_thread, workloa
 
 
 @pytest.mark.inductor
-def test_replayed_training_with_inductor_is_close_to_eager(process):
+@pytest.mark.parametrize(
+    "workload, sched",
+    [
+        (MLP, None),
+        (ADAMW, lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)),
+        (TRANSFORMER, None),
+    ],
+    ids=["mlp-sgd-momentum", "mlp-adamw-cosine", "transformer"],
+)
+def test_replayed_training_with_inductor_is_close_to_eager(process, workload, sched):
     gt_core.configure(backend="inductor", auto_compile=True)
-    want, want_losses, _, _ = _run(**MLP, steps=200, on_worker=False, jit=False)
+    with _capturable():
+        want, _, _, _ = _run(**workload, steps=200, on_worker=False, jit=False, sched=sched)
     with gt_core.capture():
-        got, losses, _, fn = _run(**MLP, steps=200, on_worker=True, jit=True)
+        got, _, _, fn = _run(**workload, steps=200, on_worker=True, jit=True, sched=sched)
         gt_core.wait(compiles=True)
     assert _replayed(fn) >= 190
     for a, b in zip(got, want, strict=True):

@@ -76,6 +76,7 @@ def test_every_notebook_is_tested():
         "02_signatures_and_hot_paths.ipynb",
         "03_recompiles.ipynb",
         "04_benchmark.ipynb",
+        "05_jit.ipynb",
     }
     assert {p.name for p in NOTEBOOKS.glob("*.ipynb")} == tested
 
@@ -140,3 +141,15 @@ def test_benchmark(tmp_path):
     text = "\n".join(outputs(nb))
     for workload in ("matmul chain", "MLP", "attention", "mixed"):
         assert workload.lower() in text.lower()
+
+
+@pytest.mark.notebook
+def test_jit(tmp_path):
+    nb = run("05_jit.ipynb", tmp_path)
+    text = "\n".join(outputs(nb))
+    assert "jit would save" in text  # the plain %%gt cell's dashboard suggests jit
+    assert re.search(r"replayed (\d+)x", text)  # the jitted cell's hot path was replayed
+    timing = cell_text(nb, "import statistics")
+    assert re.search(r"gt_core\.jit +[\d.]+ ms per step \([\d.]+x eager\)", timing), timing
+    (n,) = re.findall(r"replayed (\d+) calls", timing)
+    assert int(n) > 0

@@ -19,6 +19,7 @@ from gt_core.client.interrupt import held
 from gt_core.client.proxy import CaptureMode, Proxy, upload
 from gt_core.client.session import LOCK
 from gt_core.config import Options, from_env
+from gt_core.diagnostics.stance import in_worker as _in_worker
 from gt_core.diagnostics.stance import routing
 from gt_core.errors import CaptureError, ConfigError
 from gt_core.observe import events as ev
@@ -40,22 +41,16 @@ __all__ = [
 _lock = threading.RLock()
 
 
-class _InWorker(threading.local):
-    active = False  # in-process worker code runs in this thread (see client.transport._isolated)
-
-
 class _Here(threading.local):
     depth = 0  # captures this thread is inside (nested ones re-enter the outermost)
     session = None  # the outermost one's
 
 
-_in_worker = _InWorker()
 _here = _Here()
 # "captures": threads inside a capture now; "seed": torch.manual_seed as it was before
 _state = {
     "session": None,
     "options": None,
-    "log": None,
     "captures": 0,
     "seed": None,
     "opt_hook": None,
@@ -64,9 +59,7 @@ _state = {
 
 def events_log() -> ev.EventLog:
     """The client's EventLog (this kernel's events since the last reset, per-step ones folded)."""
-    if _state["log"] is None:
-        _state["log"] = ev.EventLog()
-    return _state["log"]
+    return ev.kernel_log()
 
 
 def _options() -> Options:

@@ -21,7 +21,7 @@ import torch
 
 __all__ = ["held", "check", "interruptible", "pending", "STATE", "GT_DIR", "LIBRARY_DIRS"]
 
-GT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+GT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # gt_core
 LIBRARY_DIRS = tuple(
     p + os.sep
     for p in {

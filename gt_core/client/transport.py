@@ -87,7 +87,7 @@ def _isolated():
     """Run worker code in the client's process as the worker process would: no capture, no grad."""
     from torch.utils._python_dispatch import _disable_current_modes
 
-    from gt_core.client.capture import _in_worker
+    from gt_core.diagnostics.stance import in_worker as _in_worker
 
     was, _in_worker.active = getattr(_in_worker, "active", False), True
     try:

@@ -158,7 +158,7 @@ class CompileProcess:
         if self._dir is None or not os.path.isdir(self._dir):
             self._dir = tempfile.mkdtemp(prefix="gt-compile-")
         ours, theirs = socket.socketpair()
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
         code = (
             "from gt_core.compile.process import main; "

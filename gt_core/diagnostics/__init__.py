@@ -54,9 +54,7 @@ def diagnostics(log: ev.EventLog | None = None):
     In [2]: gt_core.report().to_data()["user_compiles"]
     """
     if log is None:
-        from gt_core.client.capture import events_log
-
-        log = events_log()
+        log = ev.kernel_log()
     with _lock:
         _state["depth"] += 1
         watcher = _state["watcher"]

@@ -15,7 +15,16 @@ import sys
 import threading
 from collections.abc import Callable
 
-__all__ = ["hooked", "routing", "entry_name", "display_name"]
+__all__ = ["hooked", "routing", "entry_name", "display_name", "in_worker"]
+
+
+class _InWorker(threading.local):
+    active = False  # gt's in-process worker runs in this thread (client.transport._isolated)
+
+
+# Set while gt's own worker code runs in the client's process: the user's hooks (a seed, a
+# compiled function's routing, a compile watched) are not for it.
+in_worker = _InWorker()
 
 _lock = threading.Lock()
 _state = {"users": 0, "original": None, "module": None}

@@ -17,7 +17,7 @@ from gt_core.diagnostics import stance as _stance
 from gt_core.observe import events as ev
 from gt_core.observe.causes import budget_message, short_reason
 
-_GT_DIR = os.path.dirname(os.path.abspath(__file__))
+_GT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gt_core
 _EXAMPLES = os.path.join(_GT_DIR, "examples")  # user code, though it ships with gt
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(?P<fn>.+?)_at_\d+$")
 _USER_FRAME = re.compile(
@@ -69,9 +69,7 @@ def _qualname(co_name: str, filename: str, lineno: int) -> str:
 
 def _in_gt() -> bool:
     """Whether gt's own code runs here: its in-process worker, or one of its compile threads."""
-    from gt_core.client.capture import _in_worker
-
-    return getattr(_in_worker, "active", False) or threading.current_thread().name.startswith("gt-")
+    return _stance.in_worker.active or threading.current_thread().name.startswith("gt-")
 
 
 class _Tap(logging.Filter):

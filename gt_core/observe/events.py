@@ -72,6 +72,17 @@ HEAD = 1000  # events of a series kept from its start (the eager baseline, the c
 TAIL = 1000  # and from its end (the steady state the medians read)
 
 
+_KERNEL: list = []  # the kernel's one EventLog, made on first use
+
+
+def kernel_log() -> EventLog:
+    """The kernel's EventLog: every event of this process since the last reset (gt_core's
+    events_log(); diagnostics write to it too)."""
+    if not _KERNEL:
+        _KERNEL.append(EventLog())
+    return _KERNEL[0]
+
+
 def event(type: str, **fields) -> dict:
     """A new event of ``type`` stamped with the current time."""
     return {"type": type, "t": time.time(), **fields}
