@@ -12,6 +12,8 @@ from collections import Counter
 
 import networkx as nx
 
+from gt_core.observe import events as ev
+
 __all__ = [
     "ALIAS_OPS",
     "MAX_NODES",
@@ -139,9 +141,9 @@ def _runs(events: list[dict], signature: str) -> tuple[list[dict], list[dict]]:
     for e in events:
         if e.get("signature") != signature:
             continue
-        if e.get("type") == "iteration":
+        if e.get("type") == ev.ITERATION:
             its.append(e)
-        elif e.get("type") == "folded" and e.get("of") == "iteration":
+        elif e.get("type") == ev.FOLDED and e.get("of") == ev.ITERATION:
             last = e.get("last", {})
             gaps.append({**e, "at": len(its), "t0": e.get("t"), "t1": last.get("t")})
     return its, gaps
@@ -176,9 +178,9 @@ def timeline_data(events: list[dict], signature: str) -> dict:
         n += sum(g["n"] for g in gaps if g["at"] == i) + 1
         x.append(n)
     n += sum(g["n"] for g in gaps if g["at"] == len(its))
-    started = _first(events, "compile.started", signature)
-    finished = _first(events, "compile.finished", signature)
-    failed = _first(events, "compile.failed", signature)
+    started = _first(events, ev.COMPILE_STARTED, signature)
+    finished = _first(events, ev.COMPILE_FINISHED, signature)
+    failed = _first(events, ev.COMPILE_FAILED, signature)
     end = finished or failed
     timed = n > 0 and all(
         isinstance(t, (int, float)) for t in [*ts, *(g[k] for g in gaps for k in ("t0", "t1"))]
@@ -448,7 +450,7 @@ def graph_of(events: list[dict], signature: str | None = None) -> dict | None:
     """The plain dependency graph from the latest ``hotpath.detected`` of ``signature``."""
     for e in reversed(events):
         if (
-            e.get("type") == "hotpath.detected"
+            e.get("type") == ev.DETECTED
             and e.get("graph")
             and signature in (None, e.get("signature"))
         ):

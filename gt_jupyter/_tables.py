@@ -8,6 +8,9 @@ from __future__ import annotations
 import html
 import re
 
+from gt_core.observe import events as ev
+from gt_core.observe.status import Status
+
 from . import _figures, _svg
 
 __all__ = [
@@ -156,7 +159,7 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
         {"where": sig, "kind": "recompile", "reason": r, "what to do": recompile_advice(r)}
         for r in p.get("recompile_reasons", [])
     ]
-    if p.get("status") == "reverted":
+    if p.get("status") == Status.REVERTED:
         rows.append(
             {
                 "where": sig,
@@ -165,7 +168,7 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "what to do": REVERT_ADVICE,
             }
         )
-    elif p.get("status") == "failed":
+    elif p.get("status") == Status.FAILED:
         kind = failure.get(sig, "compile failed")
         rows.append(
             {
@@ -308,14 +311,14 @@ def reason_rows(data: dict) -> list[dict]:
     """Recompiles, fallbacks, reverts, mismatches and the user's compile diagnostics, each with a fix."""
     failure = {
         e.get("signature"): (
-            "compiled run failed" if e.get("type") == "fallback" else "compile failed"
+            "compiled run failed" if e.get("type") == ev.FALLBACK else "compile failed"
         )
         for e in data.get("events", [])
-        if e.get("type") in ("fallback", "compile.failed")
+        if e.get("type") in (ev.FALLBACK, ev.COMPILE_FAILED)
     }
     rows = [r for p in data.get("hot_paths", []) for r in _path_reason_rows(p, failure)]
     rows += [r for u in data.get("user_compiles", []) for r in _user_reason_rows(u)]
-    return rows + [_error_row(e) for e in data.get("events", []) if e.get("type") == "worker.error"]
+    return rows + [_error_row(e) for e in data.get("events", []) if e.get("type") == ev.ERROR]
 
 
 def _error_row(e: dict) -> dict:
@@ -347,8 +350,8 @@ def summary(data: dict) -> dict:
     """Counters for the headline: ops, hot paths by status, time saved so far."""
     paths = data.get("hot_paths", [])
     by = {
-        s: sum(p["status"] == s for p in paths)
-        for s in ("compiled", "compiling", "failed", "reverted")
+        str(s): sum(p["status"] == s for p in paths)
+        for s in (Status.COMPILED, Status.COMPILING, Status.FAILED, Status.REVERTED)
     }
     return {
         "ops": data.get("stats", {}).get("ops", 0),
@@ -394,7 +397,11 @@ def headline(data: dict) -> str:
         f"{s['ops']} ops recorded",
         f"{s['hot_paths']} hot path{'s' if s['hot_paths'] != 1 else ''}",
     ]
-    states = [f"{s[k]} {k}" for k in ("compiled", "compiling", "failed", "reverted") if s[k]]
+    states = [
+        f"{s[k]} {k}"
+        for k in (Status.COMPILED, Status.COMPILING, Status.FAILED, Status.REVERTED)
+        if s[k]
+    ]
     if states:
         parts[-1] += f" ({', '.join(states)})"
     if s["saved_ms"]:

@@ -392,7 +392,7 @@ def test_widget_layer_does_not_import_torch():
 def test_observe_and_signal_do_not_import_torch_and_the_api_loads_on_first_use():
     code = (
         "import sys, gt_core, gt_core.observe, gt_core.signal\n"
-        "import gt_core.observe.metrics, gt_core.observe.graph, gt_core.observe.status\n"
+        "import gt_core.observe.status, gt_core.observe.report\n"
         "assert 'torch' not in sys.modules, 'torch imported at load'\n"
         "assert sorted(set(gt_core.__all__) - set(dir(gt_core))) == []\n"
         "from gt_core import capture\n"

@@ -16,19 +16,9 @@ from dataclasses import dataclass, field
 
 from gt_core.observe import events as ev
 from gt_core.observe.causes import explain
+from gt_core.observe.status import Status
 
 __all__ = ["Report", "summarize", "Status"]
-
-
-class Status:
-    """A hot path's states, in the order a healthy one goes through them."""
-
-    RECORDING = "recording"
-    HOT = "hot"
-    COMPILING = "compiling"
-    COMPILED = "compiled"
-    FAILED = "failed"
-    REVERTED = "reverted"
 
 
 def _median(xs: list[float]) -> float | None:
