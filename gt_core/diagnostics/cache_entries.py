@@ -120,7 +120,7 @@ def explain(fn_or_name, frame) -> str:
     """The text of ``gt_core.diagnostics.explain`` (``frame``: where a name is looked up)."""
     from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    from gt_core.diagnostics import recompile_limit
+    from gt_core.diagnostics.watcher import recompile_limit
 
     obj = _resolve(fn_or_name, frame)
     name, codes = _codes(obj)
