@@ -108,6 +108,7 @@ def status_rows(data: dict) -> list[dict]:
             "eager_note": " (while compiling)" if p.get("baseline_while_compiling") else "",
             "compiled_ms": p.get("compiled_median_ms"),
             "speedup": p.get("speedup"),
+            "break_even": p.get("break_even"),
             "cudagraphs": p.get("cudagraphs"),  # None unless asked for on a GPU
             "replayed": p.get("replayed_runs", 0),  # gt_core.jit calls replayed
             "client_ms": (p.get("timings") or {}).get("client_ms"),
@@ -418,7 +419,6 @@ def headline(data: dict) -> str:
 def to_text(data: dict) -> str:
     """A plain-text summary: headline, one line per hot path, reasons with what to do."""
     lines = [headline(data)]
-    events = data.get("events", [])
     for r in status_rows(data):
         line = (
             f"  {r['signature']} [{r['status']}] {r['ops']} ops, {r['runs']} runs, "
@@ -433,9 +433,8 @@ def to_text(data: dict) -> str:
             line += (
                 f", replayed {r['replayed']}x ({_fmt(r['client_ms'], ' ms')} on the client each)"
             )
-        be = _figures.timeline_data(events, r["signature"])["break_even"] if events else None
-        if be is not None:
-            line += f", break-even at iteration {be}"
+        if r["break_even"] is not None:
+            line += f", break-even at iteration {r['break_even']}"
         lines.append(line)
     for u in user_rows(data):
         lines.append(
@@ -540,7 +539,7 @@ def figures_html(data: dict, signature: str | None = None) -> str:
     events = data.get("events", [])
     figs = []
     if sig is not None:
-        figs.append(_figures.timeline(_figures.timeline_data(events, sig)))
+        figs.append(_figures.timeline(_figures.timeline_of(data, sig)))
         g = _figures.graph_of(events, sig)
         if g:
             figs.append(_figures.graph(g, title=f"dependency graph {sig}"))
