@@ -11,8 +11,8 @@ from collections import Counter
 
 import networkx as nx
 
-from gt_core.observe import events as ev
 from gt_core.observe import metrics
+from gt_core.observe.graph import graph_of
 
 __all__ = [
     "ALIAS_OPS",
@@ -301,18 +301,6 @@ def _timeline_marks(td: dict) -> tuple[list[dict], list[dict]]:
 
 
 # -- dependency graph: data ----------------------------------------------------------------
-def graph_of(events: list[dict], signature: str | None = None) -> dict | None:
-    """The plain dependency graph from the latest ``hotpath.detected`` of ``signature``."""
-    for e in reversed(events):
-        if (
-            e.get("type") == ev.DETECTED
-            and e.get("graph")
-            and signature in (None, e.get("signature"))
-        ):
-            return e["graph"]
-    return None
-
-
 def op_kind(node: dict) -> str | None:
     """``aten.view.default`` → ``view``: the op packet a node runs (None for inputs, outputs)."""
     op = node.get("op")

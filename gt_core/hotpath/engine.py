@@ -932,7 +932,7 @@ class Engine:
             occurrences=occurrences,
             signal=block.signal,
             canonical=data,
-            graph=_graph_data({**data, "values": block.value_meta}),
+            values=block.value_meta,
         )
         for other in self.blocks.values():
             if other is not block and other.canon.ops == block.canon.ops:
@@ -1148,36 +1148,6 @@ def _longest_segment(barriers: list[int], lo: int, p: int) -> tuple[int, int]:
     if start >= lo + p:
         start -= p
     return start, length
-
-
-def _graph_data(data: dict) -> dict:
-    """The block's dependency graph as plain nodes and edges (what the dashboard draws)."""
-    from gt_core.stream.canonical import to_networkx
-
-    g = to_networkx(data)
-    nodes = [
-        {"id": n, **{k: v for k, v in a.items() if k != "outs"}} for n, a in g.nodes(data=True)
-    ]
-    outputs = set(data["outputs"])
-    values = data.get("values", {})
-    for name in outputs:
-        nodes.append(
-            {
-                "id": f"out:{name}",
-                "kind": "output",
-                "label": name,
-                "op": None,
-                "shape": values.get(name, {}).get("shape"),
-                "dtype": values.get(name, {}).get("dtype"),
-                "freed": False,
-            }
-        )
-    edges = [[u, v] for u, v in g.edges()]
-    for n, a in g.nodes(data=True):
-        for o in a.get("outs", ()) or ():
-            if o in outputs:
-                edges.append([n, f"out:{o}"])
-    return {"nodes": nodes, "edges": edges}
 
 
 def _reason(exc: BaseException) -> str:
