@@ -6,9 +6,9 @@ Input is the plain dict of ``gt_core.report.summarize``. No torch import here.
 from __future__ import annotations
 
 import html
-import re
 
 from gt_core.observe import events as ev
+from gt_core.observe.causes import explain
 from gt_core.observe.status import Status
 
 from . import _figures, _svg
@@ -54,43 +54,6 @@ USER_COLUMNS = (
     "cudagraph skips",
 )
 
-REVERT_ADVICE = (
-    "the compiled block was slower than eager, so gt runs it eagerly again. Small blocks are "
-    "launch-bound: try a larger batch, or --backend aot_eager, or --mode reduce-overhead on a GPU "
-    "(CUDA graphs)"
-)
-FAILURE_ADVICE = (
-    "the block runs eagerly (correct, not faster). Try --backend aot_eager to see whether the "
-    "inductor backend is at fault, or --backend eager to check the capture itself; to report it, "
-    "attach an instruction log (--log PATH) and this reason"
-)
-SYNC_ADVICE = (
-    "those occurrences ran eagerly (correct, not faster). Once at the end of a loop or now and "
-    "then for logging costs little; a sync in every iteration keeps the block from running "
-    "compiled: log every k steps, or keep running values on the worker and read them once"
-)
-JIT_ADVICE = (
-    "wrap the step in @gt_core.jit: once two calls recorded the same block, a call sends one "
-    "message instead of running its Python (see the 05_jit notebook and its contract)"
-)
-JIT_REFUSED_ADVICE = (
-    "the function keeps running its Python (its block still compiles); to replay it, keep "
-    "syncs out of the step and pass changing numbers as tensors (lr=torch.tensor(...), "
-    "capturable=True)"
-)
-JIT_FROZEN_ADVICE = (
-    "nothing, if these stay as they are; a number you change later (a learning rate) must be a "
-    "tensor the step reads, or replays keep the old value"
-)
-ERROR_ADVICE = (
-    "raised in the cell at the first sync after it (or at the cell's end); the values this op "
-    "was to make, and those computed from them, do not exist: fix that line and re-run"
-)
-MISMATCH_ADVICE = (
-    "the loop body changed part-way through a block (a data-dependent branch or a sync such as "
-    ".item()); those occurrences ran eagerly. Keep every iteration's work the same"
-)
-
 
 # -- rows ------------------------------------------------------------------------------------
 def status_rows(data: dict) -> list[dict]:
@@ -117,41 +80,15 @@ def status_rows(data: dict) -> list[dict]:
     ]
 
 
-_BATCH = re.compile(r"shape \[(\d+)((?:, \d+)*)\] → \[(\d+)((?:, \d+)*)\]")
-
-
 def recompile_advice(reason: str) -> str:
     """What usually fixes a recompile, from the difference between the two signatures."""
-    m = _BATCH.search(reason)
-    if m and m.group(2) == m.group(4) and m.group(1) != m.group(3):
-        return (
-            f"the batch size changed ({m.group(1)} → {m.group(3)}): use a fixed batch size "
-            "(DataLoader(..., drop_last=True)) or --dynamic"
-        )
-    if " shape " in reason:
-        return "an input shape changed: pad or bucket to a few fixed shapes, or --dynamic"
-    if " dtype " in reason:
-        return "an input dtype changed: cast once before the loop and use autocast the same way every step"
-    if " stride " in reason:
-        return "an input's memory layout changed (a transposed or sliced tensor): call .contiguous() on it"
-    if " device " in reason:
-        return "an input moved to another device: move the model and data once, before the loop"
-    if "arguments" in reason:
-        return (
-            "a Python number changed between iterations (a step counter, a learning-rate schedule): "
-            "pass it as a tensor (torch.tensor(lr)), or use the optimizer's capturable=True"
-        )
-    if "freed" in reason:
-        return (
-            "a value is kept in one iteration and not the next (e.g. losses.append(loss)): keep "
-            "what the loop holds on to the same every step (losses.append(loss.item()))"
-        )
-    if "instructions" in reason or re.search(r"op \d+: \S+ → \S+", reason):
-        return (
-            "the loop did different work (a Python branch, e.g. every N steps): move the branch out "
-            "of the loop, or accept one compiled variant per branch"
-        )
-    return "run %gt diff on the two signatures to see where they differ"
+    x = explain("signature_change", reason)
+    return x["fix"] if x["id"] == "unknown" else f"{x['cause']}: {x['fix']}"
+
+
+def _advice(kind: str) -> str:
+    """The catalogue's advice for one kind of gt's own reasons (gt_core.observe.causes)."""
+    return explain(kind, "")["fix"]
 
 
 def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
@@ -166,7 +103,7 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "where": sig,
                 "kind": "revert",
                 "reason": p.get("fallback_reason") or "slower than eager",
-                "what to do": REVERT_ADVICE,
+                "what to do": _advice("revert"),
             }
         )
     elif p.get("status") == Status.FAILED:
@@ -176,7 +113,7 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "where": sig,
                 "kind": kind,
                 "reason": p.get("fallback_reason") or "unknown",
-                "what to do": FAILURE_ADVICE,
+                "what to do": _advice("compile_failed"),
             }
         )
     for r, why in zip(
@@ -194,7 +131,7 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "where": sig,
                 "kind": "mismatch",
                 "reason": f"{diverged} occurrence(s) diverged",
-                "what to do": MISMATCH_ADVICE,
+                "what to do": _advice("mismatch"),
             }
         )
     if cuts:
@@ -203,7 +140,7 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "where": sig,
                 "kind": "sync",
                 "reason": f"{cuts} occurrence(s) cut short by a sync point (.item(), print, .cpu())",
-                "what to do": SYNC_ADVICE,
+                "what to do": _advice("sync"),
             }
         )
     return rows
@@ -219,7 +156,7 @@ def _jit_rows(p: dict) -> list[dict]:
                 "where": f"{p.get('jit')} ({sig})",
                 "kind": "jit refused",
                 "reason": p["replay_refused"],
-                "what to do": JIT_REFUSED_ADVICE,
+                "what to do": _advice("jit_refused"),
             }
         )
     elif p.get("frozen_scalars"):
@@ -234,7 +171,7 @@ def _jit_rows(p: dict) -> list[dict]:
                 "reason": "replayed with these Python numbers as recorded: "
                 + frozen
                 + (f" and {more} more" if more > 0 else ""),
-                "what to do": JIT_FROZEN_ADVICE,
+                "what to do": _advice("jit_frozen"),
             }
         )
     client = (p.get("timings") or {}).get("client_ms")
@@ -246,7 +183,7 @@ def _jit_rows(p: dict) -> list[dict]:
                 "kind": "jit would save",
                 "reason": f"the step's Python takes {client:.3f} ms per occurrence on the client, "
                 f"its block {block:.3f} ms on the worker",
-                "what to do": JIT_ADVICE,
+                "what to do": _advice("jit_would_save"),
             }
         )
     return rows
@@ -328,7 +265,7 @@ def _error_row(e: dict) -> dict:
         "where": e.get("where") or "the worker",
         "kind": "worker error",
         "reason": f"{e.get('error')}: {e.get('message')}" + (f" {notes[0]}" if notes else ""),
-        "what to do": ERROR_ADVICE,
+        "what to do": _advice("worker_error"),
     }
 
 
