@@ -1,20 +1,12 @@
-"""gt: plain PyTorch on a worker process, its hot paths found and compiled."""
+"""gt: plain PyTorch on a worker process, its hot paths found and compiled.
+
+The client's names load on first use (PEP 562), so ``import gt_core.observe`` and the
+widget layer read plain data without importing torch; ``gt_core.capture`` imports it.
+"""
+
+from __future__ import annotations
 
 from gt_core import signal
-from gt_core.client.capture import (
-    WorkerHandle,
-    capture,
-    config,
-    configure,
-    events_log,
-    report,
-    reset,
-    to_worker,
-    wait,
-    worker,
-)
-from gt_core.client.jit import jit
-from gt_core.client.proxy import Proxy, is_remote
 from gt_core.config import Options
 from gt_core.diagnostics import diagnostics
 from gt_core.errors import (
@@ -27,6 +19,28 @@ from gt_core.errors import (
     WorkerLost,
 )
 from gt_core.observe import events
+
+# Importing the module gt_core.config bound its name here; the public ``config`` is the
+# client's function. Submodules bind their name only on their first import, which is done.
+del config  # noqa: F821 (bound by the import system)
+
+# The client's public names (they import torch) -> the module that defines each. No
+# subpackage may be named like one of them: its import would bind the module over the name.
+_CLIENT = {
+    "capture": "gt_core.client.capture",
+    "worker": "gt_core.client.capture",
+    "WorkerHandle": "gt_core.client.capture",
+    "to_worker": "gt_core.client.capture",
+    "report": "gt_core.client.capture",
+    "reset": "gt_core.client.capture",
+    "wait": "gt_core.client.capture",
+    "configure": "gt_core.client.capture",
+    "config": "gt_core.client.capture",
+    "events_log": "gt_core.client.capture",
+    "jit": "gt_core.client.jit",
+    "is_remote": "gt_core.client.proxy",
+    "Proxy": "gt_core.client.proxy",
+}
 
 __all__ = [
     "capture",
@@ -54,3 +68,18 @@ __all__ = [
     "CompiledRunFailed",
     "CaptureError",
 ]
+
+
+def __getattr__(name: str):
+    where = _CLIENT.get(name)
+    if where is None:
+        raise AttributeError(f"module 'gt_core' has no attribute {name!r}")
+    import importlib  # noqa: PLC0415 (kept out of the package's namespace)
+
+    value = getattr(importlib.import_module(where), name)
+    globals()[name] = value  # later lookups find it without this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

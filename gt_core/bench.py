@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import gt_core
+from gt_core.observe import metrics
 from gt_core.workloads import make, make_opt
 
 __all__ = ["WORKLOADS", "RTOL", "run", "Result", "table", "main"]
@@ -189,7 +189,7 @@ class _Progress:
 
 
 def _steady(times: list[float]) -> float:
-    return statistics.median(times[-max(3, len(times) // 3) :]) * 1e3
+    return metrics.steady(times) * 1e3
 
 
 def _time_loop(step, iters: int, tick=None) -> tuple[list[float], float]:
@@ -257,7 +257,7 @@ def run(name: str, iters: int, backend: str, progress: _Progress | None = None) 
 
     # Warmup: the gt iterations before its per-iteration time settles near the steady state.
     warm = next((i for i, t in enumerate(gt_times) if t * 1e3 <= 1.5 * g), len(gt_times))
-    speedup = e / g
+    speedup = metrics.speedup(e, g)
     verdict = ("faster" if speedup >= 1.1 else "on par" if speedup >= 0.9 else "slower") + (
         "" if status == "compiled" else f" ({status})"
     )
@@ -268,19 +268,19 @@ def run(name: str, iters: int, backend: str, progress: _Progress | None = None) 
         gt_ms=g,
         torch_compile_ms=tc,
         speedup=speedup,
-        torch_compile_speedup=e / tc,
+        torch_compile_speedup=metrics.speedup(e, tc),
         eager_total_s=sum(eager),
         gt_total_s=sum(gt_times),
         torch_compile_total_s=sum(tc_times),
         gt_warmup_s=sum(gt_times[:warm]),
         gt_compile_s=compile_s,
-        break_even=_break_even(gt_times, e / 1e3),
+        break_even=_break_even(gt_times, e),
         gt_rel_diff=gt_diff,
         torch_compile_rel_diff=tc_diff,
         status=status,
         verdict=verdict,
         jit_ms=jit,
-        jit_speedup=e / jit,
+        jit_speedup=metrics.speedup(e, jit),
     )
 
 
@@ -305,14 +305,11 @@ def _jit_ms(make, iters: int, backend: str, tick=None) -> float:
         return (time.perf_counter() - t0) / iters * 1e3
 
 
-def _break_even(gt_times: list[float], eager_s: float) -> int | None:
-    """First iteration after which gt's cumulative time is below eager's."""
-    total = 0.0
-    for i, t in enumerate(gt_times):
-        total += t
-        if total <= eager_s * (i + 1) and i > 0:
-            return i
-    return None
+def _break_even(gt_times: list[float], eager_ms: float) -> int | None:
+    """The first iteration where gt's total, compiles included, is below eager's."""
+    n = len(gt_times)  # each iteration against the eager median; no compile charged apart
+    ms = [t * 1e3 for t in gt_times]
+    return metrics.break_even(["compiled"] * n, ms, None, n, baseline=eager_ms)["break_even"]
 
 
 def _agrees(r: Result) -> str:

@@ -6,17 +6,18 @@ Each figure is computed as data first (``timeline_data``, ``prepare_graph``), th
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import Counter
 
 import networkx as nx
 
+from gt_core.observe import metrics
+from gt_core.observe.graph import graph_of
+
 __all__ = [
     "ALIAS_OPS",
     "MAX_NODES",
     "COLORS",
-    "break_even",
     "compiles",
     "compiles_data",
     "graph",
@@ -25,6 +26,7 @@ __all__ = [
     "prepare_graph",
     "timeline",
     "timeline_data",
+    "timeline_of",
 ]
 
 # View and alias ops: they move no data, so a big graph reads better without them.
@@ -69,160 +71,15 @@ _GRID = {"gridcolor": "rgba(128,128,128,0.25)", "zerolinecolor": "rgba(128,128,1
 
 
 # -- timeline: data ------------------------------------------------------------------------
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
+def timeline_data(events: list[dict], signature: str, baseline_ms: float | None = None) -> dict:
+    """One hot path's timeline as data (gt_core.observe.metrics.timeline): what is drawn."""
+    return metrics.timeline(events, signature, baseline_ms)
 
 
-def _first(events: list[dict], type: str, signature: str) -> dict | None:
-    return next(
-        (e for e in events if e.get("type") == type and e.get("signature") == signature), None
-    )
-
-
-def break_even(
-    kinds: list[str],
-    ms: list[float],
-    compile_ms: float | None,
-    charge_at: int,
-    x: list[int] | None = None,
-    gaps: list[dict] = (),
-) -> dict:
-    """Cumulative time with gt against an eager-only estimate, and where gt pulls ahead.
-
-    With gt: every iteration as it ran, plus ``compile_ms`` charged at iteration index
-    ``charge_at``. Eager only: eager iterations as they ran, each compiled one replaced by
-    the eager median. Break-even is the first iteration (1-based) where gt's total is below
-    the estimate; None if that never happens (or there is no eager baseline).
-
-    ``x``: each run's iteration (1-based; default 1..n) when ``gaps`` (folded runs, each
-    ``{"at": index of the run after it, "n", "counts", "totals"}``) leave some out; a
-    break-even among folded runs is estimated as if their gain came evenly.
-    """
-    x = x if x is not None else list(range(1, len(kinds) + 1))
-    eager = [m for k, m in zip(kinds, ms, strict=False) if k == "eager"]
-    # Runs while compiling share the CPU with the compiler: the baseline only if nothing else.
-    baseline = _median(eager or [m for k, m in zip(kinds, ms, strict=False) if k != "compiled"])
-    cum_gt, cum_eager = [], []
-    gt = eager = 0.0
-    found = None
-    at = {g["at"]: g for g in gaps}
-    done = 0  # iterations counted so far
-    for i in range(len(kinds) + 1):
-        g = at.get(i)
-        if g is not None:
-            before = gt - eager
-            totals, n_comp = g.get("totals", {}), g.get("counts", {}).get("compiled", 0)
-            gt += sum(totals.values())
-            gt += (compile_ms or 0.0) if done <= charge_at < done + g["n"] else 0.0
-            eager += sum(v for k, v in totals.items() if k != "compiled")
-            eager += baseline * n_comp if baseline is not None else totals.get("compiled", 0.0)
-            if found is None and baseline is not None and n_comp and gt < eager:
-                share = before / (before - (gt - eager)) if before > 0 else 0.0
-                found = done + max(1, math.ceil(share * g["n"]))
-            done += g["n"]
-        if i == len(kinds):
-            break
-        k, m = kinds[i], ms[i]
-        gt += m + ((compile_ms or 0.0) if x[i] - 1 == charge_at else 0.0)
-        eager += baseline if (k == "compiled" and baseline is not None) else m
-        cum_gt.append(gt)
-        cum_eager.append(eager)
-        done = x[i]
-        if found is None and baseline is not None and k == "compiled" and gt < eager:
-            found = x[i]
-    return {"baseline_ms": baseline, "cum_gt": cum_gt, "cum_eager": cum_eager, "break_even": found}
-
-
-def _runs(events: list[dict], signature: str) -> tuple[list[dict], list[dict]]:
-    """A hot path's iteration events, and its folds as gaps (see ``break_even``)."""
-    its, gaps = [], []
-    for e in events:
-        if e.get("signature") != signature:
-            continue
-        if e.get("type") == "iteration":
-            its.append(e)
-        elif e.get("type") == "folded" and e.get("of") == "iteration":
-            last = e.get("last", {})
-            gaps.append({**e, "at": len(its), "t0": e.get("t"), "t1": last.get("t")})
-    return its, gaps
-
-
-def _before(ts: list, gaps: list[dict], t: float, strict: bool) -> int:
-    """Runs that ended before ``t`` (at ``t`` too unless strict); a fold across ``t`` counts
-    its runs that come before a compile (eager) or before its end (all but compiled)."""
-    n = sum(x < t if strict else x <= t for x in ts)
-    for g in gaps:
-        t0, t1 = g["t0"], g["t1"]
-        if t1 < t or (not strict and t1 == t):
-            n += g["n"]
-        elif t0 < t or (not strict and t0 == t):
-            counts = g.get("counts", {})
-            n += counts.get("eager", 0) if strict else g["n"] - counts.get("compiled", 0)
-    return n
-
-
-def timeline_data(events: list[dict], signature: str) -> dict:
-    """Per-iteration timings of one hot path, its compile window, break-even and speedup.
-
-    Over long runs the log keeps the first and the last iterations one by one (see
-    gt_core.events): ``x`` gives each kept one its iteration, totals count the folded ones.
-    """
-    its, gaps = _runs(events, signature)
-    kinds = [e.get("kind", "eager") for e in its]
-    ms = [float(e.get("ms", 0.0)) for e in its]
-    ts = [e.get("t") for e in its]
-    x, n = [], 0
-    for i in range(len(its)):
-        n += sum(g["n"] for g in gaps if g["at"] == i) + 1
-        x.append(n)
-    n += sum(g["n"] for g in gaps if g["at"] == len(its))
-    started = _first(events, "compile.started", signature)
-    finished = _first(events, "compile.finished", signature)
-    failed = _first(events, "compile.failed", signature)
-    end = finished or failed
-    timed = n > 0 and all(
-        isinstance(t, (int, float)) for t in [*ts, *(g[k] for g in gaps for k in ("t0", "t1"))]
-    )
-
-    window = None
-    if started is not None and timed and isinstance(started.get("t"), (int, float)):
-        x0 = _before(ts, gaps, started["t"], strict=True) + 0.5
-        x1 = (_before(ts, gaps, end["t"], strict=False) if end and "t" in end else n) + 0.5
-        window = [x0, max(x1, x0 + 0.2)]
-    elif "compiling" in kinds:
-        first = kinds.index("compiling")
-        last = len(kinds) - 1 - kinds[::-1].index("compiling")
-        window = [x[first] - 0.5, x[last] + 0.5]
-    label = "compile failed" if failed and not finished else ("compiling" if not end else "compile")
-
-    compile_ms = (
-        finished["seconds"] * 1000.0 if finished and finished.get("seconds") is not None else None
-    )
-    if window is not None:
-        charge_at = min(int(window[0] - 0.5), max(n - 1, 0))
-    else:
-        charge_at = x[kinds.index("compiled")] - 1 if "compiled" in kinds else n
-    be = break_even(kinds, ms, compile_ms, charge_at, x, gaps)
-
-    comp = [m for k, m in zip(kinds, ms, strict=False) if k == "compiled"]
-    steady = _median(comp[len(comp) // 2 :])  # the later half: past autotuning and warm-up
-    base = be["baseline_ms"]
-    return {
-        "signature": signature,
-        "x": x,
-        "kinds": kinds,
-        "ms": ms,
-        "window": window,
-        "window_label": label,
-        "compile_ms": compile_ms,
-        "baseline_ms": base,
-        "steady_ms": steady,
-        "speedup": base / steady if base and steady else None,
-        "cum_gt": be["cum_gt"],
-        "cum_eager": be["cum_eager"],
-        "break_even": be["break_even"],
-        "folded": n - len(its),  # iterations counted in the totals but not drawn one by one
-    }
+def timeline_of(data: dict, signature: str) -> dict:
+    """The timeline of a hot path of report ``data``, against the report's eager median."""
+    path = next((p for p in data.get("hot_paths", []) if p["signature"] == signature), {})
+    return metrics.timeline(data.get("events", []), signature, path.get("eager_median_ms"))
 
 
 # -- timeline: drawing ---------------------------------------------------------------------
@@ -444,18 +301,6 @@ def _timeline_marks(td: dict) -> tuple[list[dict], list[dict]]:
 
 
 # -- dependency graph: data ----------------------------------------------------------------
-def graph_of(events: list[dict], signature: str | None = None) -> dict | None:
-    """The plain dependency graph from the latest ``hotpath.detected`` of ``signature``."""
-    for e in reversed(events):
-        if (
-            e.get("type") == "hotpath.detected"
-            and e.get("graph")
-            and signature in (None, e.get("signature"))
-        ):
-            return e["graph"]
-    return None
-
-
 def op_kind(node: dict) -> str | None:
     """``aten.view.default`` → ``view``: the op packet a node runs (None for inputs, outputs)."""
     op = node.get("op")

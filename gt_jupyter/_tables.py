@@ -6,7 +6,10 @@ Input is the plain dict of ``gt_core.report.summarize``. No torch import here.
 from __future__ import annotations
 
 import html
-import re
+
+from gt_core.observe import events as ev
+from gt_core.observe.causes import explain
+from gt_core.observe.status import Status
 
 from . import _figures, _svg
 
@@ -51,43 +54,6 @@ USER_COLUMNS = (
     "cudagraph skips",
 )
 
-REVERT_ADVICE = (
-    "the compiled block was slower than eager, so gt runs it eagerly again. Small blocks are "
-    "launch-bound: try a larger batch, or --backend aot_eager, or --mode reduce-overhead on a GPU "
-    "(CUDA graphs)"
-)
-FAILURE_ADVICE = (
-    "the block runs eagerly (correct, not faster). Try --backend aot_eager to see whether the "
-    "inductor backend is at fault, or --backend eager to check the capture itself; to report it, "
-    "attach an instruction log (--log PATH) and this reason"
-)
-SYNC_ADVICE = (
-    "those occurrences ran eagerly (correct, not faster). Once at the end of a loop or now and "
-    "then for logging costs little; a sync in every iteration keeps the block from running "
-    "compiled: log every k steps, or keep running values on the worker and read them once"
-)
-JIT_ADVICE = (
-    "wrap the step in @gt_core.jit: once two calls recorded the same block, a call sends one "
-    "message instead of running its Python (see the 05_jit notebook and its contract)"
-)
-JIT_REFUSED_ADVICE = (
-    "the function keeps running its Python (its block still compiles); to replay it, keep "
-    "syncs out of the step and pass changing numbers as tensors (lr=torch.tensor(...), "
-    "capturable=True)"
-)
-JIT_FROZEN_ADVICE = (
-    "nothing, if these stay as they are; a number you change later (a learning rate) must be a "
-    "tensor the step reads, or replays keep the old value"
-)
-ERROR_ADVICE = (
-    "raised in the cell at the first sync after it (or at the cell's end); the values this op "
-    "was to make, and those computed from them, do not exist: fix that line and re-run"
-)
-MISMATCH_ADVICE = (
-    "the loop body changed part-way through a block (a data-dependent branch or a sync such as "
-    ".item()); those occurrences ran eagerly. Keep every iteration's work the same"
-)
-
 
 # -- rows ------------------------------------------------------------------------------------
 def status_rows(data: dict) -> list[dict]:
@@ -105,6 +71,7 @@ def status_rows(data: dict) -> list[dict]:
             "eager_note": " (while compiling)" if p.get("baseline_while_compiling") else "",
             "compiled_ms": p.get("compiled_median_ms"),
             "speedup": p.get("speedup"),
+            "break_even": p.get("break_even"),
             "cudagraphs": p.get("cudagraphs"),  # None unless asked for on a GPU
             "replayed": p.get("replayed_runs", 0),  # gt_core.jit calls replayed
             "client_ms": (p.get("timings") or {}).get("client_ms"),
@@ -113,41 +80,15 @@ def status_rows(data: dict) -> list[dict]:
     ]
 
 
-_BATCH = re.compile(r"shape \[(\d+)((?:, \d+)*)\] → \[(\d+)((?:, \d+)*)\]")
-
-
 def recompile_advice(reason: str) -> str:
     """What usually fixes a recompile, from the difference between the two signatures."""
-    m = _BATCH.search(reason)
-    if m and m.group(2) == m.group(4) and m.group(1) != m.group(3):
-        return (
-            f"the batch size changed ({m.group(1)} → {m.group(3)}): use a fixed batch size "
-            "(DataLoader(..., drop_last=True)) or --dynamic"
-        )
-    if " shape " in reason:
-        return "an input shape changed: pad or bucket to a few fixed shapes, or --dynamic"
-    if " dtype " in reason:
-        return "an input dtype changed: cast once before the loop and use autocast the same way every step"
-    if " stride " in reason:
-        return "an input's memory layout changed (a transposed or sliced tensor): call .contiguous() on it"
-    if " device " in reason:
-        return "an input moved to another device: move the model and data once, before the loop"
-    if "arguments" in reason:
-        return (
-            "a Python number changed between iterations (a step counter, a learning-rate schedule): "
-            "pass it as a tensor (torch.tensor(lr)), or use the optimizer's capturable=True"
-        )
-    if "freed" in reason:
-        return (
-            "a value is kept in one iteration and not the next (e.g. losses.append(loss)): keep "
-            "what the loop holds on to the same every step (losses.append(loss.item()))"
-        )
-    if "instructions" in reason or re.search(r"op \d+: \S+ → \S+", reason):
-        return (
-            "the loop did different work (a Python branch, e.g. every N steps): move the branch out "
-            "of the loop, or accept one compiled variant per branch"
-        )
-    return "run %gt diff on the two signatures to see where they differ"
+    x = explain("signature_change", reason)
+    return x["fix"] if x["id"] == "unknown" else f"{x['cause']}: {x['fix']}"
+
+
+def _advice(kind: str) -> str:
+    """The catalogue's advice for one kind of gt's own reasons (gt_core.observe.causes)."""
+    return explain(kind, "")["fix"]
 
 
 def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
@@ -156,23 +97,23 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
         {"where": sig, "kind": "recompile", "reason": r, "what to do": recompile_advice(r)}
         for r in p.get("recompile_reasons", [])
     ]
-    if p.get("status") == "reverted":
+    if p.get("status") == Status.REVERTED:
         rows.append(
             {
                 "where": sig,
                 "kind": "revert",
                 "reason": p.get("fallback_reason") or "slower than eager",
-                "what to do": REVERT_ADVICE,
+                "what to do": _advice("revert"),
             }
         )
-    elif p.get("status") == "failed":
+    elif p.get("status") == Status.FAILED:
         kind = failure.get(sig, "compile failed")
         rows.append(
             {
                 "where": sig,
                 "kind": kind,
                 "reason": p.get("fallback_reason") or "unknown",
-                "what to do": FAILURE_ADVICE,
+                "what to do": _advice("compile_failed"),
             }
         )
     for r, why in zip(
@@ -190,7 +131,7 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "where": sig,
                 "kind": "mismatch",
                 "reason": f"{diverged} occurrence(s) diverged",
-                "what to do": MISMATCH_ADVICE,
+                "what to do": _advice("mismatch"),
             }
         )
     if cuts:
@@ -199,7 +140,7 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "where": sig,
                 "kind": "sync",
                 "reason": f"{cuts} occurrence(s) cut short by a sync point (.item(), print, .cpu())",
-                "what to do": SYNC_ADVICE,
+                "what to do": _advice("sync"),
             }
         )
     return rows
@@ -215,7 +156,7 @@ def _jit_rows(p: dict) -> list[dict]:
                 "where": f"{p.get('jit')} ({sig})",
                 "kind": "jit refused",
                 "reason": p["replay_refused"],
-                "what to do": JIT_REFUSED_ADVICE,
+                "what to do": _advice("jit_refused"),
             }
         )
     elif p.get("frozen_scalars"):
@@ -230,7 +171,7 @@ def _jit_rows(p: dict) -> list[dict]:
                 "reason": "replayed with these Python numbers as recorded: "
                 + frozen
                 + (f" and {more} more" if more > 0 else ""),
-                "what to do": JIT_FROZEN_ADVICE,
+                "what to do": _advice("jit_frozen"),
             }
         )
     client = (p.get("timings") or {}).get("client_ms")
@@ -242,7 +183,7 @@ def _jit_rows(p: dict) -> list[dict]:
                 "kind": "jit would save",
                 "reason": f"the step's Python takes {client:.3f} ms per occurrence on the client, "
                 f"its block {block:.3f} ms on the worker",
-                "what to do": JIT_ADVICE,
+                "what to do": _advice("jit_would_save"),
             }
         )
     return rows
@@ -308,14 +249,14 @@ def reason_rows(data: dict) -> list[dict]:
     """Recompiles, fallbacks, reverts, mismatches and the user's compile diagnostics, each with a fix."""
     failure = {
         e.get("signature"): (
-            "compiled run failed" if e.get("type") == "fallback" else "compile failed"
+            "compiled run failed" if e.get("type") == ev.FALLBACK else "compile failed"
         )
         for e in data.get("events", [])
-        if e.get("type") in ("fallback", "compile.failed")
+        if e.get("type") in (ev.FALLBACK, ev.COMPILE_FAILED)
     }
     rows = [r for p in data.get("hot_paths", []) for r in _path_reason_rows(p, failure)]
     rows += [r for u in data.get("user_compiles", []) for r in _user_reason_rows(u)]
-    return rows + [_error_row(e) for e in data.get("events", []) if e.get("type") == "worker.error"]
+    return rows + [_error_row(e) for e in data.get("events", []) if e.get("type") == ev.ERROR]
 
 
 def _error_row(e: dict) -> dict:
@@ -324,7 +265,7 @@ def _error_row(e: dict) -> dict:
         "where": e.get("where") or "the worker",
         "kind": "worker error",
         "reason": f"{e.get('error')}: {e.get('message')}" + (f" {notes[0]}" if notes else ""),
-        "what to do": ERROR_ADVICE,
+        "what to do": _advice("worker_error"),
     }
 
 
@@ -347,8 +288,8 @@ def summary(data: dict) -> dict:
     """Counters for the headline: ops, hot paths by status, time saved so far."""
     paths = data.get("hot_paths", [])
     by = {
-        s: sum(p["status"] == s for p in paths)
-        for s in ("compiled", "compiling", "failed", "reverted")
+        str(s): sum(p["status"] == s for p in paths)
+        for s in (Status.COMPILED, Status.COMPILING, Status.FAILED, Status.REVERTED)
     }
     return {
         "ops": data.get("stats", {}).get("ops", 0),
@@ -394,7 +335,11 @@ def headline(data: dict) -> str:
         f"{s['ops']} ops recorded",
         f"{s['hot_paths']} hot path{'s' if s['hot_paths'] != 1 else ''}",
     ]
-    states = [f"{s[k]} {k}" for k in ("compiled", "compiling", "failed", "reverted") if s[k]]
+    states = [
+        f"{s[k]} {k}"
+        for k in (Status.COMPILED, Status.COMPILING, Status.FAILED, Status.REVERTED)
+        if s[k]
+    ]
     if states:
         parts[-1] += f" ({', '.join(states)})"
     if s["saved_ms"]:
@@ -411,7 +356,6 @@ def headline(data: dict) -> str:
 def to_text(data: dict) -> str:
     """A plain-text summary: headline, one line per hot path, reasons with what to do."""
     lines = [headline(data)]
-    events = data.get("events", [])
     for r in status_rows(data):
         line = (
             f"  {r['signature']} [{r['status']}] {r['ops']} ops, {r['runs']} runs, "
@@ -426,9 +370,8 @@ def to_text(data: dict) -> str:
             line += (
                 f", replayed {r['replayed']}x ({_fmt(r['client_ms'], ' ms')} on the client each)"
             )
-        be = _figures.timeline_data(events, r["signature"])["break_even"] if events else None
-        if be is not None:
-            line += f", break-even at iteration {be}"
+        if r["break_even"] is not None:
+            line += f", break-even at iteration {r['break_even']}"
         lines.append(line)
     for u in user_rows(data):
         lines.append(
@@ -533,7 +476,7 @@ def figures_html(data: dict, signature: str | None = None) -> str:
     events = data.get("events", [])
     figs = []
     if sig is not None:
-        figs.append(_figures.timeline(_figures.timeline_data(events, sig)))
+        figs.append(_figures.timeline(_figures.timeline_of(data, sig)))
         g = _figures.graph_of(events, sig)
         if g:
             figs.append(_figures.graph(g, title=f"dependency graph {sig}"))

@@ -107,7 +107,7 @@ class Dashboard:
         g = _figures.graph_of(events, sig)
         hide = GRAPH_FILTERS[self.graph_filter]
         return (
-            _figures.timeline(_figures.timeline_data(events, sig)),
+            _figures.timeline(_figures.timeline_of(self.data, sig)),
             _figures.graph(g, title=f"dependency graph {sig}", hide_ops=hide) if g else None,
         )
 
@@ -276,7 +276,7 @@ class _View:
             return
         events = data.get("events", [])
         _replace(
-            self.timeline, _figures.timeline(_figures.timeline_data(events, sig)), keep_traces=True
+            self.timeline, _figures.timeline(_figures.timeline_of(data, sig)), keep_traces=True
         )
         g = _figures.graph_of(events, sig)
         key = (sig, id(g), self.dash.graph_filter)

@@ -24,6 +24,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import TraitError, TraitType
 from traitlets.config import Config, Configurable
 
+from gt_core.observe import events as ev
+from gt_core.observe.status import Status
+
 from .dashboard import SHOW, Dashboard, LiveUpdater
 from .views import Text, graph_view, status_view
 
@@ -502,7 +505,7 @@ def _warn(exc: BaseException) -> None:
 
 
 def _compiling(data: dict) -> bool:
-    return any(p["status"] == "compiling" for p in data["hot_paths"])
+    return any(p["status"] == Status.COMPILING for p in data["hot_paths"])
 
 
 class _Follower(LiveUpdater):
@@ -569,7 +572,7 @@ def _find_signature(data: dict, prefix: str | None) -> str:
 
 def _canonical(data: dict, sig: str) -> dict:
     for e in reversed(data["events"]):
-        if e.get("type") == "hotpath.detected" and e.get("signature") == sig and e.get("canonical"):
+        if e.get("type") == ev.DETECTED and e.get("signature") == sig and e.get("canonical"):
             return e["canonical"]
     raise UsageError(f"%gt diff: the event log has no canonical form for {sig} (was it reset?)")
 

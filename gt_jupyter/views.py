@@ -9,6 +9,8 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass
 
+from gt_core.observe import events as ev
+
 from . import _figures, _tables
 
 __all__ = ["Text", "StatusView", "GraphView", "status_view", "graph_view"]
@@ -42,7 +44,7 @@ class StatusView:
             head = "worker: not started (the next %%gt cell starts one)"
         s = _tables.summary(self.data)
         # fallbacks: compiled runs that failed, so their block ran eagerly from then on
-        fallbacks = sum(e.get("type") == "fallback" for e in self.data.get("events", ()))
+        fallbacks = sum(e.get("type") == ev.FALLBACK for e in self.data.get("events", ()))
         return [
             head,
             f"hot paths: {s['hot_paths']}, compiled {s['compiled']}, compiling {s['compiling']}, "

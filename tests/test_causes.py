@@ -3,7 +3,14 @@
 import pytest
 
 from gt_core import events as ev
-from gt_core.observe.causes import CAUSES, KINDS, budget_message, explain, short_reason
+from gt_core.observe.causes import (
+    CAUSES,
+    HOTPATH_KINDS,
+    KINDS,
+    budget_message,
+    explain,
+    short_reason,
+)
 from gt_core.observe.user_compiles import summarize_user_compiles
 
 # Reason texts as torch 2.13 wrote them (CompilationMetrics.recompile_reason, graph-break
@@ -189,12 +196,24 @@ def test_the_table_is_consistent():
     ids = [c.id for c in CAUSES]
     assert len(ids) == len(set(ids))
     for c in CAUSES:
-        assert c.kinds and set(c.kinds) <= set(KINDS), c.id
+        assert c.kinds and set(c.kinds) <= set(KINDS) | set(HOTPATH_KINDS), c.id
         assert c.cause and c.fix, c.id
-    for kind in KINDS:  # every kind has a general fix for reasons nobody listed
+    for kind in (*KINDS, *HOTPATH_KINDS):  # every kind has a fix for reasons nobody listed
         assert explain(kind, "zzz unheard of")["fix"]
 
 
 def test_routed_cause_names_the_function():
     x = explain("routed", "", fn="step")
     assert x["cause"].startswith("torch.compile(step) was called with worker tensors")
+
+
+def test_the_dashboard_reads_gt_s_own_advice_from_the_one_catalogue():
+    from gt_jupyter import _tables  # noqa: PLC0415
+
+    kinds = {k for c in CAUSES for k in c.kinds}
+    assert set(HOTPATH_KINDS) <= kinds
+    assert not [n for n in vars(_tables) if n.endswith("_ADVICE")]  # no second catalogue
+    reason = "op 0 (aten.mm.default): input 0 shape [32, 8] → [31, 8]"
+    assert _tables.recompile_advice(reason).startswith("the batch size changed (32 → 31): ")
+    assert "drop_last=True" in _tables.recompile_advice(reason)
+    assert _tables.recompile_advice("same form") == explain("signature_change", "same form")["fix"]

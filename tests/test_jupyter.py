@@ -280,47 +280,18 @@ def _events(n_eager=4, n_compiled=6):
 
     t = 0.0
     out = [ev.event(ev.STATS, ops=500)]
-    graph = {
-        "nodes": [
-            {
-                "id": "in0",
-                "kind": "input",
-                "label": "in0",
-                "op": None,
-                "shape": [8, 16],
-                "dtype": "float32",
-                "freed": False,
-            },
-            {
-                "id": "op0",
-                "kind": "op",
-                "label": "mm",
-                "op": "aten.mm.default",
-                "shape": [8, 8],
-                "dtype": "float32",
-                "freed": False,
-            },
-            {
-                "id": "op1",
-                "kind": "op",
-                "label": "relu",
-                "op": "aten.relu.default",
-                "shape": [8, 8],
-                "dtype": "float32",
-                "freed": True,
-            },
-            {
-                "id": "out:t1",
-                "kind": "output",
-                "label": "t1",
-                "op": None,
-                "shape": None,
-                "dtype": None,
-                "freed": False,
-            },
+    canonical = {
+        "signature": "abc",
+        "inputs": [
+            {"name": "in0", "shape": [8, 16], "stride": [16, 1], "dtype": "float32", "device": "cpu"}
         ],
-        "edges": [["in0", "op0"], ["op0", "op1"], ["op1", "out:t1"]],
-    }
+        "entries": [
+            {"kind": "op", "op": "aten.mm.default", "args": ["%in0", "%in0"], "kwargs": {}, "outs": ["t0"]},
+            {"kind": "op", "op": "aten.relu.default", "args": ["%t0"], "kwargs": {}, "outs": ["t1"]},
+        ],
+        "outputs": ["t1"],
+    }  # fmt: skip
+    values = {"t0": {"shape": [8, 8], "dtype": "float32"}, "t1": {"shape": [8, 8], "dtype": "float32"}}
     for i in range(n_eager):
         t += 1
         out.append({"type": ev.ITERATION, "t": t, "signature": "abc", "kind": "eager", "ms": 10.0})
@@ -333,7 +304,8 @@ def _events(n_eager=4, n_compiled=6):
                     "ops": ["aten.mm.default", "aten.relu.default"],
                     "n_ops": 2,
                     "occurrences": 2,
-                    "graph": graph,
+                    "canonical": canonical,
+                    "values": values,
                 }
             )
             out.append({"type": ev.COMPILE_STARTED, "t": t + 0.1, "signature": "abc"})
@@ -387,6 +359,23 @@ def test_widget_layer_does_not_import_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_observe_and_signal_do_not_import_torch_and_the_api_loads_on_first_use():
+    code = (
+        "import sys, gt_core, gt_core.observe, gt_core.signal\n"
+        "import gt_core.observe.metrics, gt_core.observe.graph, gt_core.observe.status\n"
+        "assert 'torch' not in sys.modules, 'torch imported at load'\n"
+        "assert sorted(set(gt_core.__all__) - set(dir(gt_core))) == []\n"
+        "from gt_core import capture\n"
+        "import gt_core.config, gt_core.remote\n"
+        "assert 'torch' in sys.modules\n"
+        "assert callable(gt_core.worker) and callable(gt_core.config), 'a module hid a function'\n"
+        "assert callable(gt_core.diagnostics) and gt_core.capture is capture\n"
+        "print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
 
 
 def test_report_data_is_plain_json(ip):

@@ -11,6 +11,7 @@ import random
 import pytest
 
 from gt_core import events as ev
+from gt_core.observe import metrics
 from gt_core.observe.report import summarize
 from gt_jupyter import _figures, _tables
 
@@ -116,8 +117,8 @@ def test_a_break_even_among_folded_runs_is_estimated_within_them():
     kinds = ["eager"] * 2 + ["compiled"] * 10 + ["compiled"] * 10
     x = [1, 2, *range(3, 13), *range(4991, 5001)]
     gap = {"at": 12, "n": 4978, "counts": {"compiled": 4978}, "totals": {"compiled": 2489.0}}
-    be = _figures.break_even(kinds, [1.0] * 2 + [0.5] * 20, 1000.0, 2, x, [gap])
-    exact = _figures.break_even(
+    be = metrics.break_even(kinds, [1.0] * 2 + [0.5] * 20, 1000.0, 2, x, [gap])
+    exact = metrics.break_even(
         ["eager"] * 2 + ["compiled"] * 4998, [1.0] * 2 + [0.5] * 4998, 1000.0, 2
     )
     assert abs(be["break_even"] - exact["break_even"]) <= 1

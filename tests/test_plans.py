@@ -12,7 +12,7 @@ import gt_core
 from gt_core import events as ev
 from gt_core.client.replay import Replay
 from gt_core.hotpath.judge import _MAX_PROBES
-from gt_core.observe.report import Status
+from gt_core.observe.status import Status
 from gt_core.remote.cpu_share import CpuShare as _CpuShare
 from gt_core.stream.instructions import FREE, OP, PUT, RUN, Ref
 from gt_core.stream.lift import Scalar

@@ -2,7 +2,8 @@
 
 import torch
 
-from gt_core.stream.canonical import canonicalize, diff, diff_text, to_networkx
+from gt_core.observe.graph import to_networkx
+from gt_core.stream.canonical import canonicalize, diff, diff_text
 from gt_core.stream.instructions import FREE, OP, Ref
 
 F32 = ((8, 8), (8, 1), torch.float32, torch.device("cpu"))

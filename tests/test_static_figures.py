@@ -8,21 +8,25 @@ import torch
 
 import gt_core
 from gt_core import events as ev
+from gt_core.observe.graph import graph_data
 from gt_core.observe.report import summarize
 from gt_jupyter import _figures, _svg, _tables
 from gt_jupyter.dashboard import Dashboard
 from gt_jupyter.views import GraphView
 
 NS = {"s": "http://www.w3.org/2000/svg"}
-GRAPH = {
-    "nodes": [
-        {"id": "in0", "kind": "input", "label": "in0", "op": None, "shape": [8, 16], "dtype": "float32", "freed": False},
-        {"id": "op0", "kind": "op", "label": "mm", "op": "aten.mm.default", "shape": [8, 8], "dtype": "float32", "freed": False},
-        {"id": "op1", "kind": "op", "label": "relu", "op": "aten.relu.default", "shape": [8, 8], "dtype": "float32", "freed": True},
-        {"id": "out:t1", "kind": "output", "label": "t1", "op": None, "shape": None, "dtype": None, "freed": False},
+CANONICAL = {
+    "signature": "abc",
+    "inputs": [{"name": "in0", "shape": [8, 16], "stride": [16, 1], "dtype": "float32", "device": "cpu"}],
+    "entries": [
+        {"kind": "op", "op": "aten.mm.default", "args": ["%in0", "%in0"], "kwargs": {}, "outs": ["t0"]},
+        {"kind": "op", "op": "aten.relu.default", "args": ["%t0"], "kwargs": {}, "outs": ["t1"]},
+        {"kind": "free", "value": "t1"},
     ],
-    "edges": [["in0", "op0"], ["op0", "op1"], ["op1", "out:t1"]],
+    "outputs": ["t1"],
 }  # fmt: skip
+VALUES = {"t0": {"shape": [8, 8], "dtype": "float32"}, "t1": {"shape": [8, 8], "dtype": "float32"}}
+GRAPH = graph_data(CANONICAL, VALUES)
 USER = [
     {
         "function": "kv_step",
@@ -42,7 +46,7 @@ def _events(n_eager=4, n_compiled=6, compile=True):
         t += 1
         out.append({"type": ev.ITERATION, "t": t, "signature": "abc", "kind": "eager", "ms": 10.0})
         if i == 1:
-            out.append({"type": ev.DETECTED, "t": t, "signature": "abc", "ops": ["aten.mm.default", "aten.relu.default"], "n_ops": 2, "occurrences": 2, "graph": GRAPH})  # fmt: skip
+            out.append({"type": ev.DETECTED, "t": t, "signature": "abc", "ops": ["aten.mm.default", "aten.relu.default"], "n_ops": 2, "occurrences": 2, "canonical": CANONICAL, "values": VALUES})  # fmt: skip
             if compile:
                 out.append({"type": ev.COMPILE_STARTED, "t": t + 0.1, "signature": "abc"})
     if compile:
@@ -146,6 +150,23 @@ def test_graph_nodes_carry_op_shape_and_dtype_in_their_tooltips():
     (edges,) = _trace(graph, "dependencies").findall("s:path", NS)
     assert edges.get("d").count("M") == 3  # one segment per edge
     assert {"mm", "relu", "in0", "t1"} <= set(_texts(graph).split())
+
+
+def test_the_graph_is_built_client_side_from_the_canonical_form_and_value_metadata():
+    expected = {
+        "nodes": [
+            {"id": "in0", "kind": "input", "label": "in0", "op": None, "shape": [8, 16], "dtype": "float32", "freed": False},
+            {"id": "op0", "kind": "op", "label": "mm", "op": "aten.mm.default", "shape": [8, 8], "dtype": "float32", "output": False, "freed": False},
+            {"id": "op1", "kind": "op", "label": "relu", "op": "aten.relu.default", "shape": [8, 8], "dtype": "float32", "output": True, "freed": True},
+            {"id": "out:t1", "kind": "output", "label": "t1", "op": None, "shape": [8, 8], "dtype": "float32", "freed": False},
+        ],
+        "edges": [["in0", "op0"], ["op0", "op1"], ["op1", "out:t1"]],
+    }  # fmt: skip
+    assert GRAPH == expected
+    events = summarize(_events())["events"]
+    assert _figures.graph_of(events, "abc") == expected
+    assert _figures.graph_of(events, "abc") is _figures.graph_of(events, "abc")  # built once
+    assert _figures.graph_of(events, "other") is None
 
 
 def test_graph_view_saves_svg_and_keeps_plotly_for_live_frontends():

@@ -80,7 +80,9 @@ def diagnostics(log: ev.EventLog | None = None):
 
 def explain(fn_or_name) -> str:
     """One torch.compile'd function's cache entries (one per compile) and their guards, as text."""
-    from gt_core.diagnostics.explainer import explain as _explain
+    # Its module has another name: importing a submodule named ``explain`` would bind the
+    # module over this function.
+    from gt_core.diagnostics.cache_entries import explain as _explain
 
     return _explain(fn_or_name, sys._getframe(1))
 

@@ -43,7 +43,7 @@ class Engine:
         self.blocks = Blocks()
         self.compiler = compiler = Compiler(ex.device, outbox, options)
         meta_of = self.history.meta_of
-        self.registry = Registry(ex, self.blocks, meta_of, outbox, compiler, options, _graph_data)
+        self.registry = Registry(ex, self.blocks, meta_of, outbox, compiler, options)
         self.judge = Judge(outbox, compiler, options)
         self.runner = Runner(ex, outbox, self.judge, compiler, options)
         self.signals = Signals(self.history, self.registry, outbox, options)
@@ -205,33 +205,3 @@ class Engine:
             block = self.registry.form(canon, namer, paths, p, lift=c.lift, scalar_dtypes=dtypes)
             self.registry.adopt(block, occurrences=len(c.occurrences))
         return True
-
-
-def _graph_data(data: dict) -> dict:
-    """The block's dependency graph as plain nodes and edges (what the dashboard draws)."""
-    from gt_core.stream.canonical import to_networkx
-
-    g = to_networkx(data)
-    nodes = [
-        {"id": n, **{k: v for k, v in a.items() if k != "outs"}} for n, a in g.nodes(data=True)
-    ]
-    outputs = set(data["outputs"])
-    values = data.get("values", {})
-    for name in outputs:
-        nodes.append(
-            {
-                "id": f"out:{name}",
-                "kind": "output",
-                "label": name,
-                "op": None,
-                "shape": values.get(name, {}).get("shape"),
-                "dtype": values.get(name, {}).get("dtype"),
-                "freed": False,
-            }
-        )
-    edges = [[u, v] for u, v in g.edges()]
-    for n, a in g.nodes(data=True):
-        for o in a.get("outs", ()) or ():
-            if o in outputs:
-                edges.append([n, f"out:{o}"])
-    return {"nodes": nodes, "edges": edges}

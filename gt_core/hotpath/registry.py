@@ -23,14 +23,13 @@ __all__ = ["Registry"]
 class Registry:
     """Turns history segments into blocks, registers them in ``blocks`` and announces them."""
 
-    def __init__(self, ex, blocks: Blocks, meta_of, outbox, compiler, options, graph_data):
+    def __init__(self, ex, blocks: Blocks, meta_of, outbox, compiler, options):
         self.ex = ex
         self.blocks = blocks
         self.meta_of = meta_of
         self.outbox = outbox
         self.compiler = compiler
         self.options = options
-        self.graph_data = graph_data  # canonical data -> the dashboard's nodes and edges
 
     def block_op_name(self, idx: int) -> str:
         """op_name for canonicalizing a block: an unresolved op never enters one."""
@@ -104,7 +103,7 @@ class Registry:
             occurrences=occurrences,
             signal=block.signal,
             canonical=data,
-            graph=self.graph_data({**data, "values": block.value_meta}),
+            values=block.value_meta,  # (the client draws the graph: gt_core.observe.graph)
         )
         for other in self.blocks.values():
             if other is not block and other.canon.ops == block.canon.ops:

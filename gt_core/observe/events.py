@@ -26,7 +26,7 @@ __all__ = ["event", "EventLog", "load_log", "TYPES"]
 
 # Hot paths (published by the worker)
 RECORDING = "hotpath.recording"  # signature, ops, n_ops, signal (a signal's block, seen once)
-DETECTED = "hotpath.detected"  # signature, ops, n_ops, occurrences, similar_to
+DETECTED = "hotpath.detected"  # signature, ops, n_ops, occurrences, canonical, values
 COMPILE_STARTED = (
     "compile.started"  # signature, backend, mode, where ("process" | "thread" | "inline")
 )

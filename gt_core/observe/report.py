@@ -5,34 +5,20 @@ instruction log and the dashboard all read the same data. No torch import here.
 
 Over long runs the client's log folds per-step events (``folded``, see gt_core.events): run
 counts, mismatch counts and the time saved still count every run; the medians (eager,
-compiled, speedup) are over the runs kept, the first and the last of each hot path.
+compiled, speedup: gt_core.observe.metrics) are over the runs kept, the first and the last of each hot path.
 """
 
 from __future__ import annotations
 
 import html
-import statistics
 from dataclasses import dataclass, field
 
 from gt_core.observe import events as ev
+from gt_core.observe import metrics
 from gt_core.observe.causes import explain
+from gt_core.observe.status import Status
 
 __all__ = ["Report", "summarize", "Status"]
-
-
-class Status:
-    """A hot path's states, in the order a healthy one goes through them."""
-
-    RECORDING = "recording"
-    HOT = "hot"
-    COMPILING = "compiling"
-    COMPILED = "compiled"
-    FAILED = "failed"
-    REVERTED = "reverted"
-
-
-def _median(xs: list[float]) -> float | None:
-    return statistics.median(xs) if xs else None
 
 
 def _new_path(signature: str) -> dict:
@@ -214,15 +200,11 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         sig = p["signature"]
         clean = eager or earlier.get((sig, "eager"))
         p["baseline_while_compiling"] = not clean
-        p["eager_median_ms"] = _median(
-            clean or p["compiling_ms"] or earlier.get((sig, "compiling"), [])
+        p["eager_median_ms"] = metrics.eager_median(
+            clean or [], p["compiling_ms"] or earlier.get((sig, "compiling"), [])
         )
-        p["compiled_median_ms"] = _median(comp)
-        p["speedup"] = (
-            p["eager_median_ms"] / p["compiled_median_ms"]
-            if p["eager_median_ms"] and p["compiled_median_ms"]
-            else None
-        )
+        p["compiled_median_ms"] = metrics.compiled_median(comp)
+        p["speedup"] = metrics.speedup(p["eager_median_ms"], p["compiled_median_ms"])
         # Time saved so far: compiled runs times what each saved against the eager median.
         p["saved_ms"] = (
             sum(p["eager_median_ms"] - c for c in comp) if p["eager_median_ms"] is not None else 0.0
@@ -240,6 +222,9 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             for e in events[:since]
             if e.get("type") == ev.DETECTED and e.get("signature") in active
         ] + shown
+    for p in hot_paths:  # over the events shown, as the timeline draws them
+        td = metrics.timeline(shown, p["signature"], p["eager_median_ms"])
+        p["break_even"] = td["break_even"]
     return {
         "hot_paths": hot_paths,
         "user_compiles": summarize_user_compiles(events[since:]),

@@ -6,9 +6,9 @@ op consumes which value, and which values are freed inside the block. Two blocks
 same form compute the same thing on inputs of the same metadata, so the form's hash is the
 key of the compiled-block cache: our signature is the guard.
 
-``Canonical.to_data()`` is plain data (it travels in events); ``to_networkx``, ``diff`` and
-``diff_text`` read that plain data, so the client and offline logs can draw and compare
-signatures without the worker.
+``Canonical.to_data()`` is plain data (it travels in events); ``diff`` and ``diff_text`` read
+that plain data (gt_core.observe.graph draws it), so the client and offline logs can draw and
+compare signatures without the worker.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+from gt_core.observe.graph import consumed
 from gt_core.stream.instructions import FREE, Ref
 
-__all__ = ["Canonical", "canonicalize", "Namer", "to_networkx", "diff", "diff_text", "signature_of"]
+__all__ = ["Canonical", "canonicalize", "Namer", "diff", "diff_text", "signature_of"]
 
 # A value's metadata as the signature sees it: (shape, stride, dtype, device).
 Meta = tuple
@@ -153,66 +154,6 @@ def _entry_data(e: tuple) -> dict:
     }
 
 
-def _refs(x) -> list[str]:
-    if isinstance(x, str) and x.startswith("%"):
-        return [x[1:]]
-    if isinstance(x, list):
-        return [r for y in x for r in _refs(y)]
-    if isinstance(x, dict):
-        return [r for y in x.values() for r in _refs(y)]
-    return []
-
-
-def _consumed(entry: dict) -> list[str]:
-    return _refs(entry["args"]) + _refs(entry["kwargs"])
-
-
-def to_networkx(data: dict):
-    """A networkx DiGraph of a signature's plain data: inputs and ops as nodes, values as edges."""
-    import networkx as nx
-
-    g = nx.DiGraph(signature=data["signature"])
-    producer: dict[str, str] = {}
-    meta: dict[str, dict] = {}
-    for inp in data["inputs"]:
-        g.add_node(inp["name"], kind="input", label=inp["name"], op=None, shape=inp["shape"], dtype=inp["dtype"], freed=False)
-        producer[inp["name"]] = inp["name"]
-        meta[inp["name"]] = inp
-    freed = {e["value"] for e in data["entries"] if e["kind"] == "free"}
-    outputs = set(data["outputs"])
-    values = data.get("values", {})  # optional: value name -> {"shape", "dtype"} of one run
-    k = 0
-    for e in data["entries"]:
-        if e["kind"] != "op":
-            continue
-        node = f"op{k}"
-        k += 1
-        outs = e["outs"]
-        # an in-place op names no new value: show the one it writes (its first argument)
-        shown = values.get(outs[0] if outs else next(iter(_consumed(e)), None), {})
-        g.add_node(
-            node,
-            kind="op",
-            label=e["op"].removeprefix("aten.").removesuffix(".default"),
-            op=e["op"],
-            shape=shown.get("shape"),
-            dtype=shown.get("dtype"),
-            outs=outs,
-            output=any(o in outputs for o in outs),
-            freed=bool(outs) and all(o in freed for o in outs),
-        )
-        for name in _consumed(e):
-            src = producer.get(name)
-            if src is not None:
-                g.add_edge(src, node, value=name)
-        for o in outs:
-            producer[o] = node
-    for inp in data["inputs"]:
-        if inp["name"] in freed:
-            g.nodes[inp["name"]]["freed"] = True
-    return g
-
-
 def diff(a: dict, b: dict) -> str | None:
     """The first difference between two signatures' plain data, in words (None if equal)."""
     if a["signature"] == b["signature"]:
@@ -236,7 +177,7 @@ def diff(a: dict, b: dict) -> str | None:
             continue
         if x["op"] != y["op"]:
             return f"op {k}: {_short(x['op'])} → {_short(y['op'])}"
-        for j, (ra, rb) in enumerate(zip(_consumed(x), _consumed(y), strict=False)):
+        for j, (ra, rb) in enumerate(zip(consumed(x), consumed(y), strict=False)):
             if ra != rb:
                 return f"op {k} ({_short(x['op'])}): input {j} is {ra} in A, {rb} in B (a different dependency)"
             if ra in ins_a and rb in ins_b:

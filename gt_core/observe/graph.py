@@ -1,0 +1,141 @@
+"""A hot path's dependency graph, read from the canonical form its detection event carries.
+
+The worker sends the canonical form's plain data (``canonical``) and one occurrence's value
+metadata (``values``: name -> ``{"shape", "dtype"}``); the client builds the graph from
+them: :func:`to_networkx` for analysis, :func:`graph_data` as the plain nodes and edges the
+dashboard draws. No torch import; networkx is imported when a graph is built.
+"""
+
+from __future__ import annotations
+
+from gt_core.observe import events as ev
+
+__all__ = ["consumed", "to_networkx", "graph_data", "graph_of"]
+
+
+def _refs(x) -> list[str]:
+    if isinstance(x, str) and x.startswith("%"):
+        return [x[1:]]
+    if isinstance(x, list):
+        return [r for y in x for r in _refs(y)]
+    if isinstance(x, dict):
+        return [r for y in x.values() for r in _refs(y)]
+    return []
+
+
+def consumed(entry: dict) -> list[str]:
+    """The value names an op entry of the plain canonical data reads, in argument order."""
+    return _refs(entry["args"]) + _refs(entry["kwargs"])
+
+
+def to_networkx(data: dict, values: dict | None = None):
+    """A networkx DiGraph of a signature's plain data: inputs and ops as nodes, values as edges.
+
+    ``values``: one run's value metadata (name -> ``{"shape", "dtype"}``); default the
+    data's own ``values`` entry, if any.
+    """
+    import networkx as nx  # noqa: PLC0415 (only where a graph is built)
+
+    g = nx.DiGraph(signature=data["signature"])
+    producer: dict[str, str] = {}
+    for inp in data["inputs"]:
+        g.add_node(
+            inp["name"],
+            kind="input",
+            label=inp["name"],
+            op=None,
+            shape=inp["shape"],
+            dtype=inp["dtype"],
+            freed=False,
+        )
+        producer[inp["name"]] = inp["name"]
+    freed = {e["value"] for e in data["entries"] if e["kind"] == "free"}
+    outputs = set(data["outputs"])
+    values = data.get("values", {}) if values is None else values
+    k = 0
+    for e in data["entries"]:
+        if e["kind"] != "op":
+            continue
+        node = f"op{k}"
+        k += 1
+        outs = e["outs"]
+        # an in-place op names no new value: show the one it writes (its first argument)
+        shown = values.get(outs[0] if outs else next(iter(consumed(e)), None), {})
+        g.add_node(
+            node,
+            kind="op",
+            label=e["op"].removeprefix("aten.").removesuffix(".default"),
+            op=e["op"],
+            shape=shown.get("shape"),
+            dtype=shown.get("dtype"),
+            outs=outs,
+            output=any(o in outputs for o in outs),
+            freed=bool(outs) and all(o in freed for o in outs),
+        )
+        for name in consumed(e):
+            src = producer.get(name)
+            if src is not None:
+                g.add_edge(src, node, value=name)
+        for o in outs:
+            producer[o] = node
+    for inp in data["inputs"]:
+        if inp["name"] in freed:
+            g.nodes[inp["name"]]["freed"] = True
+    return g
+
+
+def graph_data(canonical: dict, values: dict | None = None) -> dict:
+    """The block's dependency graph as plain nodes and edges (what the dashboard draws)."""
+    values = values or {}
+    g = to_networkx(canonical, values)
+    nodes = [
+        {"id": n, **{k: v for k, v in a.items() if k != "outs"}} for n, a in g.nodes(data=True)
+    ]
+    outputs = set(canonical["outputs"])
+    for name in canonical["outputs"]:
+        nodes.append(
+            {
+                "id": f"out:{name}",
+                "kind": "output",
+                "label": name,
+                "op": None,
+                "shape": values.get(name, {}).get("shape"),
+                "dtype": values.get(name, {}).get("dtype"),
+                "freed": False,
+            }
+        )
+    edges = [[u, v] for u, v in g.edges()]
+    for n, a in g.nodes(data=True):
+        for o in a.get("outs", ()) or ():
+            if o in outputs:
+                edges.append([n, f"out:{o}"])
+    return {"nodes": nodes, "edges": edges}
+
+
+def graph_of(events: list[dict], signature: str | None = None) -> dict | None:
+    """The graph data of the latest ``hotpath.detected`` of ``signature`` (None: any)."""
+    for e in reversed(events):
+        if (
+            e.get("type") == ev.DETECTED
+            and e.get("canonical")
+            and signature in (None, e.get("signature"))
+        ):
+            return _graph_of_event(e)
+    return None
+
+
+# A detection's graph, built once: the dashboard redraws its graph only when it changes
+# (a new object), and refreshes often. Keyed by the event object, held with it.
+_BUILT: dict[int, tuple[dict, dict]] = {}
+_KEEP = 64
+
+
+def _graph_of_event(e: dict) -> dict:
+    hit = _BUILT.get(id(e))
+    if hit is not None and hit[0] is e:
+        return hit[1]
+    g = graph_data(e["canonical"], e.get("values"))
+    if len(_BUILT) >= _KEEP:
+        _BUILT.pop(next(iter(_BUILT)))
+    _BUILT[id(e)] = (e, g)
+    return g
