@@ -83,7 +83,8 @@ def diagnostics(log: ev.EventLog | None = None):
 
 def explain(fn_or_name) -> str:
     """One torch.compile'd function's cache entries (one per compile) and their guards, as text."""
-    from gt_core.diagnostics.explain import explain as _explain
+    # Not a submodule named explain: importing it would replace this function on the package.
+    from gt_core.diagnostics.guards import explain as _explain
 
     return _explain(fn_or_name, sys._getframe(1))
 
