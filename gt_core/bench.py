@@ -18,128 +18,16 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from itertools import groupby
+from dataclasses import asdict
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 import gt_core
+from gt_core._bench_results import RTOL, Result, table
+from gt_core._bench_workloads import WORKLOADS
 from gt_core.observe import metrics
-from gt_core.workloads import make, make_opt
 
 __all__ = ["WORKLOADS", "RTOL", "run", "Result", "table", "main"]
-
-# Final loss and parameters, relative to eager's; beyond it the table says so. Hundreds of
-# training steps compound inductor's float reassociation to ~1e-3 (gt and a hand-written
-# torch.compile alike, measured here); a wrong result is off by O(1).
-RTOL = 1e-2
-
-
-# -- workloads: make() -> (step, state). step() runs one iteration and returns a scalar tensor;
-# state lists what the step updates in place (the parameters), compared with eager's at the end.
-def matmul_chain():
-    ws = [torch.randn(256, 256) / 16 for _ in range(6)]
-    x = torch.randn(64, 256)
-
-    def step():
-        h = x
-        for w in ws:
-            h = torch.tanh(h @ w)
-        return h.sum()
-
-    return step, []
-
-
-def mlp_training():
-    model, x, y, loss_fn = make(128, "mlp")
-    opt, _ = make_opt(model, "mlp")
-
-    def step():
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    return step, list(model.parameters())
-
-
-class _Attention(nn.Module):
-    def __init__(self, d=64, heads=4):
-        super().__init__()
-        self.ln = nn.LayerNorm(d)
-        self.qkv, self.proj, self.heads = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
-        self.ff = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.ln(x)).split(d, dim=-1)
-        q, k, v = (z.view(b, t, self.heads, d // self.heads).transpose(1, 2) for z in (q, k, v))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
-        return x + self.ff(x)
-
-
-def attention_training():
-    model = _Attention()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-    x = torch.randn(8, 32, 64)
-
-    def step():
-        loss = model(x).pow(2).mean()
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        return loss
-
-    return step, list(model.parameters())
-
-
-def mixed_ops():
-    a, b = torch.randn(128, 128), torch.randn(128, 128)
-    idx = torch.arange(0, 128, 2)
-
-    def step():
-        h = torch.sigmoid(a * 1.5 + b) - torch.relu(a - b) * 0.5
-        h = h.softmax(-1) + h.index_select(0, torch.remainder(idx + 1, 128)).mean(0)
-        return (h.cumsum(-1)[:, -1] - h.amax(-1)).abs().sum()
-
-    return step, []
-
-
-WORKLOADS: dict[str, Callable] = {
-    "matmul chain": matmul_chain,
-    "MLP training step": mlp_training,
-    "attention block": attention_training,
-    "mixed operations": mixed_ops,
-}
-
-
-@dataclass
-class Result:
-    """One workload's figures: ms per iteration, totals in s, speedups as eager / other."""
-
-    workload: str
-    iters: int
-    eager_ms: float
-    gt_ms: float
-    torch_compile_ms: float | None
-    speedup: float  # gt's
-    torch_compile_speedup: float | None
-    eager_total_s: float
-    gt_total_s: float
-    torch_compile_total_s: float | None
-    gt_warmup_s: float
-    gt_compile_s: float | None
-    break_even: int | None
-    gt_rel_diff: float  # gt's final loss vs eager's
-    torch_compile_rel_diff: float | None  # the largest over the final loss and the parameters
-    status: str
-    verdict: str
-    jit_ms: float | None = None  # the step through gt_core.jit (replayed calls, one sync)
-    jit_speedup: float | None = None
 
 
 class _Progress:
@@ -310,82 +198,6 @@ def _break_even(gt_times: list[float], eager_ms: float) -> int | None:
     n = len(gt_times)  # each iteration against the eager median; no compile charged apart
     ms = [t * 1e3 for t in gt_times]
     return metrics.break_even(["compiled"] * n, ms, None, n, baseline=eager_ms)["break_even"]
-
-
-def _agrees(r: Result) -> str:
-    """'ok', or which run's final state is beyond RTOL of eager's, and by how much."""
-    off = [
-        f"{who} {d:.1e}"
-        for who, d in (("gt", r.gt_rel_diff), ("tc", r.torch_compile_rel_diff))
-        if d is not None and not d <= RTOL  # nan is off too
-    ]
-    return "DIFFERS: " + ", ".join(off) if off else "ok"
-
-
-def _fmt(v, spec: str, unit: str = "") -> str:
-    return "-" if v is None else format(v, spec) + unit
-
-
-# (group, header, cell) of each column; a group's title is drawn over its headers.
-_COLUMNS: list[tuple[str, str, Callable[[Result], str]]] = [
-    ("", "workload", lambda r: r.workload),
-    ("ms per iteration", "eager", lambda r: _fmt(r.eager_ms, ".3f")),
-    ("ms per iteration", "gt", lambda r: _fmt(r.gt_ms, ".3f")),
-    ("ms per iteration", "jit", lambda r: _fmt(r.jit_ms, ".3f")),
-    ("ms per iteration", "torch.compile", lambda r: _fmt(r.torch_compile_ms, ".3f")),
-    ("speedup", "gt", lambda r: _fmt(r.speedup, ".2f", "x")),
-    ("speedup", "jit", lambda r: _fmt(r.jit_speedup, ".2f", "x")),
-    ("speedup", "torch.compile", lambda r: _fmt(r.torch_compile_speedup, ".2f", "x")),
-    ("total s", "eager", lambda r: _fmt(r.eager_total_s, ".2f")),
-    ("total s", "gt", lambda r: _fmt(r.gt_total_s, ".2f")),
-    ("total s", "torch.compile", lambda r: _fmt(r.torch_compile_total_s, ".2f")),
-    ("gt", "compile s", lambda r: _fmt(r.gt_compile_s, ".1f")),
-    ("gt", "warmup s", lambda r: _fmt(r.gt_warmup_s, ".2f")),
-    ("gt", "break-even it", lambda r: _fmt(r.break_even, "d")),
-    ("", "vs eager", _agrees),
-    ("", "verdict", lambda r: r.verdict),
-]
-
-
-def table(results: list[Result]) -> str:
-    """The results as a text table, with a legend under it."""
-    cells = [[cell(r) for *_, cell in _COLUMNS] for r in results]
-    widths = [max(len(h), *(len(row[i]) for row in cells)) for i, (_, h, _) in enumerate(_COLUMNS)]
-    spans = [[i for i, _ in grp] for _, grp in groupby(enumerate(_COLUMNS), lambda c: c[1][0])]
-
-    def width(span: list[int]) -> int:
-        return sum(widths[i] for i in span) + 2 * (len(span) - 1)
-
-    for span in spans:  # widen a group's last column where its title is wider than the group
-        widths[span[-1]] += max(0, len(_COLUMNS[span[0]][0]) + 2 - width(span))
-
-    def line(row: list[str]) -> str:
-        last = len(row) - 1
-        return "  ".join(
-            c.ljust(w) if i in (0, last) else c.rjust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-
-    over = "  ".join(
-        f" {g} ".center(width(s), "-") if (g := _COLUMNS[s[0]][0]) else " " * width(s)
-        for s in spans
-    )
-    head = line([h for _, h, _ in _COLUMNS])
-    return "\n".join(
-        [
-            over.rstrip(),
-            head,
-            "-" * len(head),
-            *(line(row) for row in cells),
-            "ms per iteration: median of the steady state (the last third); speedup: eager ms"
-            " / that ms (>1: faster than eager).",
-            "jit: the step through gt_core.jit once its block is compiled (replayed calls,"
-            " one sync at the end, so client and worker overlap).",
-            "torch.compile: the whole step function compiled by hand (training steps split at"
-            " backward). vs eager: final loss (gt), final loss and parameters (torch.compile,"
-            f" 'tc') within {RTOL:g} relative.",
-        ]
-    )
 
 
 def main(argv=None) -> list[Result]:

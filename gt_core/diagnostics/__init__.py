@@ -1,7 +1,8 @@
 """Diagnostics of the user's own ``torch.compile``: compiles, recompiles, limit hits, graph
 breaks, cudagraph skips and strict-stance failures, as ``user.*`` events.
 
-Where the information comes from (torch 2.13, each source optional):
+Where the information comes from (torch 2.13; each source optional, each private torch API
+reached through :mod:`gt_core.diagnostics.torch_hooks`):
 
 - one ``CompilationMetrics`` record per frame compile (``torch._dynamo.utils``): compile id,
   function, timings, op count, the first guard failure that caused a recompile, failures
@@ -35,7 +36,9 @@ import contextlib
 import sys
 import threading
 
-from gt_core.diagnostics.watcher import _Watcher, recompile_limit
+from gt_core.diagnostics import torch_hooks as _hooks
+from gt_core.diagnostics.torch_hooks import recompile_limit
+from gt_core.diagnostics.watcher import _Watcher
 from gt_core.observe import events as ev
 
 __all__ = ["diagnostics", "explain", "recompile_limit"]
@@ -59,10 +62,10 @@ def diagnostics(log: ev.EventLog | None = None):
         _state["depth"] += 1
         watcher = _state["watcher"]
         if watcher is None:  # the outermost block (of any thread) hooks in
-            from torch.utils._python_dispatch import _disable_current_modes
-
             watcher = _state["watcher"] = _Watcher(log)
-            with _disable_current_modes():  # inside a capture: torch._dynamo's import unrecorded
+            with (
+                _hooks.disable_current_modes()
+            ):  # inside a capture: torch._dynamo's import unrecorded
                 watcher.start()
     try:
         yield watcher.log
@@ -80,9 +83,8 @@ def diagnostics(log: ev.EventLog | None = None):
 
 def explain(fn_or_name) -> str:
     """One torch.compile'd function's cache entries (one per compile) and their guards, as text."""
-    # Its module has another name: importing a submodule named ``explain`` would bind the
-    # module over this function.
-    from gt_core.diagnostics.cache_entries import explain as _explain
+    # Not a submodule named explain: importing it would replace this function on the package.
+    from gt_core.diagnostics.guards import explain as _explain
 
     return _explain(fn_or_name, sys._getframe(1))
 

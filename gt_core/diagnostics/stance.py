@@ -15,6 +15,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from gt_core.diagnostics import torch_hooks as hooks
+
 __all__ = ["hooked", "routing", "entry_name", "display_name", "in_worker"]
 
 
@@ -27,7 +29,7 @@ class _InWorker(threading.local):
 in_worker = _InWorker()
 
 _lock = threading.Lock()
-_state = {"users": 0, "original": None, "module": None}
+_state = {"users": 0, "original": None}
 _local = threading.local()  # .entry: the name of the compiled function entered last
 # thread id -> [(on_routed(name), skip()), ...] while that thread is inside gt_core.capture()
 _routes: dict[int, list] = {}
@@ -57,8 +59,7 @@ def _hook(callback):
         return original(callback)
     name = None
     try:
-        caller = sys._getframe(1)  # Dynamo's wrapper of the compiled function; its `fn`
-        fn = caller.f_locals.get("fn")
+        fn = hooks.compiled_fn_of(sys._getframe(1))  # the caller: Dynamo's wrapper
         name = display_name(fn) if fn is not None else None
         _local.entry = name
     except Exception:  # naming is a nicety; never let it break the call
@@ -73,13 +74,10 @@ def _hook(callback):
 
 
 def _install() -> None:
-    import torch._dynamo.eval_frame as eval_frame
-
     with _lock:
         if _state["users"] == 0:
-            _state["original"] = eval_frame._callback_from_stance
-            _state["module"] = eval_frame
-            eval_frame._callback_from_stance = _hook
+            _state["original"] = hooks.stance_callback()
+            hooks.set_stance_callback(_hook)
         _state["users"] += 1
 
 
@@ -87,9 +85,8 @@ def _uninstall() -> None:
     with _lock:
         _state["users"] -= 1
         if _state["users"] == 0:
-            mod = _state["module"]
-            if getattr(mod, "_callback_from_stance", None) is _hook:
-                mod._callback_from_stance = _state["original"]
+            if hooks.stance_callback() is _hook:
+                hooks.set_stance_callback(_state["original"])
             # "original" stays: a call that looked the hook up just before still needs it
 
 

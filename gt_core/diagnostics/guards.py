@@ -2,12 +2,14 @@
 
 Dynamo keeps one cache entry per compile on the code object it compiled (and on the resume
 functions it made at graph breaks); each entry holds the guards that decide whether a call
-may reuse it. This module reads them with ``_debug_get_cache_entry_list`` (torch 2.13).
+may reuse it. This module reads them through :mod:`.torch_hooks`.
 """
 
 from __future__ import annotations
 
 import re
+
+from gt_core.diagnostics import torch_hooks as hooks
 
 __all__ = ["explain"]
 
@@ -31,20 +33,18 @@ def _resolve(fn_or_name, frame):
 
 def _codes(obj) -> tuple[str, list]:
     """(name, the code objects Dynamo may have compiled for ``obj``)."""
-    from torch._dynamo.eval_frame import innermost_fn
-
     from gt_core.diagnostics.stance import display_name
 
     mod = getattr(obj, "_orig_mod", None)
     if mod is not None:  # torch.compile(module)
         codes = [type(mod).forward.__code__]
-        wrapper = innermost_fn(getattr(obj, "forward", None) or obj)
+        wrapper = hooks.innermost_fn(getattr(obj, "forward", None) or obj)
         if getattr(wrapper, "__code__", None) is not None:
             codes.append(wrapper.__code__)  # Dynamo's frame around torch.nn modules
         return type(mod).__name__, codes
     if hasattr(obj, "forward") and hasattr(obj, "_modules"):  # a module compiled in place
         return type(obj).__name__, [type(obj).forward.__code__]
-    inner = innermost_fn(obj)
+    inner = hooks.innermost_fn(obj)
     inner = getattr(inner, "__func__", inner)
     code = getattr(inner, "__code__", None)
     if code is None:
@@ -57,12 +57,6 @@ def _codes(obj) -> tuple[str, list]:
 
 def _with_resumes(codes: list) -> list:
     """The codes and every resume function Dynamo generated from them (graph breaks)."""
-    try:
-        from torch._dynamo.resume_execution import ContinueExecutionCache
-
-        cache = ContinueExecutionCache.cache
-    except Exception:
-        return codes
     out, todo = [], list(codes)
     while todo:
         code = todo.pop(0)
@@ -70,8 +64,8 @@ def _with_resumes(codes: list) -> list:
             continue
         out.append(code)
         try:
-            todo.extend((cache[code] if code in cache else {}).values())
-        except Exception:
+            todo.extend(hooks.resume_codes(code))
+        except Exception:  # this torch keeps them elsewhere: the codes alone
             pass
     return out
 
@@ -118,15 +112,11 @@ def _entry_lines(entries) -> list[str]:
 
 def explain(fn_or_name, frame) -> str:
     """The text of ``gt_core.diagnostics.explain`` (``frame``: where a name is looked up)."""
-    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
-
-    from gt_core.diagnostics.watcher import recompile_limit
-
     obj = _resolve(fn_or_name, frame)
     name, codes = _codes(obj)
     lines, total = [], 0
     for code in _with_resumes(codes):
-        entries = _debug_get_cache_entry_list(code)
+        entries = hooks.cache_entries(code)
         if not entries:
             continue
         total += len(entries)
@@ -143,6 +133,6 @@ def explain(fn_or_name, frame) -> str:
         )
     head = (
         f"{name}: {total} cache entr{'y' if total == 1 else 'ies'}; Dynamo falls back to eager "
-        f"after {recompile_limit()} per code object (torch._dynamo.config.recompile_limit)"
+        f"after {hooks.recompile_limit()} per code object (torch._dynamo.config.recompile_limit)"
     )
     return "\n".join([head, *lines])
