@@ -1,0 +1,140 @@
+"""The catalogue's causes for gt's own hot paths: what the dashboard's reasons table says to do."""
+
+from __future__ import annotations
+
+from gt_core.observe.cause import Cause
+
+__all__ = ["HOTPATH_CAUSES"]
+
+HOTPATH_CAUSES: tuple[Cause, ...] = (
+    # -- gt's own hot paths: what the dashboard's reasons table says to do ----------------
+    # A recompile: the first difference between two signatures (gt_core.stream.canonical.diff).
+    Cause(
+        "batch_size",
+        ("signature_change",),
+        r"shape \[(?P<old>\d+)(?P<rest>(?:, \d+)*)\] → \[(?!(?P=old)[,\]])(?P<new>\d+)(?P=rest)\]",
+        "the batch size changed ({old} → {new})",
+        "use a fixed batch size (DataLoader(..., drop_last=True)) or --dynamic",
+    ),
+    Cause(
+        "input_shape",
+        ("signature_change",),
+        r" shape ",
+        "an input shape changed",
+        "pad or bucket to a few fixed shapes, or --dynamic",
+    ),
+    Cause(
+        "input_dtype",
+        ("signature_change",),
+        r" dtype ",
+        "an input dtype changed",
+        "cast once before the loop and use autocast the same way every step",
+    ),
+    Cause(
+        "input_stride",
+        ("signature_change",),
+        r" stride ",
+        "an input's memory layout changed (a transposed or sliced tensor)",
+        "call .contiguous() on it",
+    ),
+    Cause(
+        "input_device",
+        ("signature_change",),
+        r" device ",
+        "an input moved to another device",
+        "move the model and data once, before the loop",
+    ),
+    Cause(
+        "python_number",
+        ("signature_change",),
+        r"arguments",
+        "a Python number changed between iterations (a step counter, a learning-rate schedule)",
+        "pass it as a tensor (torch.tensor(lr)), or use the optimizer's capturable=True",
+    ),
+    Cause(
+        "kept_value",
+        ("signature_change",),
+        r"freed",
+        "a value is kept in one iteration and not the next (e.g. losses.append(loss))",
+        "keep what the loop holds on to the same every step (losses.append(loss.item()))",
+    ),
+    Cause(
+        "different_work",
+        ("signature_change",),
+        r"instructions|op \d+: \S+ → \S+",
+        "the loop did different work (a Python branch, e.g. every N steps)",
+        "move the branch out of the loop, or accept one compiled variant per branch",
+    ),
+    # One advice per kind, whatever the reason's text.
+    Cause(
+        "revert",
+        ("revert",),
+        r"",
+        "the compiled block was slower than eager",
+        "the compiled block was slower than eager, so gt runs it eagerly again. Small blocks "
+        "are launch-bound: try a larger batch, or --backend aot_eager, or --mode "
+        "reduce-overhead on a GPU (CUDA graphs)",
+    ),
+    Cause(
+        "compile_failed",
+        ("compile_failed",),
+        r"",
+        "the compile, or a compiled run, failed",
+        "the block runs eagerly (correct, not faster). Try --backend aot_eager to see whether "
+        "the inductor backend is at fault, or --backend eager to check the capture itself; to "
+        "report it, attach an instruction log (--log PATH) and this reason",
+    ),
+    Cause(
+        "sync_cut",
+        ("sync",),
+        r"",
+        "a sync point (.item(), print, .cpu()) cut occurrences short",
+        "those occurrences ran eagerly (correct, not faster). Once at the end of a loop or "
+        "now and then for logging costs little; a sync in every iteration keeps the block "
+        "from running compiled: log every k steps, or keep running values on the worker and "
+        "read them once",
+    ),
+    Cause(
+        "diverged",
+        ("mismatch",),
+        r"",
+        "occurrences diverged from the block",
+        "the loop body changed part-way through a block (a data-dependent branch or a sync "
+        "such as .item()); those occurrences ran eagerly. Keep every iteration's work the "
+        "same",
+    ),
+    Cause(
+        "jit_refused",
+        ("jit_refused",),
+        r"",
+        "gt_core.jit does not replay this function",
+        "the function keeps running its Python (its block still compiles); to replay it, keep "
+        "syncs out of the step and pass changing numbers as tensors (lr=torch.tensor(...), "
+        "capturable=True)",
+    ),
+    Cause(
+        "jit_frozen",
+        ("jit_frozen",),
+        r"",
+        "a replay keeps Python numbers as recorded",
+        "nothing, if these stay as they are; a number you change later (a learning rate) must "
+        "be a tensor the step reads, or replays keep the old value",
+    ),
+    Cause(
+        "jit_would_save",
+        ("jit_would_save",),
+        r"",
+        "the step's Python costs more on the client than its block on the worker",
+        "wrap the step in @gt_core.jit: once two calls recorded the same block, a call sends "
+        "one message instead of running its Python (see the 05_jit notebook and its contract)",
+    ),
+    Cause(
+        "worker_error",
+        ("worker_error",),
+        r"",
+        "an op raised on the worker",
+        "raised in the cell at the first sync after it (or at the cell's end); the values "
+        "this op was to make, and those computed from them, do not exist: fix that line and "
+        "re-run",
+    ),
+)
