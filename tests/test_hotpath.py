@@ -546,3 +546,23 @@ def test_alpha_rewrite_is_needed_and_correct():
     assert rewrite_alpha(gm) == 1
     fn, _ = compile_block(gm, [w, a, b], "inductor", None, False)
     assert_close(fn(w, a, b)[0], expected, atol=1e-5)
+
+
+def test_two_hot_paths_compiling_back_to_back_both_compile(inprocess):
+    """Compiles in one process take turns (Dynamo's state is process-global): a second hot
+    path found while the first compiles in the background compiles too, not fails."""
+    gt_core.configure(auto_compile=True, backend="aot_eager", background=True, threshold=3)
+    with gt_core.capture():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        for batch in (8, 4):
+            x, y = torch.randn(batch, 16), torch.randn(batch, 4)
+            for _ in range(12):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+        gt_core.wait(compiles=True)
+    statuses = [p["status"] for p in gt_core.report().to_data()["hot_paths"]]
+    assert statuses.count("compiled") >= 2 and "failed" not in statuses, statuses

@@ -27,6 +27,12 @@ from gt_core.observe.report import Status
 __all__ = ["Compiler"]
 
 
+# Dynamo's state is process-global: two compiles at once in one process fail
+# ("CURRENT_PATCHER is None"), so compiles in this process take turns, whatever thread runs
+# them (the compile process has one job at a time of its own).
+_DYNAMO = threading.Lock()
+
+
 class Compiler:
     """Compiles hot blocks off the critical path where the options allow, and counts them."""
 
@@ -170,7 +176,8 @@ class Compiler:
             for shape, stride, dtype, device in block.canon.input_meta
         ]
         examples += [torch.zeros((), dtype=dt, device=self.device) for dt in block.scalar_dtypes]
-        return compile_block(gm, examples, o.backend, o.mode, o.dynamic)
+        with _DYNAMO:
+            return compile_block(gm, examples, o.backend, o.mode, o.dynamic)
 
 
 def _no_grad(fn):
