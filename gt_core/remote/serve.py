@@ -178,13 +178,19 @@ def _refuse(conn, exc: BaseException) -> None:
         pass
 
 
+_WAITED = ("req", "mark")
+
+
 class _Inbox:
     """The worker's incoming messages, read as soon as they are sent: knows if a request waits."""
 
     def __init__(self, conn):
         self.conn = conn
         self.queue: collections.deque = collections.deque()
-        self.requests = 0  # requests queued: the client is blocked on one
+        # Requests and marks queued: the client is blocked on one, or (a mark: gt_core.jit's
+        # replayed calls) is far enough ahead that it soon will be; either way the worker's
+        # runs are not beside the client's recording, and take every core.
+        self.requests = 0
 
     def next(self):
         if not self.queue:
@@ -192,11 +198,11 @@ class _Inbox:
         while self.conn.poll(0):
             self._take(self.conn.recv())
         msg = self.queue.popleft()
-        if msg[0] == "req":
+        if msg[0] in _WAITED:
             self.requests -= 1
         return msg
 
     def _take(self, msg) -> None:
         self.queue.append(msg)
-        if msg[0] == "req":
+        if msg[0] in _WAITED:
             self.requests += 1
