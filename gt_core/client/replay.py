@@ -137,6 +137,7 @@ class Replay:
         self.kept: list = []  # the instructions of the occurrence being matched
         self.runs = 0  # occurrences sent as one RUN
         self.client_ms: dict[str, deque] = {}  # signature -> the client's ms per occurrence
+        self.client_runs: dict[str, int] = {}  # signature -> occurrences timed so (all of them)
         self._last: tuple = (None, 0.0)  # the last RUN: its signature and time
         self.followed = 0  # ops recorded by following a plan (see gt_core.client.follow)
 
@@ -220,6 +221,7 @@ class Replay:
         now, sig = time.perf_counter(), c.plan.sig
         if self._last[0] == sig:
             self.client_ms.setdefault(sig, deque(maxlen=256)).append((now - self._last[1]) * 1e3)
+            self.client_runs[sig] = self.client_runs.get(sig, 0) + 1
         self._last = (sig, now)
         self._sink((RUN, c.plan.sig, c.inputs, c.produced, c.scalars))
         self._ready()

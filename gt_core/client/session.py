@@ -67,6 +67,7 @@ class Session:
         self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
         self.tee: list | None = None  # while a jit call records: its instructions (see _out)
         self.jits: list = []  # gt_core.jit's cache entries of this session (their stats)
+        self._stats_sent: dict = {}  # hot path or jit entry -> its count last published
         self.rng = None  # the CPU generator state the worker has too (None: unknown)
 
     def _on_events(self, events) -> None:
@@ -239,14 +240,18 @@ class Session:
             raise WorkerDied(self.dead)
 
     def publish_stats(self) -> None:
+        """The client's counters, and per hot path its ms and jit's replays: only what moved
+        since the last publish (a cell's view lists the hot paths active in it)."""
         self.log.emit(ev.STATS, **self.counters)
-        for sig, ms in self.replay.client_ms.items():
-            if ms:
-                self.log.emit(
-                    ev.CLIENT_STATS, signature=sig, runs=len(ms), client_ms=statistics.median(ms)
-                )
+        sent = self._stats_sent
+        for sig, n in self.replay.client_runs.items():
+            if sent.get(sig) != n:
+                sent[sig] = n
+                ms = statistics.median(self.replay.client_ms[sig])
+                self.log.emit(ev.CLIENT_STATS, signature=sig, runs=n, client_ms=ms)
         for entry in self.jits:
-            if entry.replayed:
+            if entry.replayed and sent.get(entry) != entry.replayed:
+                sent[entry] = entry.replayed
                 self.log.emit(ev.JIT_STATS, **entry.stats())
 
     def close(self) -> None:
