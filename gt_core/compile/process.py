@@ -1,10 +1,9 @@
 """Inductor compiles in a process of their own, so a compile cannot stall the worker.
 
 Compiling with inductor is seconds of Python (tracing, lowering, code generation) plus C++
-builds. In a thread of the worker it shares the worker's GIL and garbage collector: measured
-here (benchmarks/stall.py, MLP B=128), a block running eagerly beside it stalled for up to
-250-400 ms, each time a full collection of the objects inductor had just created or
-imported. So the worker hands the block's FX graph to a compile process (started once, at low
+builds. In a thread of the worker it shares the worker's GIL and garbage collector, and a
+block running eagerly beside it stalls at each full collection of the objects inductor has
+just created (benchmarks/stall.py measures it). So the worker hands the block's FX graph to a compile process (started once, at low
 priority, kept for later blocks) that runs ``torch._inductor.standalone_compile`` and saves
 the artifact; the worker only loads it (~15 ms once inductor's loading path is imported).
 

@@ -77,7 +77,7 @@ def _budget_spent(u: dict) -> None:
 
 
 def summarize_user_compiles(events: list[dict]) -> list[dict]:
-    """One entry per compiled function, in order of first appearance (see the issue 5 shape)."""
+    """One entry per compiled function, in order of first appearance (their fields: see the README)."""
     fns: dict[str, dict] = {}
     seen: dict[str, set] = {}
 

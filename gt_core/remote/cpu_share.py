@@ -12,17 +12,11 @@ class CpuShare:
     one fewer while the client records the next steps, one fewer again while a block compiles.
 
     Two busy processes on too few cores stall each other: OpenMP's barriers spin for threads
-    the client's recording has preempted. Measured on 2 cores (benchmarks/overhead.py, MLP
-    batch 128, no sync): a compiled step took 3.4 ms on the worker with 2 threads beside the
-    client and 1.2 ms with 1. Beside an inductor compile (its process and C++ builds), eager
-    runs with 2 threads stalled up to 117 ms; with 1, at most 13 ms (benchmarks/stall.py).
-
-    Whether a compiled block gains from the extra core while the client waits depends on the
-    block: the MLP step at batch 128 took 0.73 ms with 2 threads and 1.18 ms with 1, at batch
-    8 it took 0.35 ms with 2 and 0.19 ms with 1 (waking the second thread for each of its
-    small kernels costs more than it saves, and its spinning afterwards slowed the client's
-    recording of the next step). So each block tries both counts a few times and keeps the
-    one with the lower median (see choose and learn).
+    the client's recording has preempted (benchmarks/overhead.py and stall.py measure it; the
+    README has the figures). Whether a compiled block gains from the extra core while the
+    client waits depends on the block (small kernels lose to waking a second thread), so each
+    block tries both counts a few times and keeps the one with the lower median (see choose
+    and learn).
     """
 
     TRIALS = 5  # runs per thread count before a block's choice is made

@@ -143,7 +143,7 @@ def worker_main(conn, event_conn, options) -> None:
                     why = RuntimeError(f"{type(value).__name__}: {value}\n{exc}")
                     conn.send((msg[1], "err", why))
                 # The events up to this sync go out after its answer, not before it:
-                # publishing (pickling, a write) cost every .item() about 30 µs of waiting.
+                # publishing (pickling, a write) would add to every .item()'s wait.
                 # The client's event thread receives them either way; wait() and report()
                 # drain them.
                 w.publish_events()
