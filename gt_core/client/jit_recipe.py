@@ -14,7 +14,7 @@ from torch.utils._pytree import tree_flatten
 from gt_core.client.jit_places import _before_id, _pid, _words
 from gt_core.client.proxy import Proxy
 from gt_core.client.replay import Occurrence
-from gt_core.stream.instructions import FREE, OP, Ref
+from gt_core.stream.instructions import FREE, OP, without_ids
 
 _OUT = "gt-jit-output"  # a result leaf that is the block's output (_OUT, its index)
 
@@ -91,21 +91,10 @@ def _shape(ins) -> tuple:
     return (
         OP,
         ins[1],
-        _strip(ins[2]),
-        tuple(sorted((k, _strip(v)) for k, v in ins[3].items())),
+        without_ids(ins[2]),
+        tuple(sorted((k, without_ids(v)) for k, v in ins[3].items())),
         tuple(o is None for o in ins[4]),
     )
-
-
-def _strip(a):
-    t = type(a)
-    if t is float:
-        return float
-    if t is list or t is tuple:
-        return tuple(_strip(x) for x in a)
-    if t is Ref:
-        return Ref
-    return a
 
 
 def _float_args(ins):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from gt_core.stream.instructions import FREE, MARK, OP, Ref
+from gt_core.stream.instructions import FREE, MARK, OP, Ref, without_ids
 
 __all__ = ["History", "local_key", "exact_key", "out_paths", "value_ids"]
 
@@ -79,23 +79,10 @@ def local_key(ins):
     """An instruction without its ids: equal for the same op at the same place in a period."""
     code = ins[0]
     if code == OP:
-        return (OP, ins[1], _strip(ins[2]), len(ins[4]))
+        return (OP, ins[1], without_ids(ins[2]), len(ins[4]))
     if code == FREE:
         return (FREE,)
     return (code, ins[1] if code == MARK else None)
-
-
-def _strip(a):
-    t = type(a)
-    if t is Ref:
-        return Ref
-    if t is list or t is tuple:
-        return tuple(_strip(x) for x in a)
-    if t is float:
-        # Python floats that change every step (Adam's bias corrections, LR schedules) must
-        # not hide the period; the canonical forms decide whether a segment really repeats.
-        return float
-    return a
 
 
 def exact_key(ins):

@@ -7,7 +7,7 @@ worker by DEFOP, so a batch carries no op names in the steady state.
 
 from __future__ import annotations
 
-__all__ = ["Ref", "OP", "FREE", "PUT", "SEED", "DEFOP", "MARK", "RUN", "RNG", "BARRIERS", "JIT_SIGNAL", "TensorMeta"]
+__all__ = ["Ref", "OP", "FREE", "PUT", "SEED", "DEFOP", "MARK", "RUN", "RNG", "BARRIERS", "JIT_SIGNAL", "TensorMeta", "without_ids"]
 
 OP = 0  # (OP, op_index, args, kwargs, out_ids): out_ids[k] is the id of the k-th new tensor output
 FREE = 1  # (FREE, id)
@@ -49,6 +49,21 @@ class Ref:
 
 # (shape, stride, storage_offset, dtype): what the client needs to make a proxy.
 TensorMeta = tuple
+
+
+def without_ids(a):
+    """An argument with its value ids and float values left out (Ref and float in their
+    place): the same for the same op at the same place in each repeat of a step. Floats that
+    change every step (Adam's bias corrections, LR schedules) must not hide a repeat; what
+    compares them (canonical forms, gt_core.jit's recorded calls) decides what they mean."""
+    t = type(a)
+    if t is Ref:
+        return Ref
+    if t is list or t is tuple:
+        return tuple(without_ids(x) for x in a)
+    if t is float:
+        return float
+    return a
 
 
 def op_name(op) -> str:
