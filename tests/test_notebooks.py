@@ -147,9 +147,11 @@ def test_benchmark(tmp_path):
 def test_jit(tmp_path):
     nb = run("05_jit.ipynb", tmp_path)
     text = "\n".join(outputs(nb))
-    assert "jit would save" in text  # the plain %%gt cell's dashboard suggests jit
+    # the plain %%gt cell's hot path says the client's ms per step beside its block's (the
+    # dashboard suggests jit when the first is the larger: a timing, not asserted here)
+    assert re.search(r"client [\d.]+ ms per step \(the step's Python\), block [\d.]+ ms", text)
     assert re.search(r"replayed (\d+)x", text)  # the jitted cell's hot path was replayed
-    timing = cell_text(nb, "import statistics")
+    timing = cell_text(nb, "gt_core.wait(compiles=True)\nmodel")
     assert re.search(r"gt_core\.jit +[\d.]+ ms per step \([\d.]+x eager\)", timing), timing
     (n,) = re.findall(r"replayed (\d+) calls", timing)
     assert int(n) > 0
