@@ -11,7 +11,7 @@ from gt_core.observe import events as ev
 from gt_core.observe.causes import explain
 from gt_core.observe.status import Status
 
-from . import _figures, _svg
+from . import _figures, _graphs, _svg
 
 __all__ = [
     "STATUS_COLUMNS",
@@ -477,9 +477,9 @@ def figures_html(data: dict, signature: str | None = None) -> str:
     figs = []
     if sig is not None:
         figs.append(_figures.timeline(_figures.timeline_of(data, sig)))
-        g = _figures.graph_of(events, sig)
+        g = _graphs.graph_of(events, sig)
         if g:
-            figs.append(_figures.graph(g, title=f"dependency graph {sig}"))
+            figs.append(_graphs.graph(g, title=f"dependency graph {sig}"))
     user = _figures.compiles(data.get("user_compiles", []))
     if user is not None:
         figs.append(user)

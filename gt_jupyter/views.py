@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gt_core.observe import events as ev
 
-from . import _figures, _tables
+from . import _graphs, _tables
 
 __all__ = ["Text", "StatusView", "GraphView", "status_view", "graph_view"]
 
@@ -78,14 +78,14 @@ class GraphView:
 
     @property
     def figure(self):
-        return _figures.graph(self.graph, title=f"dependency graph {self.signature}")
+        return _graphs.graph(self.graph, title=f"dependency graph {self.signature}")
 
     def __repr__(self) -> str:
         nodes = self.graph.get("nodes", [])
         ops = [n for n in nodes if n.get("kind") == "op"]
         kinds: dict[str, int] = {}
         for n in ops:
-            k = _figures.op_kind(n) or "?"
+            k = _graphs.op_kind(n) or "?"
             kinds[k] = kinds.get(k, 0) + 1
         top = ", ".join(f"{k}×{c}" for k, c in sorted(kinds.items(), key=lambda kc: -kc[1])[:8])
         return (
@@ -104,7 +104,7 @@ class GraphView:
 
 
 def graph_view(data: dict, signature: str) -> GraphView:
-    g = _figures.graph_of(data.get("events", []), signature)
+    g = _graphs.graph_of(data.get("events", []), signature)
     if g is None:
         from IPython.core.error import UsageError  # noqa: PLC0415
 

@@ -13,7 +13,7 @@ from IPython.testing.globalipapp import start_ipython
 
 import gt_core
 from gt_core.observe.report import summarize
-from gt_jupyter import _figures, _tables
+from gt_jupyter import _figures, _graphs, _tables
 from gt_jupyter.dashboard import Dashboard
 from gt_jupyter.magics import GT
 
@@ -347,7 +347,7 @@ def test_cell_view_counts_only_the_cells_runs_but_keeps_the_status():
     data = summarize(events, since=k)
     p = data["hot_paths"][0]
     assert p["status"] == "compiled" and p["compiled_runs"] == 2 and p["eager_runs"] == 0
-    assert _figures.graph_of(data["events"], "abc") is not None  # detection came earlier
+    assert _graphs.graph_of(data["events"], "abc") is not None  # detection came earlier
     assert data["stats"]["ops"] == 0
     assert summarize(events, since=len(events))["hot_paths"] == []
 

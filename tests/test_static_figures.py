@@ -10,7 +10,7 @@ import gt_core
 from gt_core import events as ev
 from gt_core.observe.graph import graph_data
 from gt_core.observe.report import summarize
-from gt_jupyter import _figures, _svg, _tables
+from gt_jupyter import _figures, _graphs, _svg, _tables
 from gt_jupyter.dashboard import Dashboard
 from gt_jupyter.views import GraphView
 
@@ -164,9 +164,9 @@ def test_the_graph_is_built_client_side_from_the_canonical_form_and_value_metada
     }  # fmt: skip
     assert GRAPH == expected
     events = summarize(_events())["events"]
-    assert _figures.graph_of(events, "abc") == expected
-    assert _figures.graph_of(events, "abc") is _figures.graph_of(events, "abc")  # built once
-    assert _figures.graph_of(events, "other") is None
+    assert _graphs.graph_of(events, "abc") == expected
+    assert _graphs.graph_of(events, "abc") is _graphs.graph_of(events, "abc")  # built once
+    assert _graphs.graph_of(events, "other") is None
 
 
 def test_graph_view_saves_svg_and_keeps_plotly_for_live_frontends():
@@ -232,7 +232,7 @@ def test_static_dashboard_of_a_real_capture(inprocess):
         circles = _trace(timeline, name).findall("s:circle", NS)
         assert len(circles) == td["kinds"].count(kind)
     assert td["kinds"].count("compiled") >= 1
-    nodes = _figures.graph_of(data["events"], sig)["nodes"]
+    nodes = _graphs.graph_of(data["events"], sig)["nodes"]
     ops = _trace(graph, "ops").findall("s:circle", NS)
     assert len(ops) == sum(n["kind"] == "op" for n in nodes)
     tips = " ".join(c.findtext("s:title", namespaces=NS) for c in ops)
