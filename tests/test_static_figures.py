@@ -10,7 +10,7 @@ import gt_core
 from gt_core import events as ev
 from gt_core.observe.graph import graph_data
 from gt_core.observe.report import summarize
-from gt_jupyter import _figures, _graphs, _svg, _tables
+from gt_jupyter import _figures, _graphs, _svg, _svg_marks, _tables
 from gt_jupyter.dashboard import Dashboard
 from gt_jupyter.views import GraphView
 
@@ -202,9 +202,9 @@ def test_gaps_single_points_empty_traces_and_no_data():
 
 
 def test_nice_ticks():
-    assert _svg.nice_ticks(0, 10, 5) == [0, 2, 4, 6, 8, 10]
-    assert _svg.nice_ticks(0.0, 0.13, 5) == [0.0, 0.05, 0.1]
-    assert _svg.nice_ticks(3, 3) == [3]
+    assert _svg_marks.nice_ticks(0, 10, 5) == [0, 2, 4, 6, 8, 10]
+    assert _svg_marks.nice_ticks(0.0, 0.13, 5) == [0.0, 0.05, 0.1]
+    assert _svg_marks.nice_ticks(3, 3) == [3]
 
 
 def test_static_dashboard_of_a_real_capture(inprocess):
