@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import _figures, _graphs, _tables
+from . import _figures, _graphs, _render, _tables
 
 __all__ = ["Dashboard", "LiveUpdater", "EMPTY", "SHOW", "frontend_mode"]
 
@@ -150,7 +150,7 @@ class Dashboard:
     # -- views -----------------------------------------------------------------------------
     def to_text(self) -> str:
         """The plain-text summary (what a terminal shows)."""
-        return _tables.to_text(self.data)
+        return _render.to_text(self.data)
 
     def to_html(self) -> str:
         """The static HTML dashboard (figures unless show='status', tables)."""
@@ -164,7 +164,7 @@ class Dashboard:
         if self._html_cache is None or self._html_cache[0] != key:
             self._html_cache = (
                 key,
-                _tables.to_html(self.data, self.signature, figures=self.show == "all"),
+                _render.to_html(self.data, self.signature, figures=self.show == "all"),
             )
         return self._html_cache[1]
 
@@ -243,9 +243,9 @@ class _View:
     def refresh(self, data: dict) -> None:
         sig = self.dash.signature
         self.headline.value = (
-            f"{_tables.STYLE}<div class='gt-dash'><b>{_tables.headline(data)}</b></div>"
+            f"{_render.STYLE}<div class='gt-dash'><b>{_render.headline(data)}</b></div>"
         )
-        self.tables.value = f"<div class='gt-dash'>{_tables.tables_html(data)}</div>"
+        self.tables.value = f"<div class='gt-dash'>{_render.tables_html(data)}</div>"
         if self.dash.show != "all":
             return
         labels = [

@@ -10,7 +10,7 @@ import gt_core
 from gt_core import events as ev
 from gt_core.observe.graph import graph_data
 from gt_core.observe.report import summarize
-from gt_jupyter import _figures, _graphs, _svg, _svg_marks, _tables
+from gt_jupyter import _figures, _graphs, _render, _svg, _svg_marks, _tables
 from gt_jupyter.dashboard import Dashboard
 from gt_jupyter.views import GraphView
 
@@ -197,7 +197,7 @@ def test_gaps_single_points_empty_traces_and_no_data():
     empty = ET.fromstring(_svg.svg({"data": [], "layout": {"title": "nothing yet"}}))
     assert "no data" in _texts(empty) and _title(empty) == "nothing yet"
     # A timeline with no iterations yet still draws (the live dashboard starts that way).
-    (timeline,) = _svgs(_tables.figure_html(_figures.timeline(_figures.timeline_data([], "abc"))))
+    (timeline,) = _svgs(_render.figure_html(_figures.timeline(_figures.timeline_data([], "abc"))))
     assert "no iterations yet" in _title(timeline)
 
 
