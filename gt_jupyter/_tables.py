@@ -1,35 +1,24 @@
-"""Tables: compile status, reasons with what to do, a summary; as text and static HTML.
+"""Tables of the report as rows: compile status, reasons with what to do, a summary.
 
-Input is the plain dict of ``gt_core.report.summarize``. No torch import here.
+Input is the plain dict of ``gt_core.report.summarize``; _render.py shows the rows as text
+and static HTML. No torch import here.
 """
 
 from __future__ import annotations
-
-import html
 
 from gt_core.observe import events as ev
 from gt_core.observe.causes import explain
 from gt_core.observe.status import Status
 
-from . import _figures, _svg
-
 __all__ = [
     "STATUS_COLUMNS",
     "REASON_COLUMNS",
     "USER_COLUMNS",
-    "figure_html",
-    "figures_html",
-    "headline",
     "primary",
-    "reasons_html",
     "reason_rows",
     "recompile_advice",
     "status_rows",
-    "status_html",
     "summary",
-    "tables_html",
-    "to_html",
-    "to_text",
     "user_rows",
 ]
 
@@ -311,190 +300,3 @@ def primary(data: dict) -> str | None:
     if detected:
         return max(detected, key=lambda p: p["detected_at"])["signature"]
     return max(paths, key=lambda p: p.get("occurrences", 0))["signature"]
-
-
-# -- text ------------------------------------------------------------------------------------
-def _fmt(x, unit: str = "") -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, float):
-        return f"{x:.3g}{unit}"
-    return f"{x}{unit}"
-
-
-def _ms(ms: float) -> str:
-    return f"{ms / 1000:.3g} s" if abs(ms) >= 1000 else f"{ms:.3g} ms"
-
-
-def headline(data: dict) -> str:
-    """One line: what gt did in this cell."""
-    s = summary(data)
-    parts = [
-        f"{s['ops']} ops recorded",
-        f"{s['hot_paths']} hot path{'s' if s['hot_paths'] != 1 else ''}",
-    ]
-    states = [
-        f"{s[k]} {k}"
-        for k in (Status.COMPILED, Status.COMPILING, Status.FAILED, Status.REVERTED)
-        if s[k]
-    ]
-    if states:
-        parts[-1] += f" ({', '.join(states)})"
-    if s["saved_ms"]:
-        parts.append(
-            f"saved {_ms(s['saved_ms'])} so far"
-            if s["saved_ms"] > 0
-            else f"lost {_ms(-s['saved_ms'])} so far"
-        )
-    if s["user_compiles"]:
-        parts.append(f"{s['user_compiles']} torch.compile function(s)")
-    return "gt: " + ", ".join(parts)
-
-
-def to_text(data: dict) -> str:
-    """A plain-text summary: headline, one line per hot path, reasons with what to do."""
-    lines = [headline(data)]
-    for r in status_rows(data):
-        line = (
-            f"  {r['signature']} [{r['status']}] {r['ops']} ops, {r['runs']} runs, "
-            f"compile {_fmt(r['compile_s'], ' s')}, eager {_fmt(r['eager_ms'], ' ms')}{r['eager_note']} → "
-            f"compiled {_fmt(r['compiled_ms'], ' ms')}"
-        )
-        if r["speedup"]:
-            line += f" ({r['speedup']:.2f}x)"
-        if r["cudagraphs"]:
-            line += f", CUDA graphs {r['cudagraphs']}"
-        if r["replayed"]:
-            line += (
-                f", replayed {r['replayed']}x ({_fmt(r['client_ms'], ' ms')} on the client each)"
-            )
-        if r["break_even"] is not None:
-            line += f", break-even at iteration {r['break_even']}"
-        lines.append(line)
-    for u in user_rows(data):
-        lines.append(
-            f"  torch.compile {u['function']}: {u['compiles']} compile(s), {u['recompiles']} recompile(s), "
-            f"{u['graph breaks']} graph break(s)"
-            + (", recompile limit hit" if u["limit hit"] else "")
-        )
-    reasons = reason_rows(data)
-    if reasons:
-        lines.append("reasons:")
-        for r in reasons:
-            lines.append(f"  {r['where']} {r['kind']}: {r['reason']}")
-            lines.append(f"    → {r['what to do']}")
-    return "\n".join(lines)
-
-
-# -- HTML ------------------------------------------------------------------------------------
-# Colours that read on light and dark themes: inherited ink, translucent fills.
-STYLE = """<style>
-.gt-dash{color:inherit;font-size:13px;line-height:1.4}
-.gt-dash table{border-collapse:collapse;margin:4px 0 10px 0;color:inherit;background:transparent}
-.gt-dash th,.gt-dash td{padding:2px 8px;text-align:left;vertical-align:top;
- border-bottom:1px solid rgba(128,128,128,.3);color:inherit;background:transparent}
-.gt-fig{overflow-x:auto;margin:4px 0}
-.gt-dash th{font-weight:600;border-bottom:1px solid rgba(128,128,128,.6)}
-.gt-dash code{color:inherit;background:rgba(128,128,128,.15);padding:0 3px;border-radius:3px}
-.gt-chip{padding:0 6px;border-radius:8px;background:rgba(128,128,128,.2)}
-.gt-compiled{background:rgba(40,170,70,.25)}.gt-compiling,.gt-hot{background:rgba(60,130,240,.25)}
-.gt-failed{background:rgba(230,60,60,.28)}.gt-reverted{background:rgba(240,150,30,.28)}
-</style>"""
-
-
-def _cell(col: str, v) -> str:
-    if col == "status":
-        return f"<span class='gt-chip gt-{html.escape(str(v))}'>{html.escape(str(v))}</span>"
-    if col == "replayed":
-        return html.escape(f"{v}x") if v else ""
-    if col == "signature":
-        return f"<code>{html.escape(str(v))}</code>"
-    return html.escape(_fmt(v))
-
-
-def _table(rows: list[dict], columns: tuple[str, ...], keys: tuple[str, ...] | None = None) -> str:
-    keys = keys or columns
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{_cell(k, r.get(k))}</td>" for k in keys) + "</tr>" for r in rows
-    )
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def status_html(data: dict) -> str:
-    """The compile-status table (one row per hot path) as HTML."""
-    keys = (
-        "signature",
-        "status",
-        "ops",
-        "runs",
-        "compile_s",
-        "recompiles",
-        "eager_ms",
-        "compiled_ms",
-        "speedup",
-    )
-    cols = (
-        "signature",
-        "status",
-        "ops",
-        "runs",
-        "compile s",
-        "recompiles",
-        "eager ms",
-        "compiled ms",
-        "speedup",
-    )
-    rows = status_rows(data)
-    if any(r["cudagraphs"] for r in rows):  # a GPU worker asked for CUDA graphs
-        keys, cols = (*keys, "cudagraphs"), (*cols, "CUDA graphs")
-    if any(r["replayed"] for r in rows):  # gt_core.jit replays: how often, at what client cost
-        keys, cols = (*keys, "replayed", "client_ms"), (*cols, "replayed", "client ms")
-    return _table(rows, cols, keys) if rows else "<i>no hot path yet</i>"
-
-
-def reasons_html(data: dict) -> str:
-    """The reasons table (recompiles, fallbacks, reverts, user diagnostics) as HTML; '' if none."""
-    rows = reason_rows(data)
-    return "<b>reasons</b>" + _table(rows, REASON_COLUMNS) if rows else ""
-
-
-def tables_html(data: dict, status: bool = True) -> str:
-    """Status, user-compile and reasons tables in one block."""
-    parts = [status_html(data)] if status else []
-    if data.get("user_compiles"):
-        parts.append("<b>torch.compile in this cell</b>" + _table(user_rows(data), USER_COLUMNS))
-    parts.append(reasons_html(data))
-    return "".join(parts)
-
-
-def figures_html(data: dict, signature: str | None = None) -> str:
-    """The timeline, dependency graph and user compiles as inline SVG: no script, no CDN."""
-    sig = signature or primary(data)
-    events = data.get("events", [])
-    figs = []
-    if sig is not None:
-        figs.append(_figures.timeline(_figures.timeline_of(data, sig)))
-        g = _figures.graph_of(events, sig)
-        if g:
-            figs.append(_figures.graph(g, title=f"dependency graph {sig}"))
-    user = _figures.compiles(data.get("user_compiles", []))
-    if user is not None:
-        figs.append(user)
-    return "".join(figure_html(f) for f in figs)
-
-
-def figure_html(fig) -> str:
-    """One plotly figure as static HTML that GitHub and nbconvert show (scripts stripped)."""
-    return f"<div class='gt-fig'>{_svg.svg(fig.to_plotly_json())}</div>"
-
-
-def to_html(data: dict, signature: str | None = None, figures: bool = True) -> str:
-    """A static HTML dashboard: headline, figures (inline SVG) and tables."""
-    body = f"<div><b>{html.escape(headline(data))}</b></div>"
-    if figures:
-        body += figures_html(data, signature)
-    body += tables_html(data)
-    return f"{STYLE}<div class='gt-dash'>{body}</div>"

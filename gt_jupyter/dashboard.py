@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from . import _figures, _tables
+from . import _figures, _graphs, _render, _tables
 
 __all__ = ["Dashboard", "LiveUpdater", "EMPTY", "SHOW", "frontend_mode"]
 
@@ -26,7 +26,7 @@ EMPTY = {
 }
 SHOW = ("all", "status", "none")  # what a dashboard shows: everything, tables only, nothing
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-GRAPH_FILTERS = {"auto": None, "all ops": (), "hide aliases": _figures.ALIAS_OPS}
+GRAPH_FILTERS = {"auto": None, "all ops": (), "hide aliases": _graphs.ALIAS_OPS}
 HTML_EVERY_S = 1.0  # static-HTML mode re-renders at most this often while live
 
 
@@ -104,11 +104,11 @@ class Dashboard:
         if sig is None:
             return None, None
         events = self.data.get("events", [])
-        g = _figures.graph_of(events, sig)
+        g = _graphs.graph_of(events, sig)
         hide = GRAPH_FILTERS[self.graph_filter]
         return (
             _figures.timeline(_figures.timeline_of(self.data, sig)),
-            _figures.graph(g, title=f"dependency graph {sig}", hide_ops=hide) if g else None,
+            _graphs.graph(g, title=f"dependency graph {sig}", hide_ops=hide) if g else None,
         )
 
     def display(self, display_id: str | None = None):
@@ -150,7 +150,7 @@ class Dashboard:
     # -- views -----------------------------------------------------------------------------
     def to_text(self) -> str:
         """The plain-text summary (what a terminal shows)."""
-        return _tables.to_text(self.data)
+        return _render.to_text(self.data)
 
     def to_html(self) -> str:
         """The static HTML dashboard (figures unless show='status', tables)."""
@@ -164,7 +164,7 @@ class Dashboard:
         if self._html_cache is None or self._html_cache[0] != key:
             self._html_cache = (
                 key,
-                _tables.to_html(self.data, self.signature, figures=self.show == "all"),
+                _render.to_html(self.data, self.signature, figures=self.show == "all"),
             )
         return self._html_cache[1]
 
@@ -243,9 +243,9 @@ class _View:
     def refresh(self, data: dict) -> None:
         sig = self.dash.signature
         self.headline.value = (
-            f"{_tables.STYLE}<div class='gt-dash'><b>{_tables.headline(data)}</b></div>"
+            f"{_render.STYLE}<div class='gt-dash'><b>{_render.headline(data)}</b></div>"
         )
-        self.tables.value = f"<div class='gt-dash'>{_tables.tables_html(data)}</div>"
+        self.tables.value = f"<div class='gt-dash'>{_render.tables_html(data)}</div>"
         if self.dash.show != "all":
             return
         labels = [
@@ -278,12 +278,12 @@ class _View:
         _replace(
             self.timeline, _figures.timeline(_figures.timeline_of(data, sig)), keep_traces=True
         )
-        g = _figures.graph_of(events, sig)
+        g = _graphs.graph_of(events, sig)
         key = (sig, id(g), self.dash.graph_filter)
         if g is not None and key != self._graph_key:
             self._graph_key = key
             hide = GRAPH_FILTERS[self.dash.graph_filter]
-            _replace(self.graph, _figures.graph(g, title=f"dependency graph {sig}", hide_ops=hide))
+            _replace(self.graph, _graphs.graph(g, title=f"dependency graph {sig}", hide_ops=hide))
         self.graph_box.layout.display = None if g is not None else "none"
         self.filter.layout.display = None if g is not None else "none"
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gt_core.observe import events as ev
 
-from . import _figures, _tables
+from . import _graphs, _render, _tables
 
 __all__ = ["Text", "StatusView", "GraphView", "status_view", "graph_view"]
 
@@ -50,7 +50,7 @@ class StatusView:
             f"hot paths: {s['hot_paths']}, compiled {s['compiled']}, compiling {s['compiling']}, "
             f"failed {s['failed']}, reverted {s['reverted']}, fallbacks {fallbacks}; "
             f"{s['ops']} ops recorded",
-            *_tables.to_text(self.data).splitlines()[1:],
+            *_render.to_text(self.data).splitlines()[1:],
         ]
 
     def __repr__(self) -> str:
@@ -58,7 +58,7 @@ class StatusView:
 
     def _repr_html_(self) -> str:
         head = "<br>".join(html.escape(x) for x in self.lines()[:2])
-        return f"{_tables.STYLE}<div class='gt-dash'>{head}{_tables.tables_html(self.data)}</div>"
+        return f"{_render.STYLE}<div class='gt-dash'>{head}{_render.tables_html(self.data)}</div>"
 
 
 def status_view(data: dict, worker) -> StatusView:
@@ -78,14 +78,14 @@ class GraphView:
 
     @property
     def figure(self):
-        return _figures.graph(self.graph, title=f"dependency graph {self.signature}")
+        return _graphs.graph(self.graph, title=f"dependency graph {self.signature}")
 
     def __repr__(self) -> str:
         nodes = self.graph.get("nodes", [])
         ops = [n for n in nodes if n.get("kind") == "op"]
         kinds: dict[str, int] = {}
         for n in ops:
-            k = _figures.op_kind(n) or "?"
+            k = _graphs.op_kind(n) or "?"
             kinds[k] = kinds.get(k, 0) + 1
         top = ", ".join(f"{k}×{c}" for k, c in sorted(kinds.items(), key=lambda kc: -kc[1])[:8])
         return (
@@ -97,14 +97,14 @@ class GraphView:
         fig = self.figure
         bundle = {
             "text/plain": repr(self),
-            "text/html": f"<div class='gt-dash'>{_tables.figure_html(fig)}</div>",
+            "text/html": f"<div class='gt-dash'>{_render.figure_html(fig)}</div>",
         }
         bundle["application/vnd.plotly.v1+json"] = fig.to_plotly_json()
         return bundle
 
 
 def graph_view(data: dict, signature: str) -> GraphView:
-    g = _figures.graph_of(data.get("events", []), signature)
+    g = _graphs.graph_of(data.get("events", []), signature)
     if g is None:
         from IPython.core.error import UsageError  # noqa: PLC0415
 

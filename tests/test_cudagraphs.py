@@ -22,7 +22,8 @@ import gt_core
 from gt_core import events as ev
 from gt_core.compile.lower import cudagraph_skips, mutated_inputs, replay_here
 from gt_core.hotpath import compiling as _compiling
-from gt_jupyter._tables import reason_rows, status_html, to_text
+from gt_jupyter._render import status_html, to_text
+from gt_jupyter._tables import reason_rows
 
 aten = torch.ops.aten
 GRAPHS: list = []

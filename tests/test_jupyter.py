@@ -13,7 +13,7 @@ from IPython.testing.globalipapp import start_ipython
 
 import gt_core
 from gt_core.observe.report import summarize
-from gt_jupyter import _figures, _tables
+from gt_jupyter import _figures, _graphs, _render, _tables
 from gt_jupyter.dashboard import Dashboard
 from gt_jupyter.magics import GT
 
@@ -347,7 +347,7 @@ def test_cell_view_counts_only_the_cells_runs_but_keeps_the_status():
     data = summarize(events, since=k)
     p = data["hot_paths"][0]
     assert p["status"] == "compiled" and p["compiled_runs"] == 2 and p["eager_runs"] == 0
-    assert _figures.graph_of(data["events"], "abc") is not None  # detection came earlier
+    assert _graphs.graph_of(data["events"], "abc") is not None  # detection came earlier
     assert data["stats"]["ops"] == 0
     assert summarize(events, since=len(events))["hot_paths"] == []
 
@@ -469,4 +469,4 @@ def test_user_compiles_get_a_timeline_of_their_own():
     assert dash.widget is not None  # builds and refreshes without a hot path
     assert dash._view.user_box.layout.display is None
     assert dash._view.timeline_box.layout.display == "none"
-    assert "compiles and recompiles" in _tables.figures_html(data)
+    assert "compiles and recompiles" in _render.figures_html(data)

@@ -13,7 +13,7 @@ import pytest
 from gt_core import events as ev
 from gt_core.observe import metrics
 from gt_core.observe.report import summarize
-from gt_jupyter import _figures, _tables
+from gt_jupyter import _figures, _render
 
 SIG = "abc123"
 
@@ -55,7 +55,7 @@ def test_under_the_bound_the_log_keeps_every_event_and_summaries_are_the_same():
     assert log.snapshot() == events and len(log) == len(events)
     assert summarize(log.snapshot()) == summarize(events)
     data = summarize(log.snapshot())
-    assert _tables.to_text(data) == _tables.to_text(summarize(events))
+    assert _render.to_text(data) == _render.to_text(summarize(events))
     assert _figures.timeline_data(data["events"], SIG) == _figures.timeline_data(events, SIG)
 
 

@@ -10,7 +10,7 @@ import pytest
 from gt_core.observe import events as ev
 from gt_core.observe import metrics
 from gt_core.observe.report import summarize
-from gt_jupyter import _figures, _tables
+from gt_jupyter import _figures, _render, _tables
 
 SIG = "abc"
 
@@ -47,7 +47,7 @@ def test_report_figure_and_text_table_show_one_speedup_and_one_break_even(since)
     if since == 0:
         assert p["break_even"] is not None
     assert p["break_even"] == td["break_even"] == row["break_even"]
-    text = _tables.to_text(data)
+    text = _render.to_text(data)
     assert f"({p['speedup']:.2f}x)" in text
     if p["break_even"] is not None:
         assert f"break-even at iteration {p['break_even']}" in text

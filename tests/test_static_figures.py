@@ -10,7 +10,7 @@ import gt_core
 from gt_core import events as ev
 from gt_core.observe.graph import graph_data
 from gt_core.observe.report import summarize
-from gt_jupyter import _figures, _svg, _tables
+from gt_jupyter import _figures, _graphs, _render, _svg, _svg_marks, _tables
 from gt_jupyter.dashboard import Dashboard
 from gt_jupyter.views import GraphView
 
@@ -164,9 +164,9 @@ def test_the_graph_is_built_client_side_from_the_canonical_form_and_value_metada
     }  # fmt: skip
     assert GRAPH == expected
     events = summarize(_events())["events"]
-    assert _figures.graph_of(events, "abc") == expected
-    assert _figures.graph_of(events, "abc") is _figures.graph_of(events, "abc")  # built once
-    assert _figures.graph_of(events, "other") is None
+    assert _graphs.graph_of(events, "abc") == expected
+    assert _graphs.graph_of(events, "abc") is _graphs.graph_of(events, "abc")  # built once
+    assert _graphs.graph_of(events, "other") is None
 
 
 def test_graph_view_saves_svg_and_keeps_plotly_for_live_frontends():
@@ -197,14 +197,14 @@ def test_gaps_single_points_empty_traces_and_no_data():
     empty = ET.fromstring(_svg.svg({"data": [], "layout": {"title": "nothing yet"}}))
     assert "no data" in _texts(empty) and _title(empty) == "nothing yet"
     # A timeline with no iterations yet still draws (the live dashboard starts that way).
-    (timeline,) = _svgs(_tables.figure_html(_figures.timeline(_figures.timeline_data([], "abc"))))
+    (timeline,) = _svgs(_render.figure_html(_figures.timeline(_figures.timeline_data([], "abc"))))
     assert "no iterations yet" in _title(timeline)
 
 
 def test_nice_ticks():
-    assert _svg.nice_ticks(0, 10, 5) == [0, 2, 4, 6, 8, 10]
-    assert _svg.nice_ticks(0.0, 0.13, 5) == [0.0, 0.05, 0.1]
-    assert _svg.nice_ticks(3, 3) == [3]
+    assert _svg_marks.nice_ticks(0, 10, 5) == [0, 2, 4, 6, 8, 10]
+    assert _svg_marks.nice_ticks(0.0, 0.13, 5) == [0.0, 0.05, 0.1]
+    assert _svg_marks.nice_ticks(3, 3) == [3]
 
 
 def test_static_dashboard_of_a_real_capture(inprocess):
@@ -232,7 +232,7 @@ def test_static_dashboard_of_a_real_capture(inprocess):
         circles = _trace(timeline, name).findall("s:circle", NS)
         assert len(circles) == td["kinds"].count(kind)
     assert td["kinds"].count("compiled") >= 1
-    nodes = _figures.graph_of(data["events"], sig)["nodes"]
+    nodes = _graphs.graph_of(data["events"], sig)["nodes"]
     ops = _trace(graph, "ops").findall("s:circle", NS)
     assert len(ops) == sum(n["kind"] == "op" for n in nodes)
     tips = " ".join(c.findtext("s:title", namespaces=NS) for c in ops)
