@@ -19,7 +19,7 @@ import threading
 
 import torch
 
-__all__ = ["held", "check", "interruptible", "pending", "STATE", "GT_DIR", "LIBRARY_DIRS"]
+__all__ = ["held", "check", "interruptible", "STATE", "GT_DIR", "LIBRARY_DIRS"]
 
 GT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # gt_core
 LIBRARY_DIRS = tuple(
@@ -38,10 +38,6 @@ def interruptible(fn):
     """Mark ``fn`` as a wait an interrupt may end at once (gt's state is consistent there)."""
     _SAFE.add(fn.__code__)
     return fn
-
-
-def pending() -> bool:
-    return STATE["pending"]
 
 
 def check() -> None:

@@ -296,7 +296,7 @@ class _Entry:
             reason=f"{where} no longer fits the block ({got}): the function ran instead",
         )
         self.recipe = None
-        self.recorded = []
+        self.recorded, self.calls = [], 0  # recording starts over (its limit too)
 
     def stats(self) -> dict:
         return {
