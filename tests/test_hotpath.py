@@ -566,3 +566,44 @@ def test_two_hot_paths_compiling_back_to_back_both_compile(inprocess):
         gt_core.wait(compiles=True)
     statuses = [p["status"] for p in gt_core.report().to_data()["hot_paths"]]
     assert statuses.count("compiled") >= 2 and "failed" not in statuses, statuses
+
+
+def _two_batches(model, opt, x_by_batch) -> torch.Tensor:
+    for x, y in x_by_batch:
+        for _ in range(12):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+    return loss
+
+
+@pytest.mark.inductor
+def test_two_hot_paths_compile_back_to_back_on_inductor_and_equal_eager(process):
+    """The same with inductor on the process worker (compiles go to the compile process, one
+    at a time): both hot paths compile, and training on, compiled, equals eager."""
+    torch.manual_seed(0)
+    data = [(torch.randn(b, 16), torch.randn(b, 4)) for b in (8, 4)]
+
+    def build():
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+    model, opt = build()
+    _two_batches(model, opt, data)
+    expected = _two_batches(model, opt, data).item()
+    gt_core.configure(auto_compile=True, backend="inductor", background=True, threshold=3)
+    with gt_core.capture():
+        gt_model, gt_opt = build()
+        _two_batches(gt_model, gt_opt, data)
+        gt_core.wait(compiles=True)
+        got = _two_batches(gt_model, gt_opt, data).item()  # both hot paths run compiled
+        params = [p.detach().cpu().clone() for p in gt_model.parameters()]
+    paths = gt_core.report().to_data()["hot_paths"]
+    statuses = [p["status"] for p in paths]
+    assert statuses.count("compiled") >= 2 and "failed" not in statuses, statuses
+    assert sum(p.get("compiled_runs", 0) > 0 for p in paths) >= 2, paths
+    assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
+    for p, q in zip(params, model.parameters(), strict=True):
+        assert_close(p, q.detach(), rtol=1e-5, atol=1e-5)
