@@ -156,7 +156,9 @@ def _align(key: str) -> str:
 
 def _table(rows: list[dict], columns: tuple[str, ...], keys: tuple[str, ...] | None = None) -> str:
     keys = keys or columns
-    head = "".join(f"<th{_align(k)}>{html.escape(c)}</th>" for k, c in zip(keys, columns, strict=True))
+    head = "".join(
+        f"<th{_align(k)}>{html.escape(c)}</th>" for k, c in zip(keys, columns, strict=True)
+    )
     body = "".join(
         "<tr>" + "".join(f"<td{_align(k)}>{_cell(k, r.get(k))}</td>" for k in keys) + "</tr>"
         for r in rows

@@ -307,7 +307,9 @@ class Report:
 
         def cell(tag: str, key: str, text) -> str:
             side = "right" if key in NUMERIC else "left"
-            return f'<{tag} style="text-align:{side}" align="{side}">{html.escape(str(text))}</{tag}>'
+            return (
+                f'<{tag} style="text-align:{side}" align="{side}">{html.escape(str(text))}</{tag}>'
+            )
 
         head = "".join(cell("th", k, h) for k, h in STATUS_COLUMNS)
         body = "".join(
