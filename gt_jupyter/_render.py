@@ -30,6 +30,7 @@ __all__ = [
     "headline",
     "state",
     "reasons_html",
+    "states_html",
     "status_html",
     "tables_html",
     "to_html",
@@ -178,6 +179,16 @@ def status_html(data: dict) -> str:
     return _table(rows, cols, keys) if rows else "<div><i>no hot path yet</i></div>"
 
 
+def states_html(data: dict) -> str:
+    """Each hot path's states as they passed, with their times (a state a poll may miss, such
+    as ``hot`` before a background compile starts, is still listed); '' if none."""
+    return "".join(
+        f"<div><code>{html.escape(r['signature'])}</code> {html.escape(sequence(r['states']))}</div>"
+        for r in status_rows(data)
+        if r["states"]
+    )
+
+
 def reasons_html(data: dict) -> str:
     """The reasons table (recompiles, fallbacks, reverts, user diagnostics) as HTML; '' if none."""
     rows = reason_rows(data)
@@ -186,7 +197,7 @@ def reasons_html(data: dict) -> str:
 
 def tables_html(data: dict, status: bool = True) -> str:
     """Status, user-compile and reasons tables in one block."""
-    parts = [status_html(data)] if status else []
+    parts = [status_html(data), states_html(data)] if status else []
     if data.get("user_compiles"):
         parts.append("<b>torch.compile in this cell</b>" + _table(user_rows(data), USER_COLUMNS))
     parts.append(reasons_html(data))
@@ -217,9 +228,6 @@ def figure_html(fig) -> str:
 def to_html(data: dict, signature: str | None = None, figures: bool = True) -> str:
     """A static HTML dashboard: headline, figures (inline SVG) and tables."""
     body = f"<div><b>{html.escape(headline(data))}</b></div>"
-    for r in status_rows(data):  # the states as they passed: the saved copy's live headline
-        if r["states"]:
-            body += f"<div><code>{html.escape(r['signature'])}</code> {html.escape(sequence(r['states']))}</div>"
     if figures:
         body += figures_html(data, signature)
     body += tables_html(data)

@@ -249,6 +249,7 @@ def test_states_are_kept_with_their_times_and_shown_as_they_pass(inprocess):
     seq = " → ".join(f"{s} {t - times[0]:.1f} s" for s, t in p["states"])
     assert seq.startswith("recording 0.0 s → hot ")
     assert f"states: {seq}" in _render.to_text(data) and seq in _render.to_html(data)
+    assert seq in _render.tables_html(data)  # the live dashboard's tables and %gt status too
 
 
 def test_a_logs_ops_are_the_cells_ops(inprocess, tmp_path):
