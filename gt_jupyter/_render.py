@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import html
 
-from gt_core.observe.status import Status
+from gt_core.observe.status import Status, sequence
 
 from . import _figures, _graphs, _svg
 from ._tables import (
+    NUMERIC,
     REASON_COLUMNS,
+    STATUS_COLUMNS,
     USER_COLUMNS,
     primary,
     reason_rows,
@@ -26,7 +28,9 @@ __all__ = [
     "figure_html",
     "figures_html",
     "headline",
+    "state",
     "reasons_html",
+    "states_html",
     "status_html",
     "tables_html",
     "to_html",
@@ -49,11 +53,18 @@ def _ms(ms: float) -> str:
     return f"{ms / 1000:.3g} s" if abs(ms) >= 1000 else f"{ms:.3g} ms"
 
 
+def state(data: dict) -> str:
+    """The state now: the shown hot path's (see _tables.primary), else ``recording``."""
+    sig = primary(data)
+    path = next((p for p in data.get("hot_paths", []) if p["signature"] == sig), None)
+    return str(path["status"] if path is not None else Status.RECORDING)
+
+
 def headline(data: dict) -> str:
-    """One line: what gt did in this cell."""
+    """One line: the state now, then what gt did in this cell."""
     s = summary(data)
     parts = [
-        f"{s['ops']} ops recorded",
+        f"{state(data)} · {s['ops']} ops recorded",
         f"{s['hot_paths']} hot path{'s' if s['hot_paths'] != 1 else ''}",
     ]
     states = [
@@ -94,6 +105,8 @@ def to_text(data: dict) -> str:
         if r["break_even"] is not None:
             line += f", break-even at iteration {r['break_even']}"
         lines.append(line)
+        if r["states"]:
+            lines.append(f"    states: {sequence(r['states'])}")
     for u in user_rows(data):
         lines.append(
             f"  torch.compile {u['function']}: {u['compiles']} compile(s), {u['recompiles']} recompile(s), "
@@ -135,45 +148,45 @@ def _cell(col: str, v) -> str:
     return html.escape(_fmt(v))
 
 
+def _align(key: str) -> str:
+    """Numbers right, text left: as an inline style (what Jupyter keeps, over its own
+    right-aligned tables) and as ``align`` (what GitHub keeps)."""
+    side = "right" if key in NUMERIC else "left"
+    return f' style="text-align:{side}" align="{side}"'
+
+
 def _table(rows: list[dict], columns: tuple[str, ...], keys: tuple[str, ...] | None = None) -> str:
     keys = keys or columns
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in columns)
+    head = "".join(
+        f"<th{_align(k)}>{html.escape(c)}</th>" for k, c in zip(keys, columns, strict=True)
+    )
     body = "".join(
-        "<tr>" + "".join(f"<td>{_cell(k, r.get(k))}</td>" for k in keys) + "</tr>" for r in rows
+        "<tr>" + "".join(f"<td{_align(k)}>{_cell(k, r.get(k))}</td>" for k in keys) + "</tr>"
+        for r in rows
     )
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
 def status_html(data: dict) -> str:
     """The compile-status table (one row per hot path) as HTML."""
-    keys = (
-        "signature",
-        "status",
-        "ops",
-        "runs",
-        "compile_s",
-        "recompiles",
-        "eager_ms",
-        "compiled_ms",
-        "speedup",
-    )
-    cols = (
-        "signature",
-        "status",
-        "ops",
-        "runs",
-        "compile s",
-        "recompiles",
-        "eager ms",
-        "compiled ms",
-        "speedup",
-    )
+    keys = tuple(k for k, _ in STATUS_COLUMNS)
+    cols = tuple(c for _, c in STATUS_COLUMNS)
     rows = status_rows(data)
     if any(r["cudagraphs"] for r in rows):  # a GPU worker asked for CUDA graphs
         keys, cols = (*keys, "cudagraphs"), (*cols, "CUDA graphs")
     if any(r["replayed"] for r in rows):  # gt_core.jit replays: how often, at what client cost
         keys, cols = (*keys, "replayed", "client_ms"), (*cols, "replayed", "client ms")
-    return _table(rows, cols, keys) if rows else "<i>no hot path yet</i>"
+    return _table(rows, cols, keys) if rows else "<div><i>no hot path yet</i></div>"
+
+
+def states_html(data: dict) -> str:
+    """Each hot path's states as they passed, with their times (a state a poll may miss, such
+    as ``hot`` before a background compile starts, is still listed); '' if none."""
+    return "".join(
+        f"<div><code>{html.escape(r['signature'])}</code> {html.escape(sequence(r['states']))}</div>"
+        for r in status_rows(data)
+        if r["states"]
+    )
 
 
 def reasons_html(data: dict) -> str:
@@ -184,7 +197,7 @@ def reasons_html(data: dict) -> str:
 
 def tables_html(data: dict, status: bool = True) -> str:
     """Status, user-compile and reasons tables in one block."""
-    parts = [status_html(data)] if status else []
+    parts = [status_html(data), states_html(data)] if status else []
     if data.get("user_compiles"):
         parts.append("<b>torch.compile in this cell</b>" + _table(user_rows(data), USER_COLUMNS))
     parts.append(reasons_html(data))

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from gt_core.observe import events as ev
 from gt_core.observe.causes import explain
+from gt_core.observe.report import NUMERIC, STATUS_COLUMNS, status_rows
 from gt_core.observe.status import Status
 
 __all__ = [
+    "NUMERIC",
     "STATUS_COLUMNS",
     "REASON_COLUMNS",
     "USER_COLUMNS",
@@ -22,17 +24,6 @@ __all__ = [
     "user_rows",
 ]
 
-STATUS_COLUMNS = (
-    "signature",
-    "status",
-    "ops",
-    "runs",
-    "compile",
-    "recompiles",
-    "eager",
-    "compiled",
-    "speedup",
-)
 REASON_COLUMNS = ("where", "kind", "reason", "what to do")
 USER_COLUMNS = (
     "function",
@@ -45,45 +36,23 @@ USER_COLUMNS = (
 
 
 # -- rows ------------------------------------------------------------------------------------
-def status_rows(data: dict) -> list[dict]:
-    """One row per hot path: its status, size, runs, compile time, recompiles and timings."""
-    return [
-        {
-            "signature": p["signature"],
-            "status": p["status"],
-            "ops": p.get("n_ops", 0),
-            "runs": p.get("occurrences", 0),
-            "compile_s": p.get("compile_seconds"),
-            "recompiles": len(p.get("recompile_reasons", [])),
-            "eager_ms": p.get("eager_median_ms"),
-            # Only runs slowed by a compile were timed eagerly: the speedup is flattered.
-            "eager_note": " (while compiling)" if p.get("baseline_while_compiling") else "",
-            "compiled_ms": p.get("compiled_median_ms"),
-            "speedup": p.get("speedup"),
-            "break_even": p.get("break_even"),
-            "cudagraphs": p.get("cudagraphs"),  # None unless asked for on a GPU
-            "replayed": p.get("replayed_runs", 0),  # gt_core.jit calls replayed
-            "client_ms": (p.get("timings") or {}).get("client_ms"),
-        }
-        for p in data.get("hot_paths", [])
-    ]
-
-
-def recompile_advice(reason: str) -> str:
-    """What usually fixes a recompile, from the difference between the two signatures."""
-    x = explain("signature_change", reason)
+def recompile_advice(reason: str, options: dict | None = None) -> str:
+    """What usually fixes a recompile, from the difference between the two signatures;
+    ``options``: the hot path's compile options (never suggested again)."""
+    x = explain("signature_change", reason, options)
     return x["fix"] if x["id"] == "unknown" else f"{x['cause']}: {x['fix']}"
 
 
-def _advice(kind: str) -> str:
-    """The catalogue's advice for one kind of gt's own reasons (gt_core.observe.causes)."""
-    return explain(kind, "")["fix"]
+def _advice(kind: str, options: dict | None = None) -> str:
+    """The catalogue's advice for one kind of gt's own reasons (gt_core.observe.causes),
+    fitted to the hot path's compile ``options``."""
+    return explain(kind, "", options)["fix"]
 
 
 def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
-    sig = p["signature"]
+    sig, options = p["signature"], p.get("options")
     rows = [
-        {"where": sig, "kind": "recompile", "reason": r, "what to do": recompile_advice(r)}
+        {"where": sig, "kind": "recompile", "reason": r, "what to do": recompile_advice(r, options)}
         for r in p.get("recompile_reasons", [])
     ]
     if p.get("status") == Status.REVERTED:
@@ -92,7 +61,7 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "where": sig,
                 "kind": "revert",
                 "reason": p.get("fallback_reason") or "slower than eager",
-                "what to do": _advice("revert"),
+                "what to do": _advice("revert", options),
             }
         )
     elif p.get("status") == Status.FAILED:
@@ -102,7 +71,7 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
                 "where": sig,
                 "kind": kind,
                 "reason": p.get("fallback_reason") or "unknown",
-                "what to do": _advice("compile_failed"),
+                "what to do": _advice("compile_failed", options),
             }
         )
     for r, why in zip(

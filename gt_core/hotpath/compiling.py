@@ -114,6 +114,7 @@ class Compiler:
             signature=block.sig,
             backend=o.backend,
             mode=o.mode,
+            dynamic=o.dynamic,
             where="process" if cp else "thread" if o.background else "inline",
         )
 

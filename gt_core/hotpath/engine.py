@@ -203,5 +203,5 @@ class Engine:
             paths = H.out_paths_of(range(begin, begin + c.length))
             dtypes = tuple(namer.dtypes) if c.lift else ()
             block = self.registry.form(canon, namer, paths, p, lift=c.lift, scalar_dtypes=dtypes)
-            self.registry.adopt(block, occurrences=len(c.occurrences))
+            self.registry.adopt(block, len(c.occurrences), recording_t=H.started)
         return True

@@ -7,6 +7,8 @@ its result's tensors (what a block built from it returns).
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from gt_core.stream.instructions import FREE, MARK, OP, Ref, without_ids
@@ -24,6 +26,7 @@ class History:
         self.paths: list = []  # out paths of the OP instructions' results (None for others)
         # Metadata of values freed lately: a block's input may be freed before it is named.
         self.freed_meta: dict[int, tuple] = {}
+        self.started: float | None = None  # time.time() of the first instruction kept
 
     def __len__(self) -> int:
         return len(self.instrs)
@@ -44,6 +47,8 @@ class History:
 
     def append(self, ins, result, window: int) -> int:
         """Record an instruction run eagerly; how many old ones were dropped to make room."""
+        if not self.instrs:
+            self.started = time.time()
         self.instrs.append(ins)
         self.keys.append(local_key(ins))
         self.paths.append(out_paths(result) if ins[0] == OP else None)

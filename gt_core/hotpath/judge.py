@@ -7,11 +7,11 @@ was timed in the compiled runs' condition, a few eager occurrences are run as pr
 
 from __future__ import annotations
 
-import statistics
 from collections import deque
 
 from gt_core.hotpath.blocks import TIMED_RUNS, Block
 from gt_core.observe import events as ev
+from gt_core.observe import metrics
 from gt_core.observe.report import Status
 
 __all__ = ["Judge"]
@@ -78,12 +78,14 @@ class Judge:
     def _decide(self, block: Block, eager_ms, compiled_ms, runs: str = "") -> None:
         """Revert to eager if the compiled median is slower than the eager one.
 
-        ``runs``: which runs were compared, in words (the reason says it).
+        ``runs``: which runs were compared, in words (the reason says it). The event carries
+        both medians: the report shows a reverted block's eager and compiled ms as these
+        (gt_core.observe.metrics), so the reason and the tables say the same numbers.
         """
         block.judged = True
         n = len(compiled_ms)
-        eager = statistics.median(eager_ms)
-        comp = statistics.median(compiled_ms)
+        eager = metrics.median(list(eager_ms))
+        comp = metrics.median(list(compiled_ms))
         if comp > eager * _SLOWER:
             block.status, block.fn = Status.REVERTED, None
             self.outbox.emit(
@@ -91,7 +93,7 @@ class Judge:
                 signature=block.sig,
                 eager_ms=eager,
                 compiled_ms=comp,
-                reason=f"compiled median {comp:.3f} ms is slower than eager {eager:.3f} ms over {n} runs"
+                reason=f"compiled median {comp:.3g} ms is slower than eager {eager:.3g} ms over {n} runs"
                 + (f" ({runs})" if runs else ""),
             )
 

@@ -52,10 +52,13 @@ class Registry:
             canon, paths, self._ops_by_name(), period, value_meta=self._value_meta(namer), **kw
         )
 
-    def adopt(self, block: Block, occurrences: int = 2) -> None:
-        """Register a new block and make it hot: announced, compiled where the options say."""
+    def adopt(self, block: Block, occurrences: int = 2, recording_t: float | None = None) -> None:
+        """Register a new block and make it hot: announced, compiled where the options say.
+
+        ``recording_t``: when the instructions it was found in began to be recorded (its
+        ``recording`` state, as the detected event tells)."""
         self._register(block)
-        self._make_hot(block, occurrences)
+        self._make_hot(block, occurrences, recording_t)
 
     def republish_plans(self) -> None:
         """Send every plan in use again (the client forgot its plans when it stopped matching)."""
@@ -90,7 +93,7 @@ class Registry:
                 traceback.print_exc()
             return None
 
-    def _make_hot(self, block: Block, occurrences: int) -> None:
+    def _make_hot(self, block: Block, occurrences: int, recording_t: float | None) -> None:
         block.status = Status.HOT
         data = block.canon.to_data()
         emit = self.outbox.emit
@@ -101,6 +104,7 @@ class Registry:
             n_ops=len(block.canon.ops),
             n_instructions=len(block.canon.entries),
             occurrences=occurrences,
+            recording_t=recording_t,
             signal=block.signal,
             canonical=data,
             values=block.value_meta,  # (the client draws the graph: gt_core.observe.graph)

@@ -12,7 +12,9 @@ __all__ = ["Cause"]
 class Cause:
     """One known cause: where it occurs, how to recognise it, what it means and what to do.
 
-    ``cause`` and ``fix`` are format strings over the pattern's named groups.
+    ``cause`` and ``fix`` are format strings over the pattern's named groups. ``tries``:
+    options worth trying, each ``(option, value, words, unless)``; ``fix``'s ``{tries}``
+    becomes the words of those that fit the options in use (:meth:`tries_for`).
     """
 
     id: str
@@ -20,6 +22,17 @@ class Cause:
     pattern: str
     cause: str
     fix: str
+    tries: tuple[tuple[str, object, str, tuple], ...] = ()
+
+    def tries_for(self, options: dict | None) -> str:
+        """The words of the tries that fit ``options`` (None: unknown, all fit): never an
+        option already set to that value, nor one whose current value is in ``unless``."""
+        options = options or {}
+        return "".join(
+            words
+            for option, value, words, unless in self.tries
+            if option not in options or (options[option] != value and options[option] not in unless)
+        )
 
     def match(self, kind: str, reason: str) -> dict | None:
         if kind not in self.kinds:

@@ -78,9 +78,11 @@ def short_reason(reason: str) -> str:
     return re.sub(r"\s+#.*$", "", first).strip() or first
 
 
-def explain(kind: str, reason: str, **context) -> dict:
+def explain(kind: str, reason: str, options: dict | None = None, **context) -> dict:
     """``{"id", "cause", "fix"}`` for a reason of ``kind`` (one of :data:`KINDS`).
 
+    ``options``: what the hot path was compiled with (backend, mode, dynamic), so the fix
+    never suggests what is already in use; None: unknown.
     ``context`` fills placeholders that come from the event rather than the text (``fn``).
     An unknown reason keeps its own text as the cause, with the general fix of its kind.
     """
@@ -93,6 +95,8 @@ def explain(kind: str, reason: str, **context) -> dict:
         if groups is not None:
             fill = {k: v for k, v in groups.items() if v}
             fill.update({k: str(v) for k, v in context.items() if v is not None})
+            if c.tries:
+                fill["tries"] = c.tries_for(options)
             return {"id": c.id, "cause": _format(c.cause, fill), "fix": _format(c.fix, fill)}
     return {"id": "unknown", "cause": short_reason(text) or kind, "fix": GENERAL_FIX.get(kind, "")}
 

@@ -26,9 +26,9 @@ __all__ = ["event", "EventLog", "load_log", "TYPES"]
 
 # Hot paths (published by the worker)
 RECORDING = "hotpath.recording"  # signature, ops, n_ops, signal (a signal's block, seen once)
-DETECTED = "hotpath.detected"  # signature, ops, n_ops, occurrences, canonical, values
+DETECTED = "hotpath.detected"  # signature, ops, n_ops, occurrences, recording_t, canonical, values
 COMPILE_STARTED = (
-    "compile.started"  # signature, backend, mode, where ("process" | "thread" | "inline")
+    "compile.started"  # signature, backend, mode, dynamic, where ("process" | "thread" | "inline")
 )
 COMPILE_FINISHED = "compile.finished"  # signature, seconds[, cudagraphs, cudagraph_skips]
 COMPILE_FAILED = "compile.failed"  # signature, reason
@@ -44,7 +44,7 @@ CLIENT_STATS = "client.stats"  # signature, runs, client_ms: the client's ms per
 PLAN = "hotpath.plan"  # signature, plan (a gt_core.stream.plan.Plan, or None to withdraw it): for the client's matcher, never logged
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause
-STATS = "stats"  # ops, frees, syncs, uploads (client counters, cumulative)
+STATS = "stats"  # ops, frees, syncs, uploads (client counters, cumulative); base: a log's start
 ERROR = "worker.error"  # error, message, notes, where: a worker error raised to the user
 # The user's own torch.compile calls (published by gt_core.diagnostics)
 USER_COMPILE = "user.compile"
@@ -114,9 +114,19 @@ class EventLog:
             self.open(path)
 
     def open(self, path: str | os.PathLike) -> None:
-        """Append every later event to ``path`` as one JSON line."""
+        """Append every later event to ``path`` as one JSON line.
+
+        The client's counters are cumulative: the file starts with their values now (a
+        ``stats`` event marked ``base``), so a report of the file counts what it saw.
+        """
         self.close()
         f = open(os.fspath(path), "a", encoding="utf-8")  # noqa: SIM115 (kept open on purpose)
+        with self._lock:
+            last = next((_stats(e) for e in reversed(self._events) if _stats(e)), None)
+            if last is not None:
+                base = {**event(STATS, **_counters(last)), "base": True}
+                f.write(json.dumps(base, default=str) + "\n")
+                f.flush()
         self.path, self._file = os.fspath(path), f
 
     def close(self) -> None:
@@ -241,6 +251,19 @@ class _Series:
         self.tail: deque[int] = deque()  # arrival numbers of the kept events past the head
         self.fold: dict | None = None
         self.fold_seq = -1
+
+
+def _stats(e: dict) -> dict | None:
+    """The client's counters an event carries (a stats event, or a fold of them), or None."""
+    if e.get("type") == STATS:
+        return e
+    if e.get("type") == FOLDED and e.get("of") == STATS:
+        return e.get("last")
+    return None
+
+
+def _counters(e: dict) -> dict:
+    return {k: v for k, v in e.items() if k not in ("type", "t", "base")}
 
 
 def _copy(fold: dict) -> dict:

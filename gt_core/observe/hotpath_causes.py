@@ -6,6 +6,9 @@ from gt_core.observe.cause import Cause
 
 __all__ = ["HOTPATH_CAUSES"]
 
+# Dynamic shapes, suggested unless the hot path was compiled with them.
+_DYNAMIC = (("dynamic", True, ", or --dynamic", ()),)
+
 HOTPATH_CAUSES: tuple[Cause, ...] = (
     # -- gt's own hot paths: what the dashboard's reasons table says to do ----------------
     # A recompile: the first difference between two signatures (gt_core.stream.canonical.diff).
@@ -14,14 +17,16 @@ HOTPATH_CAUSES: tuple[Cause, ...] = (
         ("signature_change",),
         r"shape \[(?P<old>\d+)(?P<rest>(?:, \d+)*)\] → \[(?!(?P=old)[,\]])(?P<new>\d+)(?P=rest)\]",
         "the batch size changed ({old} → {new})",
-        "use a fixed batch size (DataLoader(..., drop_last=True)) or --dynamic",
+        "use a fixed batch size (DataLoader(..., drop_last=True)){tries}",
+        _DYNAMIC,
     ),
     Cause(
         "input_shape",
         ("signature_change",),
         r" shape ",
         "an input shape changed",
-        "pad or bucket to a few fixed shapes, or --dynamic",
+        "pad or bucket to a few fixed shapes{tries}",
+        _DYNAMIC,
     ),
     Cause(
         "input_dtype",
@@ -72,17 +77,28 @@ HOTPATH_CAUSES: tuple[Cause, ...] = (
         r"",
         "the compiled block was slower than eager",
         "the compiled block was slower than eager, so gt runs it eagerly again. Small blocks "
-        "are launch-bound: try a larger batch, or --backend aot_eager, or --mode "
-        "reduce-overhead on a GPU (CUDA graphs)",
+        "are launch-bound: try a larger batch{tries}",
+        (
+            ("backend", "aot_eager", ", or --backend aot_eager", ("eager",)),
+            ("mode", "reduce-overhead", ", or --mode reduce-overhead on a GPU (CUDA graphs)", ()),
+        ),
     ),
     Cause(
         "compile_failed",
         ("compile_failed",),
         r"",
         "the compile, or a compiled run, failed",
-        "the block runs eagerly (correct, not faster). Try --backend aot_eager to see whether "
-        "the inductor backend is at fault, or --backend eager to check the capture itself; to "
-        "report it, attach an instruction log (--log PATH) and this reason",
+        "the block runs eagerly (correct, not faster).{tries} To report it, attach an "
+        "instruction log (--log PATH) and this reason",
+        (
+            (
+                "backend",
+                "aot_eager",
+                " Try --backend aot_eager to see whether the inductor backend is at fault.",
+                ("eager",),
+            ),
+            ("backend", "eager", " Try --backend eager to check the capture itself.", ()),
+        ),
     ),
     Cause(
         "sync_cut",

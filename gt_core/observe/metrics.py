@@ -9,8 +9,17 @@ no torch import.
 - compiled median: the median of the steady state, the last third of the compiled runs (at
   least three): past warm-up and autotuning.
 - speedup: eager median / compiled median.
-- break-even: the first iteration (1-based) where the total time with gt, compile included,
-  is below the eager-only estimate (each compiled run replaced by the eager median).
+- a reverted hot path: its eager and compiled medians are those the regression check
+  compared (the ``revert`` event's), the comparison that decided its state.
+- time saved so far: the eager-only estimate minus the time with gt, after the last run
+  (negative: lost). With gt: the runs as they ran, plus a compile that held up the loop (an
+  inline one; one in the background costs what it slowed the runs beside it). Eager only:
+  compiled runs at the eager median, runs beside a compile at the median or as they ran if
+  faster (see :func:`break_even`).
+- break-even: the first iteration (1-based) from which the time with gt stays below the
+  eager-only estimate through the last run; there is one exactly when time was saved.
+
+All are worker times: a block's runs as the worker timed them, not the client's Python.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ __all__ = [
     "speedup",
     "break_even",
     "runs",
+    "judged",
     "timeline",
 ]
 
@@ -67,12 +77,19 @@ def break_even(
     gaps: list[dict] = (),
     baseline: float | None = None,
 ) -> dict:
-    """Cumulative time with gt against an eager-only estimate, and where gt pulls ahead.
+    """Cumulative time with gt against an eager-only estimate, where gt pulls ahead for good,
+    and the time saved so far.
 
-    With gt: every iteration as it ran, plus ``compile_ms`` charged at iteration index
-    ``charge_at``. Eager only: eager iterations as they ran, each compiled one replaced by
-    the eager median (``baseline``; default: :func:`eager_median` of these runs). None if
-    gt never pulls ahead, or there is no baseline.
+    With gt: every run as it ran, plus ``compile_ms`` (a compile that held up the loop) at
+    iteration index ``charge_at``. Eager only: each eager run as it ran; each compiled run
+    as the eager median (``baseline``; default: :func:`eager_median` of these runs); each run
+    beside a compile as the baseline, or as it ran where that was faster (a compile is charged
+    the slowdown it caused, never credited with noise). So only compiled runs put gt ahead.
+
+    ``break_even``: the first iteration (1-based) from which gt's total stays below the
+    eager-only one through the last run; None if gt is not ahead at the end. ``saved_ms``:
+    the eager-only total minus gt's after the last run (negative: time lost). Both None
+    without a baseline. So ``saved_ms > 0`` exactly when there is a break-even.
 
     ``x``: each run's iteration (1-based; default 1..n) when ``gaps`` (folded runs, each
     ``{"at": index of the run after it, "n", "counts", "totals"}``) leave some out; a
@@ -84,35 +101,55 @@ def break_even(
             [m for k, m in zip(kinds, ms, strict=False) if k == EAGER],
             [m for k, m in zip(kinds, ms, strict=False) if k != COMPILED],
         )
+    charge = compile_ms or 0.0
+
+    def as_eager(k: str, m: float) -> float:
+        if baseline is None or k == EAGER:
+            return m
+        return baseline if k == COMPILED else min(m, baseline)
+
     cum_gt, cum_eager = [], []
     gt = eager = 0.0
-    found = None
+    ahead = None  # the iteration since which gt has stayed ahead
     at = {g["at"]: g for g in gaps}
     done = 0  # iterations counted so far
     for i in range(len(kinds) + 1):
         g = at.get(i)
         if g is not None:
             before = gt - eager
-            totals, n_comp = g.get("totals", {}), g.get("counts", {}).get(COMPILED, 0)
-            gt += sum(totals.values())
-            gt += (compile_ms or 0.0) if done <= charge_at < done + g["n"] else 0.0
-            eager += sum(v for k, v in totals.items() if k != COMPILED)
-            eager += baseline * n_comp if baseline is not None else totals.get(COMPILED, 0.0)
-            if found is None and baseline is not None and n_comp and gt < eager:
+            totals, counts = g.get("totals", {}), g.get("counts", {})
+            gt += sum(totals.values()) + (charge if done <= charge_at < done + g["n"] else 0.0)
+            eager += sum(totals.get(k, 0.0) for k in totals if k not in (COMPILED, COMPILING))
+            for k in (COMPILED, COMPILING):  # a fold keeps totals: its runs' mean stands in
+                n_k = counts.get(k, 0)
+                if n_k:
+                    eager += n_k * as_eager(k, totals.get(k, 0.0) / n_k)
+            if gt >= eager:
+                ahead = None
+            elif ahead is None and baseline is not None:
                 share = before / (before - (gt - eager)) if before > 0 else 0.0
-                found = done + max(1, math.ceil(share * g["n"]))
+                ahead = done + max(1, math.ceil(share * g["n"]))
             done += g["n"]
         if i == len(kinds):
             break
         k, m = kinds[i], ms[i]
-        gt += m + ((compile_ms or 0.0) if x[i] - 1 == charge_at else 0.0)
-        eager += baseline if (k == COMPILED and baseline is not None) else m
+        gt += m + (charge if x[i] - 1 == charge_at else 0.0)
+        eager += as_eager(k, m)
         cum_gt.append(gt)
         cum_eager.append(eager)
         done = x[i]
-        if found is None and baseline is not None and k == COMPILED and gt < eager:
-            found = x[i]
-    return {"baseline_ms": baseline, "cum_gt": cum_gt, "cum_eager": cum_eager, "break_even": found}
+        if gt >= eager:
+            ahead = None
+        elif ahead is None and baseline is not None:
+            ahead = x[i]
+    saved = eager - gt if baseline is not None else None
+    return {
+        "baseline_ms": baseline,
+        "cum_gt": cum_gt,
+        "cum_eager": cum_eager,
+        "break_even": ahead,
+        "saved_ms": saved,
+    }
 
 
 def runs(events: list[dict], signature: str) -> tuple[list[dict], list[dict]]:
@@ -149,13 +186,31 @@ def _before(ts: list, gaps: list[dict], t: float, strict: bool) -> int:
     return n
 
 
+def judged(events: list[dict], signature: str) -> dict | None:
+    """The regression check that reverted a hot path (its ``revert`` event), or None."""
+    return next(
+        (
+            e
+            for e in reversed(events)
+            if e.get("type") == ev.REVERT and e.get("signature") == signature
+        ),
+        None,
+    )
+
+
+def _blocking(started: dict | None) -> bool:
+    """Whether a compile held up the loop (inline); one in the background did not."""
+    return started is not None and started.get("where", "inline") == "inline"
+
+
 def timeline(events: list[dict], signature: str, baseline_ms: float | None = None) -> dict:
     """Per-iteration timings of one hot path, its compile window, break-even and speedup.
 
     ``baseline_ms``: the eager median to measure against (the report's: a cell's view may
-    hold no eager run of its own); default: these events' eager runs. Over long runs the log
-    keeps the first and the last iterations one by one (see gt_core.observe.events): ``x``
-    gives each kept one its iteration, totals count the folded ones.
+    hold no eager run of its own); default: the revert's (see :func:`judged`), else these
+    events' eager runs. Over long runs the log keeps the first and the last iterations one
+    by one (see gt_core.observe.events): ``x`` gives each kept one its iteration, totals
+    count the folded ones.
     """
     its, gaps = runs(events, signature)
     kinds = [e.get("kind", EAGER) for e in its]
@@ -169,6 +224,7 @@ def timeline(events: list[dict], signature: str, baseline_ms: float | None = Non
     started = _first(events, ev.COMPILE_STARTED, signature)
     finished = _first(events, ev.COMPILE_FINISHED, signature)
     failed = _first(events, ev.COMPILE_FAILED, signature)
+    revert = judged(events, signature)
     end = finished or failed
     timed = n > 0 and all(
         isinstance(t, (int, float)) for t in [*ts, *(g[k] for g in gaps for k in ("t0", "t1"))]
@@ -192,9 +248,16 @@ def timeline(events: list[dict], signature: str, baseline_ms: float | None = Non
         charge_at = min(int(window[0] - 0.5), max(n - 1, 0))
     else:
         charge_at = x[kinds.index(COMPILED)] - 1 if COMPILED in kinds else n
-    be = break_even(kinds, ms, compile_ms, charge_at, x, gaps, baseline_ms)
+    if baseline_ms is None and revert is not None:
+        baseline_ms = revert.get("eager_ms")
+    charged = compile_ms if _blocking(started) else None
+    be = break_even(kinds, ms, charged, charge_at, x, gaps, baseline_ms)
     base = be["baseline_ms"]
-    steady_ms = compiled_median([m for k, m in zip(kinds, ms, strict=False) if k == COMPILED])
+    steady_ms = (
+        revert.get("compiled_ms")
+        if revert is not None
+        else compiled_median([m for k, m in zip(kinds, ms, strict=False) if k == COMPILED])
+    )
     return {
         "signature": signature,
         "x": x,
@@ -203,11 +266,13 @@ def timeline(events: list[dict], signature: str, baseline_ms: float | None = Non
         "window": window,
         "window_label": label,
         "compile_ms": compile_ms,
+        "compile_charged": charged is not None,  # whether the totals include the compile
         "baseline_ms": base,
         "steady_ms": steady_ms,
         "speedup": speedup(base, steady_ms),
         "cum_gt": be["cum_gt"],
         "cum_eager": be["cum_eager"],
         "break_even": be["break_even"],
+        "saved_ms": be["saved_ms"],
         "folded": n - len(its),  # iterations counted in the totals but not drawn one by one
     }

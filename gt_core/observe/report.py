@@ -16,15 +16,18 @@ from dataclasses import dataclass, field
 from gt_core.observe import events as ev
 from gt_core.observe import metrics
 from gt_core.observe.causes import explain
-from gt_core.observe.status import Status
+from gt_core.observe.status import Status, enter
 
-__all__ = ["Report", "summarize", "Status"]
+__all__ = ["Report", "summarize", "status_rows", "Status", "STATUS_COLUMNS", "NUMERIC"]
 
 
 def _new_path(signature: str) -> dict:
     return {
         "signature": signature,
         "status": Status.RECORDING,
+        "states": [],  # [state, t]: each state as it was entered (status.enter)
+        "options": {},  # what its compile was asked for: backend, mode, dynamic
+        "judged": None,  # the revert's comparison: {"eager_ms", "compiled_ms"}
         "ops": [],
         "n_ops": 0,
         "occurrences": 0,
@@ -98,7 +101,6 @@ def summarize(events: list[dict], since: int = 0) -> dict:
     worker: dict = {}
     active: set[str] = set()
     earlier: dict[tuple, list[float]] = {}  # (signature, kind) -> eager timings before the view
-    folded: dict[str, tuple[int, float]] = {}  # signature -> folded compiled runs, their ms
 
     def path(sig: str) -> dict:
         if sig not in paths:
@@ -119,19 +121,30 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             continue
         if i >= since and sig is not None:
             active.add(sig)
-        if t == ev.RECORDING:
+        if t == ev.STATS and e.get("base"):  # a log's counters when it was opened
+            base.update({k: e[k] for k in base if k in e})
+            stats.update({k: e[k] for k in stats if k in e})
+        elif t == ev.RECORDING:
             p = path(sig)
             if p["status"] == Status.RECORDING:
                 p.update(ops=list(e.get("ops", [])), n_ops=e.get("n_ops", 0))
+                enter(p["states"], Status.RECORDING, e.get("t"))
         elif t == ev.DETECTED:
             p = path(sig)
+            if e.get("recording_t") is not None:
+                enter(p["states"], Status.RECORDING, e["recording_t"])
             p.update(status=Status.HOT, ops=list(e.get("ops", [])), n_ops=e.get("n_ops", 0))
+            enter(p["states"], Status.HOT, e.get("t"))
             p["detected_at"] = e.get("t")
             p["occurrences"] = max(p["occurrences"], e.get("occurrences", 0))
         elif t == ev.COMPILE_STARTED:
-            path(sig)["status"] = Status.COMPILING
+            p = path(sig)
+            p["status"] = Status.COMPILING
+            p["options"] = {k: e[k] for k in ("backend", "mode", "dynamic") if k in e}
+            enter(p["states"], Status.COMPILING, e.get("t"))
         elif t == ev.COMPILE_FINISHED:
             p = path(sig)
+            enter(p["states"], Status.COMPILED, e.get("t"))
             p.update(
                 status=Status.COMPILED,
                 compile_seconds=e.get("seconds"),
@@ -142,15 +155,15 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             p["cudagraph_explanations"] = [
                 explain("cudagraph_skip", r) for r in p["cudagraph_skips"]
             ]
-        elif t == ev.COMPILE_FAILED:
+        elif t in (ev.COMPILE_FAILED, ev.FALLBACK):
             p = path(sig)
             p.update(status=Status.FAILED, fallback_reason=e.get("reason"))
-        elif t == ev.FALLBACK:
-            p = path(sig)
-            p.update(status=Status.FAILED, fallback_reason=e.get("reason"))
+            enter(p["states"], Status.FAILED, e.get("t"))
         elif t == ev.REVERT:
             p = path(sig)
             p.update(status=Status.REVERTED, fallback_reason=e.get("reason"))
+            p["judged"] = {"eager_ms": e.get("eager_ms"), "compiled_ms": e.get("compiled_ms")}
+            enter(p["states"], Status.REVERTED, e.get("t"))
         elif t == ev.RECOMPILE:
             path(sig)["recompile_reasons"].append(e.get("reason", ""))
         elif t == ev.MISMATCH:
@@ -178,7 +191,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         elif t == ev.FOLDED:
             if e.get("of") == ev.MISMATCH and sig not in paths:
                 continue  # as for a mismatch: a block known only before a reset()
-            _fold(e, path, folded, stats)
+            _fold(e, path, stats)
         elif t == ev.WORKER:
             worker = {k: v for k, v in e.items() if k not in ("type", "t")}
             if e.get("state") == "died":  # its compiles in flight died with it
@@ -189,41 +202,41 @@ def summarize(events: list[dict], since: int = 0) -> dict:
                             fallback_reason=f"the worker died ({e.get('cause')}) before "
                             "this hot path was compiled",
                         )
+                        enter(p["states"], Status.FAILED, e.get("t"))
 
     hot_paths = [p for p in paths.values() if not since or p["signature"] in active]
     if since:
         stats = {k: max(stats[k] - base[k], 0) if stats[k] else 0 for k in stats}
-    for p in hot_paths:
-        eager, comp = p["timings"]["eager_ms"], p["timings"]["compiled_ms"]
-        # The baseline: eager runs alone, else earlier ones, else those slowed by a compile
-        # (flagged: a speedup against those flatters the compiled block).
-        sig = p["signature"]
-        clean = eager or earlier.get((sig, "eager"))
-        p["baseline_while_compiling"] = not clean
-        p["eager_median_ms"] = metrics.eager_median(
-            clean or [], p["compiling_ms"] or earlier.get((sig, "compiling"), [])
-        )
-        p["compiled_median_ms"] = metrics.compiled_median(comp)
-        p["speedup"] = metrics.speedup(p["eager_median_ms"], p["compiled_median_ms"])
-        # Time saved so far: compiled runs times what each saved against the eager median.
-        p["saved_ms"] = (
-            sum(p["eager_median_ms"] - c for c in comp) if p["eager_median_ms"] is not None else 0.0
-        )
-        if sig in folded and p["eager_median_ms"] is not None:
-            n, ms = folded[sig]
-            p["saved_ms"] += n * p["eager_median_ms"] - ms
+    elif any(base.values()):  # a log opened mid-session: what it saw
+        stats = {k: max(stats[k] - base[k], 0) for k in stats}
 
     from gt_core.observe.user_compiles import summarize_user_compiles  # noqa: PLC0415 (cycle-free, lazy)
 
     shown = list(events[since:])
-    if since:  # the graphs of listed hot paths come from their detection, maybe earlier
+    if since:  # a listed hot path's graph and revert may come from before the view
         shown = [
             e
             for e in events[:since]
-            if e.get("type") == ev.DETECTED and e.get("signature") in active
+            if e.get("type") in (ev.DETECTED, ev.REVERT) and e.get("signature") in active
         ] + shown
-    for p in hot_paths:  # over the events shown, as the timeline draws them
-        td = metrics.timeline(shown, p["signature"], p["eager_median_ms"])
+    for p in hot_paths:
+        # The baseline: eager runs alone, else earlier ones, else those slowed by a compile
+        # (flagged: a speedup against those flatters the compiled block); for a reverted
+        # hot path, the comparison that reverted it (metrics.judged).
+        sig = p["signature"]
+        clean = p["timings"]["eager_ms"] or earlier.get((sig, "eager"))
+        p["baseline_while_compiling"] = not clean and not p["judged"]
+        baseline = metrics.eager_median(
+            clean or [], p["compiling_ms"] or earlier.get((sig, "compiling"), [])
+        )
+        if p["judged"]:
+            baseline = p["judged"]["eager_ms"]
+        # Every number shown comes from this one timeline (gt_core.observe.metrics).
+        td = metrics.timeline(shown, sig, baseline)
+        p["eager_median_ms"] = td["baseline_ms"]
+        p["compiled_median_ms"] = td["steady_ms"]
+        p["speedup"] = td["speedup"]
+        p["saved_ms"] = td["saved_ms"] or 0.0
         p["break_even"] = td["break_even"]
     return {
         "hot_paths": hot_paths,
@@ -234,7 +247,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
     }
 
 
-def _fold(e: dict, path, folded: dict, stats: dict) -> None:
+def _fold(e: dict, path, stats: dict) -> None:
     """Count a fold of per-step events: its runs, its mismatches, its last counters."""
     of, sig = e.get("of"), e.get("signature")
     counts = e.get("counts", {})
@@ -246,8 +259,6 @@ def _fold(e: dict, path, folded: dict, stats: dict) -> None:
         n = counts.get("compiled", 0)
         p["compiled_runs"] += n
         p["eager_runs"] += e["n"] - n
-        was = folded.get(sig, (0, 0.0))
-        folded[sig] = (was[0] + n, was[1] + e.get("totals", {}).get("compiled", 0.0))
     elif of == ev.MISMATCH and sig is not None:
         p = path(sig)
         p["mismatches"] += e["n"]
@@ -291,42 +302,75 @@ class Report:
 
     def _repr_html_(self) -> str:
         d = self.to_data()
-        rows = "".join(
+        rows = status_rows(d)
+        cells = {"compile_s": "s", "eager_ms": "ms", "compiled_ms": "ms", "speedup": "x"}
+
+        def cell(tag: str, key: str, text) -> str:
+            side = "right" if key in NUMERIC else "left"
+            return (
+                f'<{tag} style="text-align:{side}" align="{side}">{html.escape(str(text))}</{tag}>'
+            )
+
+        head = "".join(cell("th", k, h) for k, h in STATUS_COLUMNS)
+        body = "".join(
             "<tr>"
             + "".join(
-                f"<td>{html.escape(str(c))}</td>"
-                for c in (
-                    p["signature"],
-                    p["status"],
-                    p["n_ops"],
-                    p["occurrences"],
-                    _fmt(p["compile_seconds"], "s"),
-                    len(p["recompile_reasons"]),
-                    _fmt(p["eager_median_ms"], "ms"),
-                    _fmt(p["compiled_median_ms"], "ms"),
-                )
+                cell("td", k, _fmt(r[k], cells[k]) if k in cells else r[k])
+                for k, _ in STATUS_COLUMNS
             )
             + "</tr>"
-            for p in d["hot_paths"]
-        )
-        head = "".join(
-            f"<th>{h}</th>"
-            for h in (
-                "signature",
-                "status",
-                "ops",
-                "runs",
-                "compile",
-                "recompiles",
-                "eager",
-                "compiled",
-            )
+            for r in rows
         )
         return (
             f"<div class='gt-report'><b>gt report</b>: {d['stats']['ops']} ops recorded"
-            f"<table><tr>{head}</tr>{rows}</table>"
+            f"<table><tr>{head}</tr>{body}</table>"
             f"<pre>{html.escape(str(self))}</pre></div>"
         )
+
+
+# The status table, one row per hot path: (row key, header), here and in gt_jupyter's tables.
+STATUS_COLUMNS = (
+    ("signature", "signature"),
+    ("status", "status"),
+    ("ops", "ops"),
+    ("runs", "runs"),
+    ("compile_s", "compile s"),
+    ("recompiles", "recompiles"),
+    ("eager_ms", "eager ms"),
+    ("compiled_ms", "compiled ms"),
+    ("speedup", "speedup"),
+)
+# Columns of numbers (right-aligned where shown; text columns are left-aligned).
+NUMERIC = frozenset(
+    {"ops", "runs", "compile_s", "recompiles", "eager_ms", "compiled_ms", "speedup"}
+    | {"client_ms", "replayed", "break_even", "compiles", "graph breaks", "cudagraph skips"}
+)
+
+
+def status_rows(data: dict) -> list[dict]:
+    """One row per hot path: its status, size, runs, compile time, recompiles and timings."""
+    return [
+        {
+            "signature": p["signature"],
+            "status": p["status"],
+            "ops": p.get("n_ops", 0),
+            "runs": p.get("occurrences", 0),
+            "compile_s": p.get("compile_seconds"),
+            "recompiles": len(p.get("recompile_reasons", [])),
+            "eager_ms": p.get("eager_median_ms"),
+            # Only runs slowed by a compile were timed eagerly: the speedup is flattered.
+            "eager_note": " (while compiling)" if p.get("baseline_while_compiling") else "",
+            "compiled_ms": p.get("compiled_median_ms"),
+            "speedup": p.get("speedup"),
+            "break_even": p.get("break_even"),
+            "saved_ms": p.get("saved_ms"),
+            "states": p.get("states", []),
+            "cudagraphs": p.get("cudagraphs"),  # None unless asked for on a GPU
+            "replayed": p.get("replayed_runs", 0),  # gt_core.jit calls replayed
+            "client_ms": (p.get("timings") or {}).get("client_ms"),
+        }
+        for p in data.get("hot_paths", [])
+    ]
 
 
 def _fmt(x: float | None, unit: str) -> str:
