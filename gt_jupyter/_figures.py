@@ -7,6 +7,8 @@ The dependency graph's figure is in _graphs.py; both share the theme here.
 
 from __future__ import annotations
 
+import math
+
 from gt_core.observe import metrics
 
 __all__ = [
@@ -27,7 +29,7 @@ COLORS = {
     "compiling": "#B279A2",
     "compiled": "#54A24B",
     "break_even": "#E45756",
-    "window": "rgba(245, 133, 24, 0.15)",
+    "window": "rgba(178, 121, 162, 0.18)",
     "edge": "rgba(128, 128, 128, 0.45)",
 }
 
@@ -61,34 +63,79 @@ def timeline_of(data: dict, signature: str) -> dict:
 
 
 # -- timeline: drawing ---------------------------------------------------------------------
+MAX_POINTS = 400  # per trace: longer series keep each bucket's lowest and highest point
+OUTLIER = 3.0  # a point above this many times the 95th percentile is drawn at the axis' top
+
+
+def thin(xs: list, ys: list, limit: int = MAX_POINTS) -> tuple[list, list]:
+    """At most ``limit`` points of a series: each bucket's lowest and highest (spikes stay)."""
+    n = len(xs)
+    if n <= limit:
+        return list(xs), list(ys)
+    per = math.ceil(n / (limit // 2))
+    keep: list[int] = []
+    for a in range(0, n, per):
+        idx = range(a, min(a + per, n))
+        lo, hi = min(idx, key=ys.__getitem__), max(idx, key=ys.__getitem__)
+        keep += sorted({lo, hi})
+    if keep[-1] != n - 1:
+        keep.append(n - 1)
+    return [xs[i] for i in keep], [ys[i] for i in keep]
+
+
+def y_cap(values: list[float]) -> float | None:
+    """The top of the ms axis when a few outliers would flatten every other point, else None."""
+    finite = sorted(v for v in values if isinstance(v, (int, float)) and math.isfinite(v))
+    if len(finite) < 20:
+        return None
+    p95 = finite[int(0.95 * (len(finite) - 1))]
+    return p95 * OUTLIER if p95 > 0 and finite[-1] > p95 * OUTLIER else None
+
+
 def timeline(td: dict):
-    """A plotly Figure of ``timeline_data``: traces eager, compiling, compiled, and the totals."""
+    """A plotly Figure of ``timeline_data``: traces eager, compiling, compiled, and the totals.
+
+    Long runs are thinned per trace (``thin``); outliers beyond ``y_cap`` are drawn at the
+    top of the axis as triangles, their real time in the hover text.
+    """
     go = plotly_go()
     fig = go.Figure()
+    cap = y_cap(td["ms"])
     for kind, name in (
         ("eager", "eager"),
         ("compiling", "eager (compiling)"),
         ("compiled", "compiled"),
     ):
         pts = [(x, m) for x, k, m in zip(td["x"], td["kinds"], td["ms"], strict=False) if k == kind]
+        xs, ys = thin([p[0] for p in pts], [p[1] for p in pts])
+        over = [cap is not None and y > cap for y in ys]
+        marker = {"color": COLORS[kind], "size": 5}
+        extra = {}
+        if any(over):  # per-point marks only when something is clipped (smaller messages)
+            marker["size"] = [8 if o else 5 for o in over]
+            marker["symbol"] = ["triangle-up" if o else "circle" for o in over]
+            extra["customdata"] = ys
+        value = "%{customdata:.3g}" if extra else "%{y:.3g}"
         fig.add_trace(
             go.Scatter(
-                x=[p[0] for p in pts],
-                y=[p[1] for p in pts],
+                x=xs,
+                y=[cap if o else y for y, o in zip(ys, over, strict=True)],
                 mode="markers",
                 name=name,
-                marker={"color": COLORS[kind], "size": 5},
-                hovertemplate="iteration %{x}<br>%{y:.3g} ms<extra>" + name + "</extra>",
+                marker=marker,
+                hovertemplate="iteration %{x}<br>" + value + " ms<extra>" + name + "</extra>",
+                **extra,
             )
         )
     for key, name, dash in (
         ("cum_eager", "total, eager only (est.)", "dot"),
         ("cum_gt", "total, with gt", "solid"),
     ):
+        xs, ys = thin(td["x"], [v / 1000.0 for v in td[key]])
         fig.add_trace(
             go.Scatter(
-                x=td["x"],
-                y=[v / 1000.0 for v in td[key]],
+                x=xs,
+                y=ys,
                 mode="lines",
                 name=name,
                 yaxis="y2",
@@ -108,12 +155,18 @@ def timeline(td: dict):
     )
     if td.get("folded"):  # a long run: the middle is in the totals, not drawn point by point
         title += f" ({td['folded']} iterations between the first and the last not drawn)"
+    if cap is not None:
+        title += f"; ▲ above {cap:.3g} ms drawn at the top"
+    yaxis = {"title": "ms per iteration", "rangemode": "tozero", **GRID}
+    if cap is not None:
+        yaxis["range"] = [0, cap * 1.05]
     fig.update_layout(
         **THEME,
         title={"text": title, "font": {"size": 13}},
         height=320,
+        autosize=True,
         xaxis={"title": "iteration", **GRID},
-        yaxis={"title": "ms per iteration", "rangemode": "tozero", **GRID},
+        yaxis=yaxis,
         yaxis2={
             "title": "total s",
             "overlaying": "y",

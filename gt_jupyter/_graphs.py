@@ -34,7 +34,7 @@ ALIAS_OPS = frozenset(
     }
 )
 MAX_NODES = 150  # above this the graph hides alias ops, then merges op chains
-LABEL_NODES = 60  # above this node labels move into the hover text only
+LABEL_NODES = 40  # above this node labels move into the hover text only (they would overlap)
 
 
 # -- dependency graph: data ----------------------------------------------------------------
@@ -184,7 +184,7 @@ def graph(
                 name=name,
                 text=[str(a.get("label", n)) for n, a in zip(nodes, attrs, strict=False)],
                 textposition="top center",
-                textfont={"size": 10},
+                textfont={"size": 10, "color": COLORS[kind]},
                 hovertext=[_hover(a) for a in attrs],
                 hoverinfo="text",
                 customdata=nodes,
@@ -204,7 +204,9 @@ def graph(
         **THEME,
         title={"text": f"{title} ({n_ops} op nodes)", "font": {"size": 13}},
         height=int(min(700, max(320, 40 + 22 * tallest))),
-        xaxis={"visible": False, "range": [-0.5, depth + 0.5]},
+        autosize=True,
+        # a column's labels are centred on it: half a column of room each side keeps them in
+        xaxis={"visible": False, "range": [-0.8, depth + 0.8]},
         yaxis={"visible": False},
         legend={"orientation": "h", "y": -0.08},
         annotations=[

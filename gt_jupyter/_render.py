@@ -10,7 +10,8 @@ import html
 
 from gt_core.observe.status import Status, sequence
 
-from . import _figures, _graphs, _svg
+from . import _bundles, _figures, _graphs
+from ._svg_marks import title_of
 from ._tables import (
     NUMERIC,
     REASON_COLUMNS,
@@ -221,8 +222,9 @@ def figures_html(data: dict, signature: str | None = None) -> str:
 
 
 def figure_html(fig) -> str:
-    """One plotly figure as static HTML that GitHub and nbconvert show (scripts stripped)."""
-    return f"<div class='gt-fig'>{_svg.svg(fig.to_plotly_json())}</div>"
+    """One plotly figure as static HTML that untrusted notebooks, GitHub and nbconvert draw."""
+    d = _bundles.as_dict(fig)
+    return _bundles.img_html(d, title_of(d["layout"].get("title")) or "figure")
 
 
 def to_html(data: dict, signature: str | None = None, figures: bool = True) -> str:

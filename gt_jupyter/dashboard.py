@@ -1,19 +1,29 @@
-"""Dashboard: one live view per %%gt cell, updated in place, with a static HTML fallback.
+"""Dashboard: one live view per %%gt cell, updated in place, light on the wire, durable.
 
 The dashboard reads only the plain dict of ``gt_core.report.summarize`` (no torch). In a
-kernel with ipywidgets it is a VBox of plotly FigureWidgets updated in place; in a kernel
-without widgets it re-renders static HTML through a display handle; in a terminal it shows
-a text summary once, at the end. The static HTML draws its figures as inline SVG (no script),
-so a saved notebook shows them on GitHub and through nbconvert too.
+kernel with a display it is a few outputs, each its own display id: the headline, the
+timeline, the dependency graph, the user's compiles and the tables. Each is a MIME bundle
+(figures: plotly's JSON, drawn by the notebook's plotly renderer, which reaches the page
+once); an update re-sends only the outputs whose content changed. No widget is used, so a
+page reload and a saved notebook show the outputs as they are. The hot-path choice and the
+graph modes are menus inside the figures and work without a kernel.
+
+Static copies (figures as a data-URI SVG ``<img>``, which untrusted notebooks, GitHub and
+nbconvert draw) go out when a figure is first shown and in the final update only: live
+updates carry the plotly JSON alone, to stay small. In a terminal the dashboard shows a
+text summary once, at the end.
 """
 
 from __future__ import annotations
 
+import hashlib
+import html
+import json
 import threading
 import time
 from collections.abc import Callable
 
-from . import _figures, _graphs, _render, _tables
+from . import _bundles, _figures, _graphs, _render, _tables
 
 __all__ = ["Dashboard", "LiveUpdater", "EMPTY", "SHOW", "frontend_mode"]
 
@@ -25,24 +35,21 @@ EMPTY = {
     "events": [],
 }
 SHOW = ("all", "status", "none")  # what a dashboard shows: everything, tables only, nothing
-WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 GRAPH_FILTERS = {"auto": None, "all ops": (), "hide aliases": _graphs.ALIAS_OPS}
-HTML_EVERY_S = 1.0  # static-HTML mode re-renders at most this often while live
+PARTS = ("headline", "timeline", "graph", "compiles", "tables")
+MAX_PATHS = 4  # hot paths a figure's menu offers: the shown one and the latest others
+UPDATE_EVERY_S = 0.5  # live redraws at most this often
 
 
 def frontend_mode(shell=None) -> str:
-    """'widget' in a kernel with ipywidgets, 'html' in a kernel without, else 'text'."""
+    """'notebook' in a kernel (outputs are display bundles), else 'text'."""
     if shell is None:
         from IPython import get_ipython  # noqa: PLC0415
 
         shell = get_ipython()
     if shell is None or getattr(shell, "kernel", None) is None:
         return "text"
-    try:
-        import ipywidgets  # noqa: F401, PLC0415
-    except ImportError:
-        return "html"
-    return "widget"
+    return "notebook"
 
 
 class Dashboard:
@@ -57,10 +64,12 @@ class Dashboard:
         self.final = False
         self._selected: str | None = None  # the user's pick; None follows the primary path
         self.graph_filter = "auto"
-        self._view: _View | None = None
-        self._handle = None
-        self._html_at = 0.0
+        self._ids: dict[str, str] = {}  # part -> display id, once displayed
+        self._sent: dict[str, str] = {}  # part -> digest of what the frontend shows
+        self.sent_bytes: list[int] = []  # size of each message sent (display or update)
+        self._at = 0.0
         self._html_cache: tuple | None = None
+        self._graph_cache: tuple | None = None
         self._lock = threading.RLock()
 
     # -- user-facing API -------------------------------------------------------------------
@@ -71,7 +80,7 @@ class Dashboard:
 
     @property
     def signature(self) -> str | None:
-        """The hot path shown in the figures: the user's pick, else the primary one."""
+        """The hot path shown first in the figures: the user's pick, else the primary one."""
         if self._selected in self.signatures:
             return self._selected
         return _tables.primary(self.data)
@@ -81,71 +90,144 @@ class Dashboard:
         """Whether the dashboard redraws while the cell runs (not in a terminal, not hidden)."""
         return self.mode != "text" and self.show != "none"
 
-    @property
-    def widget(self):
-        """The ipywidgets VBox (built on first use; None outside widget mode)."""
-        if self.mode != "widget":
-            return None
-        if self._view is None:
-            self._view = _View(self)
-            self._view.refresh(self.data)
-        return self._view.root
-
     def select(self, signature: str | None) -> None:
-        """Show ``signature`` in the figures (None: follow the latest hot path)."""
+        """Show ``signature`` first in the figures (None: follow the latest hot path)."""
         with self._lock:
             self._selected = signature
-            if self._view is not None:
-                self._view.refresh(self.data)
+            self._push(force=True)
 
     def figures(self) -> tuple:
         """The timeline and dependency-graph figures of the shown hot path (graph may be None)."""
         sig = self.signature
         if sig is None:
             return None, None
-        events = self.data.get("events", [])
-        g = _graphs.graph_of(events, sig)
+        g = _graphs.graph_of(self.data.get("events", []), sig)
         hide = GRAPH_FILTERS[self.graph_filter]
         return (
             _figures.timeline(_figures.timeline_of(self.data, sig)),
             _graphs.graph(g, title=f"dependency graph {sig}", hide_ops=hide) if g else None,
         )
 
+    def bundles(self, static: bool = True) -> dict[str, dict]:
+        """Each part's display bundle ({} for a part with nothing to show yet)."""
+        data = self.data
+        parts = dict.fromkeys(PARTS, {})
+        head = _render.headline(data)
+        parts["headline"] = {
+            "text/plain": head,
+            "text/html": f"{_render.STYLE}<div class='gt-dash'><b>{html.escape(head)}</b></div>",
+        }
+        parts["tables"] = {
+            "text/plain": _render.to_text(data).split("\n", 1)[-1],
+            "text/html": f"{_render.STYLE}<div class='gt-dash'>{_render.tables_html(data)}</div>",
+        }
+        if self.show != "all":
+            return parts
+        shown = self._paths()
+        if shown:
+            parts["timeline"] = self._timeline(shown, static)
+            parts["graph"] = self._graph(shown, static)
+        user = _figures.compiles(data.get("user_compiles", []))
+        if user is not None:
+            parts["compiles"] = _bundles.bundle(user, "torch.compile: compiles and recompiles", static)
+        return parts
+
     def display(self, display_id: str | None = None):
-        """Show the dashboard now, under ``display_id``; returns the display handle (or None)."""
+        """Show the dashboard now (one output per part, ids derived from ``display_id``)."""
         if not self.live:
             return None
         from IPython.display import display  # noqa: PLC0415
 
-        self._handle = display(self, display_id=display_id or True)
-        self._html_at = time.monotonic()
-        return self._handle
+        base = display_id or "gt-" + hex(id(self))[2:]
+        with self._lock:
+            for part, b in self.bundles(static=True).items():
+                self._ids[part] = f"{base}-{part}"
+                self._sent[part] = _digest(b)
+                self.sent_bytes.append(_bundles.nbytes(b))
+                display(b, raw=True, display_id=self._ids[part])
+            self._at = time.monotonic()
+        return self._ids
 
     def update(self, data: dict) -> None:
-        """Show new data: widgets change in place; the HTML fallback re-renders, throttled."""
+        """Show new data: the parts that changed are re-sent, at most every UPDATE_EVERY_S."""
         with self._lock:
             self.data = data
-            if self._view is not None:
-                self._view.refresh(data)
-            elif self.mode == "html" and self._handle is not None:
-                if time.monotonic() - self._html_at >= HTML_EVERY_S:
-                    self._html_at = time.monotonic()
-                    self._handle.update(self)
+            if self._ids and time.monotonic() - self._at >= UPDATE_EVERY_S:
+                self._push(force=False)
 
     def finalize(self, data: dict | None = None) -> None:
-        """Last update when the cell is done; the saved notebook keeps this static HTML."""
+        """Last update when the cell is done: every part with its static copy, as saved."""
         with self._lock:
             if data is not None:
-                self.update(data)
+                self.data = data
             self.final = True
             if self.show == "none":
                 return
-            if self._handle is not None:
-                self._handle.update(self)
+            if self._ids:
+                self._push(force=False, static=True)
             elif self.mode == "text":
                 from IPython.display import display  # noqa: PLC0415
 
                 display(self)
+
+    def _push(self, force: bool, static: bool = False) -> None:
+        if not self._ids:
+            return
+        from IPython.display import update_display  # noqa: PLC0415
+
+        for part, b in self.bundles(static=static).items():
+            key = _digest(b)
+            if force or key != self._sent.get(part):
+                self._sent[part] = key
+                self.sent_bytes.append(_bundles.nbytes(b))
+                update_display(b, raw=True, display_id=self._ids[part])
+        self._at = time.monotonic()
+
+    # -- figures with their menus ----------------------------------------------------------
+    def _paths(self) -> list[str]:
+        """The hot paths the figures offer: the shown one first, then the latest others."""
+        sig = self.signature
+        if sig is None:
+            return []
+        by_time = sorted(
+            self.data.get("hot_paths", []),
+            key=lambda p: p.get("detected_at") or 0.0,
+            reverse=True,
+        )
+        others = [p["signature"] for p in by_time if p["signature"] != sig]
+        return [sig, *others[: MAX_PATHS - 1]]
+
+    def _timeline(self, sigs: list[str], static: bool) -> dict:
+        figs = [
+            (s, _bundles.as_dict(_figures.timeline(_figures.timeline_of(self.data, s))))
+            for s in sigs
+        ]
+        fig = figs[0][1] if len(figs) == 1 else _bundles.merge_variants(figs, 0, dropdown=True)
+        return _bundles.bundle(fig, f"timeline {sigs[0]}", static)
+
+    def _graph(self, sigs: list[str], static: bool) -> dict:
+        events = self.data.get("events", [])
+        graphs = [(s, _graphs.graph_of(events, s)) for s in sigs]
+        # graph_of returns the same object while a path's graph is unchanged: lay it out once
+        key = (tuple((s, id(g)) for s, g in graphs), self.graph_filter, static)
+        if self._graph_cache is None or self._graph_cache[0] != key:
+            self._graph_cache = (key, self._graph_bundle(sigs, graphs, static))
+        return self._graph_cache[1]
+
+    def _graph_bundle(self, sigs: list[str], graphs: list, static: bool) -> dict:
+        variants = []
+        for s, g in graphs:
+            if g is None:
+                continue
+            for mode, hide in GRAPH_FILTERS.items():
+                fig = _graphs.graph(g, title=f"dependency graph {s}", hide_ops=hide)
+                label = mode if len(sigs) == 1 else f"{s} · {mode}"
+                variants.append((label, _bundles.as_dict(fig)))
+        if not variants:
+            return {}
+        shown = list(GRAPH_FILTERS).index(self.graph_filter)
+        fig = _bundles.merge_variants(variants, shown, dropdown=len(sigs) > 1)
+        return _bundles.bundle(fig, f"dependency graph {sigs[0]}", static)
 
     # -- views -----------------------------------------------------------------------------
     def to_text(self) -> str:
@@ -181,127 +263,12 @@ class Dashboard:
         return self.to_html()
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        def want(mime: str) -> bool:
-            return (include is None or mime in include) and not (exclude and mime in exclude)
-
-        bundle = {"text/plain": self.to_text()}
-        if want("text/html"):
-            bundle["text/html"] = self.to_html()
-        if self.mode == "widget" and self.show != "none" and want(WIDGET_MIME):
-            bundle[WIDGET_MIME] = self.widget._repr_mimebundle_()[WIDGET_MIME]
-        return bundle
+        """Shown as an object (``%gt dashboard``, a terminal): text and static HTML."""
+        return {"text/plain": self.to_text(), "text/html": self.to_html()}
 
 
-class _View:
-    """The widget tree of a Dashboard; refreshed in place, never rebuilt."""
-
-    def __init__(self, dash: Dashboard):
-        import ipywidgets as w  # noqa: PLC0415
-        import plotly.graph_objects as go  # noqa: PLC0415
-
-        self.dash = dash
-        self.headline = w.HTML()
-        self.tables = w.HTML()
-        self.selector = w.Dropdown(description="hot path", layout=w.Layout(width="max-content"))
-        self.filter = w.ToggleButtons(
-            options=list(GRAPH_FILTERS),
-            value=dash.graph_filter,
-            description="graph",
-            style={"button_width": "auto"},
-        )
-        self.timeline = go.FigureWidget()
-        self.graph = go.FigureWidget()
-        self._labels: list = []
-        self._graph_key = None
-        self._setting = False
-        # A FigureWidget's own layout is plotly's: the boxes around them are what hide.
-        self.graph_box = w.Box([self.graph])
-        self.timeline_box = w.Box([self.timeline])
-        self.user = go.FigureWidget()
-        self.user_box = w.Box([self.user], layout=w.Layout(display="none"))
-        self._user_key = None
-        children = [self.headline]
-        if dash.show == "all":
-            children += [
-                w.HBox([self.selector, self.filter]),
-                self.timeline_box,
-                self.graph_box,
-                self.user_box,
-            ]
-        self.root = w.VBox(children + [self.tables])
-        self.selector.observe(self._on_select, "value")
-        self.filter.observe(self._on_filter, "value")
-
-    def _on_select(self, change) -> None:
-        if not self._setting:
-            self.dash.select(change["new"])
-
-    def _on_filter(self, change) -> None:
-        self.dash.graph_filter = change["new"]
-        self.refresh(self.dash.data)
-
-    def refresh(self, data: dict) -> None:
-        sig = self.dash.signature
-        self.headline.value = (
-            f"{_render.STYLE}<div class='gt-dash'><b>{_render.headline(data)}</b></div>"
-        )
-        self.tables.value = f"<div class='gt-dash'>{_render.tables_html(data)}</div>"
-        if self.dash.show != "all":
-            return
-        labels = [
-            (f"{p['signature']} · {p['status']} · {p.get('n_ops', 0)} ops", p["signature"])
-            for p in data.get("hot_paths", [])
-        ]
-        if labels != self._labels or self.selector.value != sig:
-            self._setting = True
-            try:
-                with self.selector.hold_sync():
-                    self.selector.options = labels
-                    self.selector.value = sig
-            finally:
-                self._setting = False
-            self._labels = labels
-        self.selector.layout.display = None if len(labels) > 1 else "none"
-        user = data.get("user_compiles", [])
-        key = [(u["function"], len(u.get("timeline", ())), u.get("limit_hit")) for u in user]
-        if key != self._user_key:
-            self._user_key = key
-            fig = _figures.compiles(user)
-            if fig is not None:
-                _replace(self.user, fig)
-            self.user_box.layout.display = None if fig is not None else "none"
-        self.timeline_box.layout.display = None if sig is not None else "none"
-        if sig is None:
-            self.graph_box.layout.display = self.filter.layout.display = "none"
-            return
-        events = data.get("events", [])
-        _replace(
-            self.timeline, _figures.timeline(_figures.timeline_of(data, sig)), keep_traces=True
-        )
-        g = _graphs.graph_of(events, sig)
-        key = (sig, id(g), self.dash.graph_filter)
-        if g is not None and key != self._graph_key:
-            self._graph_key = key
-            hide = GRAPH_FILTERS[self.dash.graph_filter]
-            _replace(self.graph, _graphs.graph(g, title=f"dependency graph {sig}", hide_ops=hide))
-        self.graph_box.layout.display = None if g is not None else "none"
-        self.filter.layout.display = None if g is not None else "none"
-
-
-def _replace(fw, fig, keep_traces: bool = False) -> None:
-    """Make FigureWidget ``fw`` show ``fig``: restyle traces in place when their count matches."""
-    if keep_traces and len(fw.data) == len(fig.data):
-        with fw.batch_update():
-            for old, new in zip(fw.data, fig.data, strict=False):
-                old.x, old.y = new.x, new.y
-            fw.layout.title = fig.layout.title
-            fw.layout.shapes = fig.layout.shapes
-            fw.layout.annotations = fig.layout.annotations
-        return
-    with fw.batch_update():
-        fw.data = []
-    fw.add_traces(list(fig.data))
-    fw.layout = fig.layout
+def _digest(bundle: dict) -> str:
+    return hashlib.sha1(json.dumps(bundle, sort_keys=True, default=str).encode()).hexdigest()
 
 
 class LiveUpdater:

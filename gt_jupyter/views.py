@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from gt_core.observe import events as ev
 
-from . import _graphs, _render, _tables
+from . import _bundles, _graphs, _render, _tables
 
 __all__ = ["Text", "StatusView", "GraphView", "status_view", "graph_view"]
 
@@ -71,7 +71,7 @@ def status_view(data: dict, worker) -> StatusView:
 
 @dataclass
 class GraphView:
-    """``%gt graph``: one hot path's dependency graph (plotly live; inline SVG as static HTML)."""
+    """``%gt graph``: one hot path's dependency graph (plotly live; an SVG image as static HTML)."""
 
     signature: str
     graph: dict
@@ -94,13 +94,7 @@ class GraphView:
         )
 
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
-        fig = self.figure
-        bundle = {
-            "text/plain": repr(self),
-            "text/html": f"<div class='gt-dash'>{_render.figure_html(fig)}</div>",
-        }
-        bundle["application/vnd.plotly.v1+json"] = fig.to_plotly_json()
-        return bundle
+        return _bundles.bundle(self.figure, repr(self))
 
 
 def graph_view(data: dict, signature: str) -> GraphView:

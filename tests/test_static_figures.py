@@ -1,5 +1,6 @@
 """The static HTML fallback: figures as inline SVG that show with scripts stripped (GitHub)."""
 
+import base64
 import math
 import re
 import xml.etree.ElementTree as ET
@@ -60,8 +61,11 @@ def _events(n_eager=4, n_compiled=6, compile=True):
 
 
 def _svgs(html: str) -> list[ET.Element]:
-    """Every inline <svg> of ``html``, parsed as XML (a parse error fails the test)."""
-    return [ET.fromstring(s) for s in re.findall(r"<svg\b.*?</svg>", html, flags=re.DOTALL)]
+    """Every figure of ``html``, an ``<img>`` of a data-URI SVG (what untrusted notebooks draw:
+    inline ``<svg>`` is sanitized away there), parsed as XML (a parse error fails the test)."""
+    assert "<svg" not in html  # never inline
+    uris = re.findall(r'<img src="data:image/svg\+xml;base64,([A-Za-z0-9+/=]+)"', html)
+    return [ET.fromstring(base64.b64decode(u).decode()) for u in uris]
 
 
 def _title(root: ET.Element) -> str:
@@ -118,7 +122,7 @@ def test_compile_window_break_even_and_speedup_are_marked():
     (timeline, *_) = _svgs(_static(_events()))
     td = _figures.timeline_data(summarize(_events())["events"], "abc")
     assert td["break_even"] is not None and td["window"] is not None
-    rects = [r for r in timeline.iter(f"{{{NS['s']}}}rect") if r.get("fill") == "rgb(245,133,24)"]
+    rects = [r for r in timeline.iter(f"{{{NS['s']}}}rect") if r.get("fill") == "rgb(178,121,162)"]
     assert len(rects) == 1 and float(rects[0].get("fill-opacity")) < 0.5
     (line,) = [x for x in timeline.iter(f"{{{NS['s']}}}line") if x.get("stroke") == "#E45756"]
     assert line.get("stroke-dasharray")
