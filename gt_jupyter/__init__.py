@@ -1,6 +1,6 @@
 """gt for IPython and Jupyter: ``%load_ext gt_jupyter``, then ``%%gt`` cells and ``%gt`` commands.
 
-Importing this package imports neither torch nor the widget libraries; ``%%gt`` imports
+Importing this package imports neither torch nor plotly; ``%%gt`` imports
 the core (and torch) the first time a cell runs.
 """
 

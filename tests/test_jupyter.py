@@ -354,13 +354,13 @@ def test_cell_view_counts_only_the_cells_runs_but_keeps_the_status():
     assert summarize(events, since=len(events))["hot_paths"] == []
 
 
-def test_widget_layer_does_not_import_torch():
+def test_the_display_layer_does_not_import_torch_nor_plotly_until_it_draws():
     code = (
         "import sys, gt_jupyter, gt_jupyter.dashboard, gt_jupyter.views, gt_jupyter._figures;"
-        "print('torch' in sys.modules)"
+        "print('torch' in sys.modules, 'plotly' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "False"
+    assert out.stdout.strip() == "False False"
 
 
 def test_observe_and_signal_do_not_import_torch_and_the_api_loads_on_first_use():
