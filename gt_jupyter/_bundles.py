@@ -16,10 +16,11 @@ from __future__ import annotations
 import base64
 import json
 import math
+import re
 
 from . import _svg
 
-__all__ = ["PLOTLY_MIME", "bundle", "compact", "img_html", "merge_variants", "nbytes"]
+__all__ = ["PLOTLY_MIME", "bundle", "compact", "img_html", "live_bundle", "merge_variants", "nbytes"]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 CONFIG = {"responsive": True, "displaylogo": False}
@@ -45,21 +46,36 @@ def as_dict(fig) -> dict:
     return compact({"data": list(d.get("data", [])), "layout": dict(d.get("layout", {}))})
 
 
-def img_html(fig: dict, alt: str) -> str:
-    """The static copy: an ``<img>`` of the figure's SVG as a data URI (drawn untrusted)."""
+def img_html(fig: dict, alt: str, tips: bool = True) -> str:
+    """The static copy: an ``<img>`` of the figure's SVG as a data URI (drawn untrusted).
+
+    ``tips``: keep each mark's ``<title>`` (a viewer that opens the SVG itself shows them);
+    without them the image is about half the bytes.
+    """
     svg = _svg.svg(fig)
+    if not tips:
+        svg = re.sub(r"<title>.*?</title>", "", svg, flags=re.DOTALL)
     uri = "data:image/svg+xml;base64," + base64.b64encode(svg.encode()).decode("ascii")
     alt = alt.replace('"', "'").replace("<", "‹").replace(">", "›")
     return f"<div class='gt-fig'><img src=\"{uri}\" alt=\"{alt}\" style='max-width:100%'></div>"
 
 
-def bundle(fig, text: str, static: bool = True) -> dict:
-    """The display bundle of one figure: plotly JSON, text, and (``static``) the image copy."""
+def bundle(fig, text: str) -> dict:
+    """The display bundle of one figure: plotly JSON (interactive), text, the image copy."""
     d = as_dict(fig)
-    out = {"text/plain": text, PLOTLY_MIME: {**d, "config": CONFIG}}
-    if static:
-        out["text/html"] = img_html(d, text)
-    return out
+    return {"text/plain": text, PLOTLY_MIME: {**d, "config": CONFIG}, "text/html": img_html(d, text)}
+
+
+def live_bundle(fig, text: str) -> dict:
+    """A figure while its cell runs: the image alone, redrawn at each update.
+
+    JupyterLab keeps an output's renderer when an update has the same preferred MIME type,
+    and plotly's renderer ignores a second figure once it has drawn one: plotly JSON sent
+    as an update would never show. An image re-renders; the final update (``bundle``)
+    switches the output to plotly, which then gets a renderer of its own.
+    """
+    d = as_dict(fig)
+    return {"text/plain": text, "text/html": img_html(d, text, tips=False)}
 
 
 def nbytes(bundle: dict) -> int:

@@ -64,6 +64,7 @@ def timeline_of(data: dict, signature: str) -> dict:
 
 # -- timeline: drawing ---------------------------------------------------------------------
 MAX_POINTS = 400  # per trace: longer series keep each bucket's lowest and highest point
+LIVE_POINTS = 200  # per trace in the images sent while a cell runs (each update re-sends it)
 OUTLIER = 3.0  # a point above this many times the 95th percentile is drawn at the axis' top
 
 
@@ -92,7 +93,7 @@ def y_cap(values: list[float]) -> float | None:
     return p95 * OUTLIER if p95 > 0 and finite[-1] > p95 * OUTLIER else None
 
 
-def timeline(td: dict):
+def timeline(td: dict, points: int = MAX_POINTS):
     """A plotly Figure of ``timeline_data``: traces eager, compiling, compiled, and the totals.
 
     Long runs are thinned per trace (``thin``); outliers beyond ``y_cap`` are drawn at the
@@ -107,7 +108,7 @@ def timeline(td: dict):
         ("compiled", "compiled"),
     ):
         pts = [(x, m) for x, k, m in zip(td["x"], td["kinds"], td["ms"], strict=False) if k == kind]
-        xs, ys = thin([p[0] for p in pts], [p[1] for p in pts])
+        xs, ys = thin([p[0] for p in pts], [p[1] for p in pts], points)
         over = [cap is not None and y > cap for y in ys]
         marker = {"color": COLORS[kind], "size": 5}
         extra = {}
@@ -131,7 +132,7 @@ def timeline(td: dict):
         ("cum_eager", "total, eager only (est.)", "dot"),
         ("cum_gt", "total, with gt", "solid"),
     ):
-        xs, ys = thin(td["x"], [v / 1000.0 for v in td[key]])
+        xs, ys = thin(td["x"], [v / 1000.0 for v in td[key]], points)
         fig.add_trace(
             go.Scatter(
                 x=xs,

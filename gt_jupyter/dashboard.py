@@ -8,10 +8,10 @@ once); an update re-sends only the outputs whose content changed. No widget is u
 page reload and a saved notebook show the outputs as they are. The hot-path choice and the
 graph modes are menus inside the figures and work without a kernel.
 
-Static copies (figures as a data-URI SVG ``<img>``, which untrusted notebooks, GitHub and
-nbconvert draw) go out when a figure is first shown and in the final update only: live
-updates carry the plotly JSON alone, to stay small. In a terminal the dashboard shows a
-text summary once, at the end.
+While the cell runs, figures are images (a data-URI SVG ``<img>``, redrawn at each update:
+plotly's renderer cannot be updated in place in JupyterLab); the final update makes each
+figure interactive plotly and keeps the image beside it, which untrusted notebooks, GitHub
+and nbconvert draw. In a terminal the dashboard shows a text summary once, at the end.
 """
 
 from __future__ import annotations
@@ -66,6 +66,7 @@ class Dashboard:
         self.graph_filter = "auto"
         self._ids: dict[str, str] = {}  # part -> display id, once displayed
         self._sent: dict[str, str] = {}  # part -> digest of what the frontend shows
+        self._plotly: dict[str, bool] = {}  # part -> the frontend draws it with plotly
         self.sent_bytes: list[int] = []  # size of each message sent (display or update)
         self._at = 0.0
         self._html_cache: tuple | None = None
@@ -108,8 +109,9 @@ class Dashboard:
             _graphs.graph(g, title=f"dependency graph {sig}", hide_ops=hide) if g else None,
         )
 
-    def bundles(self, static: bool = True) -> dict[str, dict]:
-        """Each part's display bundle ({} for a part with nothing to show yet)."""
+    def bundles(self, live: bool = False) -> dict[str, dict]:
+        """Each part's display bundle ({} for a part with nothing to show yet); ``live``:
+        figures as images only (while the cell runs), else plotly with the image beside."""
         data = self.data
         parts = dict.fromkeys(PARTS, {})
         head = _render.headline(data)
@@ -125,11 +127,11 @@ class Dashboard:
             return parts
         shown = self._paths()
         if shown:
-            parts["timeline"] = self._timeline(shown, static)
-            parts["graph"] = self._graph(shown, static)
+            parts["timeline"] = self._timeline(shown, live)
+            parts["graph"] = self._graph(shown, live)
         user = _figures.compiles(data.get("user_compiles", []))
         if user is not None:
-            parts["compiles"] = _bundles.bundle(user, "torch.compile: compiles and recompiles", static)
+            parts["compiles"] = _figure(user, "torch.compile: compiles and recompiles", live)
         return parts
 
     def display(self, display_id: str | None = None):
@@ -140,7 +142,7 @@ class Dashboard:
 
         base = display_id or "gt-" + hex(id(self))[2:]
         with self._lock:
-            for part, b in self.bundles(static=True).items():
+            for part, b in self.bundles(live=True).items():
                 self._ids[part] = f"{base}-{part}"
                 self._sent[part] = _digest(b)
                 self.sent_bytes.append(_bundles.nbytes(b))
@@ -164,23 +166,31 @@ class Dashboard:
             if self.show == "none":
                 return
             if self._ids:
-                self._push(force=False, static=True)
+                self._push(force=False)
             elif self.mode == "text":
                 from IPython.display import display  # noqa: PLC0415
 
                 display(self)
 
-    def _push(self, force: bool, static: bool = False) -> None:
+    def _push(self, force: bool) -> None:
+        """Send the parts that changed: images while live, plotly once final."""
         if not self._ids:
             return
         from IPython.display import update_display  # noqa: PLC0415
 
-        for part, b in self.bundles(static=static).items():
+        live = self.bundles(live=True)
+        sent = live if not self.final else self.bundles(live=False)
+        for part, b in sent.items():
             key = _digest(b)
-            if force or key != self._sent.get(part):
-                self._sent[part] = key
-                self.sent_bytes.append(_bundles.nbytes(b))
-                update_display(b, raw=True, display_id=self._ids[part])
+            if not force and key == self._sent.get(part):
+                continue
+            if _bundles.PLOTLY_MIME in b and self._plotly.get(part):
+                # a drawn plotly output ignores new figures: an image first gives it a new one
+                update_display(live[part], raw=True, display_id=self._ids[part])
+            self._sent[part] = key
+            self._plotly[part] = _bundles.PLOTLY_MIME in b
+            self.sent_bytes.append(_bundles.nbytes(b))
+            update_display(b, raw=True, display_id=self._ids[part])
         self._at = time.monotonic()
 
     # -- figures with their menus ----------------------------------------------------------
@@ -197,24 +207,25 @@ class Dashboard:
         others = [p["signature"] for p in by_time if p["signature"] != sig]
         return [sig, *others[: MAX_PATHS - 1]]
 
-    def _timeline(self, sigs: list[str], static: bool) -> dict:
+    def _timeline(self, sigs: list[str], live: bool) -> dict:
+        points = _figures.LIVE_POINTS if live else _figures.MAX_POINTS
         figs = [
-            (s, _bundles.as_dict(_figures.timeline(_figures.timeline_of(self.data, s))))
+            (s, _bundles.as_dict(_figures.timeline(_figures.timeline_of(self.data, s), points)))
             for s in sigs
         ]
         fig = figs[0][1] if len(figs) == 1 else _bundles.merge_variants(figs, 0, dropdown=True)
-        return _bundles.bundle(fig, f"timeline {sigs[0]}", static)
+        return _figure(fig, f"timeline {sigs[0]}", live)
 
-    def _graph(self, sigs: list[str], static: bool) -> dict:
+    def _graph(self, sigs: list[str], live: bool) -> dict:
         events = self.data.get("events", [])
         graphs = [(s, _graphs.graph_of(events, s)) for s in sigs]
         # graph_of returns the same object while a path's graph is unchanged: lay it out once
-        key = (tuple((s, id(g)) for s, g in graphs), self.graph_filter, static)
+        key = (tuple((s, id(g)) for s, g in graphs), self.graph_filter, live)
         if self._graph_cache is None or self._graph_cache[0] != key:
-            self._graph_cache = (key, self._graph_bundle(sigs, graphs, static))
+            self._graph_cache = (key, self._graph_bundle(sigs, graphs, live))
         return self._graph_cache[1]
 
-    def _graph_bundle(self, sigs: list[str], graphs: list, static: bool) -> dict:
+    def _graph_bundle(self, sigs: list[str], graphs: list, live: bool) -> dict:
         variants = []
         for s, g in graphs:
             if g is None:
@@ -227,7 +238,7 @@ class Dashboard:
             return {}
         shown = list(GRAPH_FILTERS).index(self.graph_filter)
         fig = _bundles.merge_variants(variants, shown, dropdown=len(sigs) > 1)
-        return _bundles.bundle(fig, f"dependency graph {sigs[0]}", static)
+        return _figure(fig, f"dependency graph {sigs[0]}", live)
 
     # -- views -----------------------------------------------------------------------------
     def to_text(self) -> str:
@@ -265,6 +276,10 @@ class Dashboard:
     def _repr_mimebundle_(self, include=None, exclude=None) -> dict:
         """Shown as an object (``%gt dashboard``, a terminal): text and static HTML."""
         return {"text/plain": self.to_text(), "text/html": self.to_html()}
+
+
+def _figure(fig, text: str, live: bool) -> dict:
+    return _bundles.live_bundle(fig, text) if live else _bundles.bundle(fig, text)
 
 
 def _digest(bundle: dict) -> str:

@@ -99,3 +99,11 @@ def assert_close(a, b, atol=1e-6, rtol=1e-5):
     a = a.cpu() if gt_core.is_remote(a) else a
     b = b.cpu() if gt_core.is_remote(b) else b
     torch.testing.assert_close(a.detach(), b.detach(), atol=atol, rtol=rtol)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Each phase's report on the test item (``rep_call``): fixtures see whether it failed."""
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep

@@ -1,9 +1,9 @@
 """The dashboard on the wire: display bundles updated in place, small, with static copies.
 
 What reaches the browser is what a user waits for: each part of a dashboard is its own
-display (plotly JSON for figures, drawn by the notebook's plotly renderer, loaded once per
-page), an update re-sends only the parts that changed, and every figure carries an SVG image
-that an untrusted notebook draws. Byte counts are deterministic, so they are asserted here;
+display, an update re-sends only the parts that changed; while the cell runs a figure is an
+SVG image, at the end it is plotly JSON (drawn by the notebook's plotly renderer, loaded
+once per page) with the image beside it for untrusted notebooks. Byte counts are deterministic, so they are asserted here;
 the browser tests measure the same on a real page.
 """
 
@@ -82,14 +82,17 @@ def test_each_part_is_its_own_display_and_updates_only_when_it_changed(frontend)
     assert {"gt-cell-headline", "gt-cell-timeline", "gt-cell-graph"} <= changed
     assert "gt-cell-compiles" not in changed  # nothing new there: not re-sent
     live = {i: b for _, i, b in frontend}
-    assert PLOTLY_MIME in live["gt-cell-timeline"] and "text/html" not in live["gt-cell-timeline"]
+    assert PLOTLY_MIME not in live["gt-cell-timeline"]  # an image while live (see _bundles)
+    assert svg_of(live["gt-cell-timeline"]["text/html"]).find(".//{*}title") is None
     frontend.clear()
     dash.update(data)
     assert frontend == []  # the same data sends nothing
     dash.finalize(data)
     final = {i: b for _, i, b in frontend}
-    # the final update carries the static copies: an <img> of the figure's SVG
+    # the final update: interactive plotly, and the static copy beside it (with hover titles)
+    assert PLOTLY_MIME in final["gt-cell-timeline"] and PLOTLY_MIME in final["gt-cell-graph"]
     root = svg_of(final["gt-cell-timeline"]["text/html"])
+    assert root.find(".//{*}title") is not None
     assert root.tag.endswith("svg") and "timeline abc" in root.get("aria-label", "")
     assert "<svg" not in final["gt-cell-timeline"]["text/html"]
 
@@ -109,6 +112,18 @@ def test_a_long_run_stays_small_on_the_wire(frontend):
     assert opened < 500_000 and max(updates) < 50_000 and final < 500_000
     timeline = dash.bundles()["timeline"][PLOTLY_MIME]
     assert max(len(tr["x"]) for tr in timeline["data"]) <= 400 + 1  # thinned
+
+
+def test_a_figure_shown_again_after_the_end_gets_a_fresh_plotly_output(frontend):
+    data = summarize(events() + events(signature="def", t0=10.0)[1:])
+    dash = Dashboard(summarize([]), mode="notebook")
+    dash.display("gt-cell")
+    dash.finalize(data)
+    frontend.clear()
+    dash.select("abc")
+    timeline = [b for _, i, b in frontend if i == "gt-cell-timeline"]
+    # plotly's renderer ignores a second figure: an image replaces it, then the new plotly
+    assert [PLOTLY_MIME in b for b in timeline] == [False, True]
 
 
 def test_outliers_do_not_set_the_axis_and_stay_visible():

@@ -1,0 +1,238 @@
+"""The dashboard as people see it: JupyterLab in headless Chromium, driven by Playwright.
+
+Run, reload and reopen a notebook the way a user does, and measure what the page receives.
+Figures printed (``-s``): seconds to the first dashboard, bytes on the kernel's websocket at
+open and per update. Byte targets are asserted (sizes, not times: they do not flake with
+load); times are printed only. A failing test leaves a full-page screenshot in
+``test-artifacts/``. Without Chromium or Playwright the tests skip, except under CI=true,
+where that is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+import _lab
+import nbformat
+import pytest
+
+pytestmark = pytest.mark.browser
+
+ARTIFACTS = _lab.ROOT / "test-artifacts"
+OPEN_BYTES = 500_000  # per %%gt cell at open
+UPDATE_BYTES = 50_000  # per live update
+CELL = """%%gt --backend aot_eager
+import torch
+print("started", flush=True)
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+x, y = torch.randn(128, 784), torch.randn(128, 10)
+for step in range(600):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    loss.backward(); opt.step(); opt.zero_grad()
+"""
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    why = _lab.missing()
+    if why:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"browser tests cannot run: {why}")
+        pytest.skip(why)
+    server = _lab.Lab(tmp_path_factory.mktemp("lab"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser(lab):
+    from playwright.sync_api import sync_playwright  # noqa: PLC0415
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=_lab.CHROMIUM, args=_lab.CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+class Page:
+    """A JupyterLab page with its console errors and kernel messages recorded."""
+
+    def __init__(self, browser, lab, name):
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.name = name
+        self.errors: list[str] = []
+        self.messages: list[tuple[float, str, int, dict]] = []  # (t, msg_type, bytes, content)
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("websocket", self._ws)
+        self.page.goto(lab.url(name))
+        self.page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+
+    def _ws(self, ws):
+        if "/api/kernels/" in ws.url:
+            ws.on("framereceived", self._frame)
+
+    def _frame(self, payload):
+        msg = _decode(payload)
+        if msg is not None:
+            self.messages.append(
+                (time.monotonic(), msg["header"]["msg_type"], len(payload), msg.get("content", {}))
+            )
+
+    def shot(self, tag: str) -> Path:
+        ARTIFACTS.mkdir(exist_ok=True)
+        path = ARTIFACTS / f"{Path(self.name).stem}-{tag}.png"
+        self.page.screenshot(path=str(path), full_page=True)
+        return path
+
+    def plots(self) -> int:
+        return self.page.locator(".js-plotly-plot .main-svg").count()
+
+    def images(self) -> int:
+        return self.page.locator('img[src^="data:image/svg+xml"]').count()
+
+    def real_errors(self) -> list[str]:
+        # Lab's own attempts to reach the internet (news, extension index) fail here by design.
+        return [e for e in self.errors if not re.search(r"net::ERR_|Failed to load resource", e)]
+
+
+@pytest.fixture
+def shots(request):
+    """Pages opened by a test; each one's screenshot is saved if the test fails."""
+    pages: list[Page] = []
+    yield pages
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        for p in pages:
+            print(f"screenshot: {p.shot('failed')}")
+    for p in pages:
+        p.page.close()
+
+
+def _decode(payload) -> dict | None:
+    """A kernel message from a websocket frame: JSON text, or Jupyter's binary v1 framing."""
+    if isinstance(payload, str):
+        try:
+            return json.loads(payload)
+        except ValueError:
+            return None
+    data = bytes(payload)
+    n = int.from_bytes(data[:8], "little")
+    offsets = [int.from_bytes(data[8 * (i + 1) : 8 * (i + 2)], "little") for i in range(n)]
+    parts = [data[a:b] for a, b in zip(offsets, offsets[1:] + [len(data)], strict=False)]
+    try:
+        return {"header": json.loads(parts[1]), "content": json.loads(parts[4])}
+    except (IndexError, ValueError):
+        return None
+
+
+def run_all(p) -> None:
+    """Run → Run All Cells, once the kernel is idle (cells then run in order)."""
+    idle = p.locator(".jp-Notebook-ExecutionIndicator, .jp-StatusBar-TextItem", has_text="Idle")
+    _wait(lambda: idle.count() > 0, 90)
+    p.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    p.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+
+def _wait(cond, timeout: float, step: float = 0.25) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(step)
+    return cond()
+
+
+def test_a_gt_cell_shows_its_dashboard_while_it_runs(lab, browser, shots):
+    _lab.write_notebook(lab.root / "run.ipynb", ["%load_ext gt_jupyter", CELL])
+    page = Page(browser, lab, "run.ipynb")
+    shots.append(page)
+    p = page.page
+    run_all(p)
+    running = lambda: "[*]:" in p.locator(".jp-InputArea-prompt").all_inner_texts()  # noqa: E731
+    assert _wait(lambda: "[1]:" in p.locator(".jp-InputArea-prompt").all_inner_texts(), 90)
+    t0 = time.monotonic()
+    headline = lambda: p.locator(".gt-dash b").first.inner_text() if p.locator(".gt-dash b").count() else ""  # noqa: E731
+    assert _wait(lambda: headline() != "", 60), "no dashboard appeared"
+    first_s = time.monotonic() - t0
+    shown_while_running = running()
+    printed = _wait(lambda: "started" in " ".join(p.locator(".jp-OutputArea-output pre").all_inner_texts()), 60)
+    printed_while_running = printed and running()
+    states = []
+    while running() and time.monotonic() - t0 < 240:
+        h = headline().split(" · ")[0]
+        if h and (not states or states[-1] != h):
+            states.append(h)
+        time.sleep(0.2)
+    assert not running(), "the cell did not finish in 240 s"
+    assert _wait(lambda: page.plots() >= 2, 30), "the timeline and graph were not drawn"
+    time.sleep(1.0)  # the last frames
+    # -- what the page received for this cell
+    start = next(t for t, kind, _, c in page.messages if kind == "execute_input" and "%%gt" in c.get("code", ""))
+    cell = [(t - start, kind, n, c) for t, kind, n, c in page.messages if t >= start]
+    opened = sum(n for t, kind, n, _ in cell if kind == "display_data")
+    updates = [n for _, kind, n, c in cell if kind == "update_display_data" and not _final(c)]
+    finals = [n for _, kind, n, c in cell if kind == "update_display_data" and _final(c)]
+    print(
+        f"\nbrowser: first dashboard {first_s:.2f} s after Shift+Enter; states seen {states}; "
+        f"bytes at open {opened}, live updates {len(updates)} (max {max(updates, default=0)}, "
+        f"total {sum(updates)}), final {sum(finals)}, whole cell {sum(n for *_, n, _ in cell)}"
+    )
+    assert shown_while_running and printed_while_running
+    assert len(states) >= 2, f"the headline's state did not advance: {states}"
+    assert opened <= OPEN_BYTES and max(updates, default=0) <= UPDATE_BYTES
+    # -- the graph's mode buttons change what is drawn, in the page, without the kernel
+    graph = p.locator(".js-plotly-plot").nth(1)
+    counts = {}
+    for label in ("all ops", "hide aliases", "auto"):
+        graph.locator(".updatemenu-button", has_text=label).click()
+        time.sleep(0.3)
+        counts[label] = graph.locator(".scatterlayer .trace .points path").count()
+    print(f"graph points by mode: {counts}")
+    assert counts["hide aliases"] < counts["all ops"]
+    assert page.real_errors() == [], page.real_errors()
+    p.keyboard.press("Control+s")
+    time.sleep(1.0)
+
+
+def _final(content: dict) -> bool:
+    """The final update of a figure: plotly JSON (live updates are images only)."""
+    return "application/vnd.plotly.v1+json" in content.get("data", {})
+
+
+def test_after_a_reload_the_figures_are_still_drawn(lab, browser, shots):
+    if not (lab.root / "run.ipynb").exists():
+        pytest.skip("needs the notebook of the run test")
+    page = Page(browser, lab, "run.ipynb")
+    shots.append(page)
+    page.page.reload()
+    page.page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    assert _wait(lambda: page.plots() >= 2, 30), f"figures after reload: {page.plots()}"
+    assert "Error displaying widget" not in page.page.content()
+    assert page.real_errors() == [], page.real_errors()
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (_lab.ROOT / "notebooks").glob("*.ipynb")))
+def test_a_committed_notebook_shows_its_figures_untrusted(lab, browser, shots, name):
+    shutil.copy(_lab.ROOT / "notebooks" / name, lab.root / name)  # not signed here: untrusted
+    nb = nbformat.read(lab.root / name, as_version=4)
+    static = sum(
+        "data:image/svg+xml" in o.get("data", {}).get("text/html", "")
+        for c in nb.cells
+        for o in c.get("outputs", [])
+    )
+    page = Page(browser, lab, name)
+    shots.append(page)
+    assert _wait(lambda: page.images() + page.plots() >= static, 30)
+    drawn = page.images() + page.plots()
+    print(f"\n{name}: {static} static figures saved, {drawn} drawn untrusted")
+    assert drawn >= static
+    assert "&lt;svg" not in page.page.content() and "<svg xmlns" not in page.page.inner_text("body")
+    assert page.real_errors() == [], page.real_errors()
