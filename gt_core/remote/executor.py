@@ -287,6 +287,8 @@ class Executor:
             except Exception:
                 pass
             raise
+        if type(result) in (int, float, bool, complex):  # .item(): nothing to describe
+            return result, base_id
         for x in tree_flatten(result)[0]:
             if isinstance(x, torch.Tensor) and x.layout != torch.strided:
                 raise UnsupportedOperation(
