@@ -31,6 +31,7 @@ from gt_core.stream.instructions import PUT, RNG
 __all__ = ["Transport", "ProcessTransport", "InProcessTransport"]
 
 _POLL_S = 0.05
+_PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
 @contextlib.contextmanager
@@ -265,7 +266,7 @@ class ProcessTransport(Transport):
                 with self._lock, _no_modes():
                     self._conn.send(("batch", batch))
             else:  # plain pickle: multiprocessing's pickler copies its reducer table per message
-                data = pickle.dumps(("batch", batch), pickle.HIGHEST_PROTOCOL)
+                data = pickle.dumps(("batch", batch), _PROTOCOL)
                 with self._lock:
                     self._conn.send_bytes(data)
         except (BrokenPipeError, EOFError, OSError):
@@ -284,7 +285,8 @@ class ProcessTransport(Transport):
         rid = next(self._ids)
         with self._lock, _no_modes():
             try:
-                self._conn.send(("req", rid, kind, payload))
+                # (plain pickle: a request carries ids and numbers, tensors only as Refs)
+                self._conn.send_bytes(pickle.dumps(("req", rid, kind, payload), _PROTOCOL))
             except (BrokenPipeError, EOFError, OSError):
                 raise self.death(f"sending {kind}") from None
             except KeyboardInterrupt:
@@ -312,7 +314,7 @@ class ProcessTransport(Transport):
         self._marks[rid] = False
         try:
             with self._lock:
-                self._conn.send(("mark", rid))
+                self._conn.send_bytes(pickle.dumps(("mark", rid), _PROTOCOL))
         except (BrokenPipeError, EOFError, OSError):
             raise self.death("sending work") from None
         except KeyboardInterrupt:
