@@ -128,6 +128,7 @@ def worker_main(conn, event_conn, options) -> None:
     publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(w.device))])
     share = w.engine.cpu_share = CpuShare(w.device, options.worker_threads)
     inbox = _Inbox(conn)
+    share.recheck = inbox.waited
     try:
         while True:
             try:
@@ -208,6 +209,15 @@ class _Inbox:
         if msg[0] in _WAITED:
             self.requests -= 1
         return msg
+
+    def waited(self) -> bool:
+        """Whether a request or mark waits, once what has arrived since is read."""
+        try:
+            while self.conn.poll(0):
+                self._take(self.conn.recv())
+        except (EOFError, OSError):
+            pass  # the client went away: the loop's next read says so
+        return self.requests > 0
 
     def _take(self, msg) -> None:
         self.queue.append(msg)
