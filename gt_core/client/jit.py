@@ -248,10 +248,10 @@ class _Entry:
             produced = s.new_ids(r.n_produced)  # (sent as its first id: consecutive ids)
             if s.replay.kept:
                 s.replay.release()
-            buf, freed = s.buf, s.freed
+            out, freed = s._out, s.freed  # (_out: a jit call being recorded sees them too)
             while freed:  # straight out: the RUN after them ends any occurrence they start
-                buf.append((FREE, freed.popleft()))
-            buf.append((RUN, r.sig, ids, produced.start, ()))
+                out((FREE, freed.popleft()))
+            out((RUN, r.sig, ids, produced.start, ()))
             s._send()
             self.replayed += 1
             outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]
