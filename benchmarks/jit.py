@@ -5,13 +5,16 @@
 
 The MLP 784→256→10 with SGD momentum, per batch size:
 
-  eager ms       the step run eagerly on plain tensors (ms per step, no sync)
+  eager ms       the step run eagerly on plain tensors (ms per step, no sync), with torch's
+                 default thread count, and with one thread ("eager 1t"): on a loaded machine
+                 eager's OpenMP threads wait for each other and one thread can be far faster
   jit ms         the same step through ``@gt_core.jit`` in a capture, its block compiled,
                  the worker running beside the client (total time / steps, one sync at the end)
-  speedup        eager ms / jit ms (> 1: faster than eager)
-  sync eager     eager with ``loss.item()`` every step
-  sync jit       jit with ``loss.item()`` every step
+  speedup        the faster eager / jit ms (> 1: faster than eager at its best thread count)
+  sync ...       the same with ``loss.item()`` every step
   client µs      the client's time per replayed call (its own clock, median)
+
+Eager and jit repetitions alternate; each figure is the median over the repetitions.
 
 Then the client's µs per replayed call for the transformer block (300 ops a step) beside the
 MLP's (41): a replayed call costs the same whatever the step's size. Ratios are taken side by
@@ -38,7 +41,14 @@ def _transformer(batch: int):
     return step_fn(batch, "transformer", args=True)
 
 
-def _eager(make, batch: int, steps: int, sync: bool) -> float:
+def _eager(make, batch: int, steps: int, sync: bool, threads: int | None = None) -> float:
+    if threads is not None:
+        was = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return _eager(make, batch, steps, sync)
+        finally:
+            torch.set_num_threads(was)
     step, x, y = make(batch)
     for _ in range(10):
         step(x, y)
@@ -92,20 +102,25 @@ def main(argv=None) -> None:
         f"gt_core.jit benchmark: MLP 784-256-10, SGD momentum, {a.steps} steps x {a.repeats}, "
         f"backend {a.backend}, torch {torch.__version__}, {torch.get_num_threads()} threads"
     )
-    head = f"{'batch':>6} {'eager ms':>9} {'jit ms':>8} {'speedup':>8} {'sync eager':>11} {'sync jit':>9} {'sync x':>7} {'client µs':>10}"
+    head = (
+        f"{'batch':>6} {'eager ms':>9} {'eager 1t':>9} {'jit ms':>8} {'speedup':>8}"
+        f" {'sync eager':>11} {'sync 1t':>8} {'sync jit':>9} {'sync x':>7} {'client µs':>10}"
+    )
     print(head)
     for b in sizes:
         rows = []
         for _ in range(a.repeats):
             e = _eager(_mlp, b, a.steps, False)
             j, client = _jit(_mlp, b, a.steps, False)
+            e1 = _eager(_mlp, b, a.steps, False, threads=1)
             es = _eager(_mlp, b, a.steps, True)
             js, _ = _jit(_mlp, b, a.steps, True)
-            rows.append((e, j, es, js, client or float("nan")))
-        e, j, es, js, client = (statistics.median(c) for c in zip(*rows, strict=True))
+            es1 = _eager(_mlp, b, a.steps, True, threads=1)
+            rows.append((e, e1, j, es, es1, js, client or float("nan")))
+        e, e1, j, es, es1, js, client = (statistics.median(c) for c in zip(*rows, strict=True))
         print(
-            f"{b:>6} {e:>9.3f} {j:>8.3f} {e / j:>7.2f}x {es:>11.3f} {js:>9.3f} "
-            f"{es / js:>6.2f}x {client:>10.1f}"
+            f"{b:>6} {e:>9.3f} {e1:>9.3f} {j:>8.3f} {min(e, e1) / j:>7.2f}x {es:>11.3f} "
+            f"{es1:>8.3f} {js:>9.3f} {min(es, es1) / js:>6.2f}x {client:>10.1f}"
         )
     _, mlp_client = _jit(_mlp, 8, a.steps, False)
     _, tr_client = _jit(_transformer, 8, a.steps, False)

@@ -420,6 +420,20 @@ def test_each_block_keeps_the_thread_count_it_ran_faster_with_while_the_client_w
     assert share.choose("big") is None and torch.get_num_threads() == 1
 
 
+def test_a_sync_that_arrives_after_its_run_gives_the_block_every_core(two_threads):
+    from gt_core.remote.cpu_share import CpuShare as _CpuShare
+
+    share = _CpuShare(torch.device("cpu"))
+    share.set(client_waits=False)  # the RUN came alone: the client records beside it
+    waits = [False]
+    share.recheck = lambda: waits[0]
+    assert share.choose("a") is None and torch.get_num_threads() == 1
+    waits[0] = True  # the client's .item() came in behind the RUN
+    assert share.choose("a") in (1, 2) and share.waits  # the thread trials: it waits now
+    share.set(client_waits=False, compiling=True)
+    assert share.choose("a") is None and torch.get_num_threads() == 1  # a compile: one core
+
+
 def test_compiled_runs_ask_the_cpu_share_for_their_thread_count(hot):
     class Share:  # what the worker process's _CpuShare is asked, and told
         def __init__(self):

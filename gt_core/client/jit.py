@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import operator
 import statistics
 import time
 import types
@@ -38,12 +39,13 @@ import types
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from gt_core.client import capture as _capture
 from gt_core.client.jit_places import _read, _roots, _scan, _words, _write
 from gt_core.client.jit_recipe import _OUT, _differ, _Recipe, _Recording, _Refused
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
 from gt_core.observe import events as ev
-from gt_core.stream.instructions import JIT_SIGNAL, MARK, RUN, op_name
+from gt_core.stream.instructions import FREE, JIT_SIGNAL, MARK, RUN, op_name
 
 __all__ = ["jit", "Jit"]
 
@@ -78,8 +80,6 @@ class Jit:
         return self if obj is None else types.MethodType(self, obj)
 
     def __call__(self, *args, **kwargs):
-        from gt_core.client import capture as _capture
-
         s = _capture._here.session
         if s is None:  # outside a capture: an ordinary call
             return self.fn(*args, **kwargs)
@@ -144,6 +144,7 @@ class _Entry:
         self.calls = 0  # recorded calls
         session.jits.append(self)
         self.sig: str | None = None  # the block's signature, once the worker has it
+        self.facts: list | None = None  # (session, metadata key, no shadow) per fitting input
 
     def call(self, leaves, spec):
         if self.refused is None and self.recipe is None and len(self.recorded) >= 2:
@@ -205,6 +206,7 @@ class _Entry:
             return  # the worker saw two blocks (other input metadata): recording goes on
         sig, plan = got
         self.sig = sig
+        self.facts = None
         try:
             self.recipe = _Recipe(plan, b)
         except _Refused as exc:
@@ -238,25 +240,18 @@ class _Entry:
         s, r = self.session, self.recipe
         with LOCK:
             s.check()
-            for place, obj in r.roots:
-                if _read(place) is not obj:  # a global or closure name bound to another object
-                    self._unfit(place, obj, None)
+            ids = self._inputs_fast(leaves)
+            if ids is None:
+                ids = self._inputs(leaves)
+                if ids is None:
                     return _UNFIT
-            ids = []
-            for src, k in r.inputs:
-                p = leaves[src] if type(src) is int else _read(src)
-                if type(p) is not Proxy or p._gt_s is not s or p._gt_k != k:
-                    self._unfit(src, p, k)
-                    return _UNFIT
-                if p._gt_v is not None:
-                    p._gt_v = None  # its shadow would not follow the replayed block
-                ids.append(p._gt_id)
-            produced = s.new_ids(r.n_produced)
-            if s.freed:
-                s._frees()  # before the RUN, in one message with it
+            produced = s.new_ids(r.n_produced)  # (sent as its first id: consecutive ids)
             if s.replay.kept:
                 s.replay.release()
-            s._out((RUN, r.sig, ids, produced, ()))
+            out, freed = s._out, s.freed  # (_out: a jit call being recorded sees them too)
+            while freed:  # straight out: the RUN after them ends any occurrence they start
+                out((FREE, freed.popleft()))
+            out((RUN, r.sig, ids, produced.start, ()))
             s._send()
             self.replayed += 1
             outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]
@@ -270,6 +265,40 @@ class _Entry:
             outs[x[1]] if type(x) is tuple and x and x[0] is _OUT else x for x in r.result
         ]
         return tree_unflatten(res_leaves, r.result_spec)
+
+    def _inputs_fast(self, leaves) -> list | None:
+        """The inputs' ids when every root and input is as the last calls found them (the
+        steady state), read in flat passes; None sends the call to ``_inputs``."""
+        r, s = self.recipe, self.session
+        try:
+            roots = [g(o, k) for g, o, k in r.root_readers]
+            got = [leaves[k] if g is None else g(o, k) for g, o, k in r.readers]
+            facts = list(map(_FACTS, got))  # (AttributeError: not a proxy)
+        except Exception:
+            return None
+        if facts != self.facts or not all(map(operator.is_, roots, r.root_objs)):
+            if self.facts is None:  # (first replay: what the steady state looks like)
+                self.facts = [(s, k, None) for k in r.keys]
+            return None
+        return list(map(_ID, got))
+
+    def _inputs(self, leaves) -> list | None:
+        """The inputs' ids, each checked (None: one no longer fits; the function runs)."""
+        s, r = self.session, self.recipe
+        for place, obj in r.roots:
+            if _read(place) is not obj:  # a global or closure name bound to another object
+                self._unfit(place, obj, None)
+                return None
+        ids = []
+        for src, k in r.inputs:
+            p = leaves[src] if type(src) is int else _read(src)
+            if type(p) is not Proxy or p._gt_s is not s or p._gt_k != k:
+                self._unfit(src, p, k)
+                return None
+            if p._gt_v is not None:
+                p._gt_v = None  # its shadow would not follow the replayed block
+            ids.append(p._gt_id)
+        return ids
 
     def _bound(self) -> None:
         """Bound the replayed calls in flight: the worker reads every message at once, so a
@@ -295,7 +324,7 @@ class _Entry:
             signature=self.recipe.sig,
             reason=f"{where} no longer fits the block ({got}): the function ran instead",
         )
-        self.recipe = None
+        self.recipe, self.facts = None, None
         self.recorded, self.calls = [], 0  # recording starts over (its limit too)
 
     def stats(self) -> dict:
@@ -309,3 +338,5 @@ class _Entry:
 
 
 _UNFIT = object()
+_FACTS = operator.attrgetter("_gt_s", "_gt_k", "_gt_v")  # a fitting input: (session, key, None)
+_ID = operator.attrgetter("_gt_id")

@@ -8,6 +8,7 @@ arguments), its outputs as the places the recorded call left them in (see ``jit_
 from __future__ import annotations
 
 import collections
+import operator
 
 from torch.utils._pytree import tree_flatten
 
@@ -185,3 +186,16 @@ class _Recipe:
                 "again (e.g. appended to a list, or kept by an autograd graph): return them"
             )
         self.outputs = [(k, metas[occ.produced[k]]) for k in alive]
+        # What a replayed call reads, flat: (getter, container, key) per input (the getter
+        # None for an argument: leaves[key]), each one's metadata key, and the roots the same
+        # way (see _Entry._replay's fast path).
+        self.readers = [
+            (None, None, src) if type(src) is int else _reader(src) for src, _ in self.inputs
+        ]
+        self.keys = [k for _, k in self.inputs]
+        self.root_readers = [_reader(place) for place, _ in self.roots]
+        self.root_objs = [obj for _, obj in self.roots]
+
+
+def _reader(place) -> tuple:
+    return (operator.getitem if place[0] == "item" else getattr, place[1], place[2])

@@ -31,6 +31,7 @@ from gt_core.stream.instructions import PUT, RNG
 __all__ = ["Transport", "ProcessTransport", "InProcessTransport"]
 
 _POLL_S = 0.05
+_PROTOCOL = pickle.HIGHEST_PROTOCOL  # what goes without tensors is pickled plainly (see send)
 
 
 @contextlib.contextmanager
@@ -265,9 +266,8 @@ class ProcessTransport(Transport):
                 with self._lock, _no_modes():
                     self._conn.send(("batch", batch))
             else:  # plain pickle: multiprocessing's pickler copies its reducer table per message
-                data = pickle.dumps(("batch", batch), pickle.HIGHEST_PROTOCOL)
                 with self._lock:
-                    self._conn.send_bytes(data)
+                    self._conn.send_bytes(pickle.dumps(("batch", batch), _PROTOCOL))
         except (BrokenPipeError, EOFError, OSError):
             raise self.death("sending work") from None
         except KeyboardInterrupt:  # outside a capture's held interrupts (see _interrupt)
@@ -284,7 +284,7 @@ class ProcessTransport(Transport):
         rid = next(self._ids)
         with self._lock, _no_modes():
             try:
-                self._conn.send(("req", rid, kind, payload))
+                self._conn.send_bytes(pickle.dumps(("req", rid, kind, payload), _PROTOCOL))
             except (BrokenPipeError, EOFError, OSError):
                 raise self.death(f"sending {kind}") from None
             except KeyboardInterrupt:
@@ -312,7 +312,7 @@ class ProcessTransport(Transport):
         self._marks[rid] = False
         try:
             with self._lock:
-                self._conn.send(("mark", rid))
+                self._conn.send_bytes(pickle.dumps(("mark", rid), _PROTOCOL))
         except (BrokenPipeError, EOFError, OSError):
             raise self.death("sending work") from None
         except KeyboardInterrupt:

@@ -126,6 +126,9 @@ class Engine:
         if code == DEFOP:
             self.ex.execute(ins)
         elif code == RUN:
+            if type(ins[3]) is int:  # produced as its first id (a jit call: one int to send)
+                n = self.matcher.blocks[ins[1]].n_produced
+                ins = (RUN, ins[1], ins[2], range(ins[3], ins[3] + n), ins[4])
             block, occ = self.matcher.planned(ins)
             if occ is not None:
                 self._occurrence(block, occ)

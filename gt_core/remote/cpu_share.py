@@ -29,6 +29,10 @@ class CpuShare:
         self.active = device.type == "cpu" and self.all > 1
         self.now = self.all
         self.waits = False
+        self.compiling = False
+        # () -> whether the client waits now, reading messages that arrived since the block's
+        # own (a sync sent right after a replayed call's RUN: see choose). None: not known.
+        self.recheck = None
         self.trials: dict[str, dict[int, list[float]]] = {}  # block -> thread count -> ms
         self.chosen: dict[str, int] = {}
         if threads:  # a fixed count instead (options.worker_threads; benchmarks)
@@ -38,7 +42,7 @@ class CpuShare:
     def set(self, client_waits: bool, compiling: bool = False) -> None:
         if not self.active:
             return
-        self.waits = client_waits
+        self.waits, self.compiling = client_waits, compiling
         self._use(max(1, self.all - (not client_waits) - compiling))
 
     def _use(self, n: int) -> None:
@@ -48,6 +52,8 @@ class CpuShare:
 
     def choose(self, block: str) -> int | None:
         """The thread count for a compiled run of ``block`` now (None: the current one)."""
+        if self.active and not self.waits and self.recheck is not None and self.recheck():
+            self.set(True, self.compiling)  # the client's sync came in after the block's RUN
         if not self.active or not self.waits or self.now < 2:
             return None  # nothing to choose: the client records beside it, or one core
         n = self.chosen.get(block)

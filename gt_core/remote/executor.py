@@ -287,13 +287,9 @@ class Executor:
             except Exception:
                 pass
             raise
-        for x in tree_flatten(result)[0]:
-            if isinstance(x, torch.Tensor) and x.layout != torch.strided:
-                raise UnsupportedOperation(
-                    f"gt: {op_name(op)} made a {x.layout} tensor; worker tensors are dense "
-                    "(strided) only. Bring the input home first (t.cpu()): ops on plain "
-                    "tensors run in this process, inside capture too."
-                )
+        if type(result) in (int, float, bool, complex):  # .item(): nothing to describe
+            return result, base_id
+        _dense_only(op, result)
         inputs = {
             id(v): r.id
             for v, r in zip(
@@ -329,3 +325,14 @@ class Executor:
                 if t.layout == torch.strided  # (the only kind there is: see upload and call)
             ),
         }
+
+
+def _dense_only(op, result) -> None:
+    """A sync op's tensor outputs must be dense (strided): worker tensors are no other kind."""
+    for x in tree_flatten(result)[0]:
+        if isinstance(x, torch.Tensor) and x.layout != torch.strided:
+            raise UnsupportedOperation(
+                f"gt: {op_name(op)} made a {x.layout} tensor; worker tensors are dense "
+                "(strided) only. Bring the input home first (t.cpu()): ops on plain "
+                "tensors run in this process, inside capture too."
+            )

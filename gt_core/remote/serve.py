@@ -8,6 +8,7 @@ import collections
 import contextlib
 import gc
 import os
+import pickle
 import signal
 import threading
 
@@ -93,6 +94,7 @@ def serve(w: Worker, msg):
         return ("err", exc)
 
 
+_TENSOR_ANSWERS = frozenset(("fetch", "rng"))  # requests whose answers are tensors
 _sent = [0]  # event batches this worker process has published (see the client's drain)
 
 
@@ -126,6 +128,7 @@ def worker_main(conn, event_conn, options) -> None:
     publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(w.device))])
     share = w.engine.cpu_share = CpuShare(w.device, options.worker_threads)
     inbox = _Inbox(conn)
+    share.recheck = inbox.waited
     try:
         while True:
             try:
@@ -138,7 +141,12 @@ def worker_main(conn, event_conn, options) -> None:
             elif msg[0] == "req":
                 status, value = serve(w, msg)
                 try:
-                    conn.send((msg[1], status, value))  # the request's id: see request()
+                    answer = (msg[1], status, value)  # the request's id: see request()
+                    if status == "ok" and msg[2] not in _TENSOR_ANSWERS:
+                        # plain pickle: multiprocessing's pickler copies its reducer table
+                        conn.send_bytes(pickle.dumps(answer, pickle.HIGHEST_PROTOCOL))
+                    else:
+                        conn.send(answer)
                 except Exception as exc:  # an unpicklable exception or value
                     why = RuntimeError(f"{type(value).__name__}: {value}\n{exc}")
                     conn.send((msg[1], "err", why))
@@ -148,7 +156,7 @@ def worker_main(conn, event_conn, options) -> None:
                 # drain them.
                 w.publish_events()
             elif msg[0] == "mark":  # everything sent before it has run (see post_mark)
-                conn.send((msg[1], "ok", None))
+                conn.send_bytes(pickle.dumps((msg[1], "ok", None), pickle.HIGHEST_PROTOCOL))
             elif msg[0] == "stop":
                 break
     except SystemExit:
@@ -201,6 +209,15 @@ class _Inbox:
         if msg[0] in _WAITED:
             self.requests -= 1
         return msg
+
+    def waited(self) -> bool:
+        """Whether a request or mark waits, once what has arrived since is read."""
+        try:
+            while self.conn.poll(0):
+                self._take(self.conn.recv())
+        except (EOFError, OSError):
+            pass  # the client went away: the loop's next read says so
+        return self.requests > 0
 
     def _take(self, msg) -> None:
         self.queue.append(msg)

@@ -17,6 +17,7 @@ DEFOP = 4  # (DEFOP, op_index, "aten::add.Tensor", module): module registers it 
 MARK = 5  # (MARK, signal_name, "enter" | "exit"): a block boundary set by the user
 SYNC = 6  # (SYNC, kind): a sync point (the client waited for a value here)
 RUN = 7  # (RUN, signature, input_ids, produced_ids, scalars): one whole occurrence of a hot block
+# (produced_ids: a list, or an int: the first of the block's consecutive ids, see gt_core.jit)
 RNG = 8  # (RNG, state): the CPU generator's state (torch.set_rng_state) on the worker
 
 # MARK names that begin so are gt_core.jit calls: each call is exactly one block.
