@@ -2,8 +2,9 @@
 
     python -m gt_jupyter.execute notebooks/01_quickstart.ipynb [--out DIR] [--timeout S]
 
-The executed notebook keeps every output as static HTML (the dashboards' figures as inline
-SVG), so it reads in Jupyter, on GitHub or in nbviewer; live widget state is not saved. What
+The executed notebook keeps every output: the dashboards' figures as plotly JSON (drawn by
+a trusted JupyterLab) and as SVG images (drawn untrusted, on GitHub, in nbviewer); widget
+state, should a cell display widgets of its own, is not saved. What
 gt said (the dashboards' one-line headlines) is printed as the notebook runs.
 """
 
@@ -98,10 +99,9 @@ _WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 def _static(nb):
     """The notebook as saved: each output's static HTML, not its live widget.
 
-    Widget state embeds plotly.js once per figure widget (tens of MB a notebook), and a widget
-    view whose state is not saved shows as an error in Jupyter. Every gt display carries a
-    static HTML copy (figures as inline SVG), which Jupyter, nbconvert and GitHub all show;
-    running the notebook again brings the live widgets back.
+    Widget state can embed whole libraries (plotly's FigureWidget: plotly.js per figure, MB
+    each), and a widget view whose state is not saved shows as an error in Jupyter: a view
+    that has another representation keeps that one. gt's own displays use no widgets.
     """
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:
