@@ -43,7 +43,7 @@ from gt_core.client.jit_recipe import _OUT, _differ, _Recipe, _Recording, _Refus
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
 from gt_core.observe import events as ev
-from gt_core.stream.instructions import JIT_SIGNAL, MARK, RUN, op_name
+from gt_core.stream.instructions import JIT_SIGNAL, MARK, RUN, Mark, Run, op_name
 
 __all__ = ["jit", "Jit"]
 
@@ -170,13 +170,13 @@ class _Entry:
             s.flush()
             before = _scan(roots)
             syncs = s.counters["syncs"]
-            s.emit((MARK, self.name, "enter"))
+            s.emit(Mark(MARK, self.name, "enter"))
             s.tee = tee = []
         try:
             result = self.owner.fn(*args, **kwargs)
         finally:
             with LOCK:
-                s.emit((MARK, self.name, "exit"))  # the frees of the call's locals come first
+                s.emit(Mark(MARK, self.name, "exit"))  # the frees of the call's locals come first
                 s.tee = None
                 s.flush()
         rec = _Recording(leaves, roots, before, _scan(roots), result, tee[:-1])
@@ -256,7 +256,7 @@ class _Entry:
                 s._frees()  # before the RUN, in one message with it
             if s.replay.kept:
                 s.replay.release()
-            s._out((RUN, r.sig, ids, produced, ()))
+            s._out(Run(RUN, r.sig, ids, produced, ()))
             s._send()
             self.replayed += 1
             outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]
