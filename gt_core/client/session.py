@@ -38,6 +38,8 @@ from gt_core.stream.instructions import (
 
 __all__ = ["Session", "LOCK", "live_session"]
 
+_new = tuple.__new__  # a Free per freed value, built without the NamedTuple's Python __new__
+
 _generations = itertools.count(1)
 # Every change to a session's stream (an op recorded, a request, a flush) holds this lock:
 # threads that use worker tensors at once take turns op by op, and the stream stays whole.
@@ -139,7 +141,7 @@ class Session:
             if replay.live and self.tee is None:
                 replay.free(vid)
             else:
-                self._out(Free(FREE, vid))
+                self._out(_new(Free, (FREE, vid)))
 
     def flush(self) -> None:
         """Send what is pending (an occurrence being matched goes out as instructions)."""
