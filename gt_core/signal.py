@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 
-from gt_core.stream.instructions import MARK
+from gt_core.stream.instructions import MARK, Mark
 
 __all__ = ["context"]
 
@@ -19,9 +19,9 @@ def context(name: str):
     from gt_core.client.capture import session
 
     s = session()
-    s.emit((MARK, str(name), "enter"))
+    s.emit(Mark(MARK, str(name), "enter"))
     try:
         yield
     finally:
         if not s.closed:
-            s.emit((MARK, str(name), "exit"))
+            s.emit(Mark(MARK, str(name), "exit"))

@@ -11,7 +11,7 @@ from gt_core.hotpath.detector import (
     repeating_period,
 )
 from gt_core.hotpath.history import local_key
-from gt_core.stream.instructions import FREE, OP, SYNC, Ref
+from gt_core.stream.instructions import FREE, OP, SYNC, Free, Op, Ref, Sync
 
 MIN_SEQ = 4
 
@@ -76,13 +76,13 @@ def _step(base: int, lr: float = 0.1) -> list:
     """x = f(param); y = g(x); free x; z = h(y); free y; param.add_(z, alpha=-lr); free z."""
     x, y, z = base, base + 1, base + 2
     return [
-        (OP, 0, (Ref(PARAM),), {}, [x]),
-        (OP, 1, (Ref(x),), {}, [y]),
-        (FREE, x),
-        (OP, 2, (Ref(y),), {}, [z]),
-        (FREE, y),
-        (OP, 3, (Ref(PARAM), Ref(z)), {"alpha": -lr}, []),
-        (FREE, z),
+        Op(OP, 0, (Ref(PARAM),), {}, [x]),
+        Op(OP, 1, (Ref(x),), {}, [y]),
+        Free(FREE, x),
+        Op(OP, 2, (Ref(y),), {}, [z]),
+        Free(FREE, y),
+        Op(OP, 3, (Ref(PARAM), Ref(z)), {"alpha": -lr}, []),
+        Free(FREE, z),
     ]
 
 
@@ -91,7 +91,7 @@ def _stream(steps: int, lrs=None, sync=False) -> list:
     for s in range(steps):
         out += _step(100 + 10 * s, lrs[s] if lrs else 0.1)
         if sync:
-            out.append((SYNC, "item"))
+            out.append(Sync(SYNC, "item"))
     return out
 
 
@@ -105,7 +105,7 @@ def test_a_loop_is_cut_where_no_value_crosses_the_boundary():
     c = cut(instrs, p, 3, MIN_SEQ, lifts, barriers)
     assert c is not None and c.length == 7 and not c.lift
     first = instrs[c.start]
-    assert first[0] == OP and first[1] == 0  # each block begins with a step's first op
+    assert first.code == OP and first.op == 0  # each block begins with a step's first op
     assert [instrs[b][:2] for b in c.occurrences] == [(OP, 0)] * 3  # the last three, whole
     assert c.occurrences == [c.occurrences[0] + i * p for i in range(3)]
     assert c.occurrences[-1] + p <= len(instrs)
@@ -132,7 +132,7 @@ def test_floats_that_change_each_step_are_lifted_or_cut_at():
     lifts, barriers = changes(instrs, p, 3)  # nothing can be lifted: the op is a barrier
     assert lifts == {} and barriers == [add]
     c = cut(instrs, p, 3, MIN_SEQ, lifts, barriers)
-    assert c.length == p - 1 and instrs[c.start][0] == FREE  # after the op, around to it
+    assert c.length == p - 1 and instrs[c.start].code == FREE  # after the op, around to it
 
 
 def test_a_sync_point_each_step_bounds_the_block():

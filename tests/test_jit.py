@@ -374,7 +374,7 @@ def test_a_replayed_call_is_one_message_whatever_the_steps_size(process, monkeyp
         monkeypatch.undo()
         step(x, y).item()
     assert len(batches) == 20
-    assert all(sum(ins[0] == RUN for ins in b) == 1 and len(b) <= 4 for b in batches)
+    assert all(sum(ins.code == RUN for ins in b) == 1 and len(b) <= 4 for b in batches)
 
 
 def test_after_an_unfit_input_recording_starts_over_and_replay_resumes(inprocess):

@@ -14,7 +14,8 @@ from gt_core.client.replay import Replay
 from gt_core.hotpath.judge import _MAX_PROBES
 from gt_core.observe.status import Status
 from gt_core.remote.cpu_share import CpuShare as _CpuShare
-from gt_core.stream.instructions import FREE, OP, PUT, RUN, Ref
+from gt_core.stream.canonical import FreeEntry, OpEntry
+from gt_core.stream.instructions import FREE, OP, PUT, RUN, Free, Op, Put, Ref
 from gt_core.stream.lift import Scalar
 from gt_core.stream.plan import Plan, Slot, expand
 
@@ -23,10 +24,10 @@ from gt_core.stream.plan import Plan, Slot, expand
 PLAN = Plan(
     "sig",
     (
-        ("op", 0, (Slot("i", 0), Slot("i", 1)), {}, (0,)),
-        ("op", 1, (Slot("t", 0), Scalar(0)), {}, (1,)),
-        ("free", Slot("t", 0)),
-        ("op", 2, (Slot("i", 0), Slot("t", 1)), {"alpha": 1}, (None,)),
+        OpEntry("op", 0, (Slot("i", 0), Slot("i", 1)), {}, (0,)),
+        OpEntry("op", 1, (Slot("t", 0), Scalar(0)), {}, (1,)),
+        FreeEntry("free", Slot("t", 0)),
+        OpEntry("op", 2, (Slot("i", 0), Slot("t", 1)), {"alpha": 1}, (None,)),
     ),
     n_inputs=2,
     n_scalars=1,
@@ -35,10 +36,10 @@ PLAN = Plan(
 
 def occurrence(a=1, b=2, base=10, scale=0.5, alpha=1):
     return [
-        (OP, 0, (Ref(a), Ref(b)), {}, (base,)),
-        (OP, 1, (Ref(base), scale), {}, (base + 1,)),
-        (FREE, base),
-        (OP, 2, (Ref(a), Ref(base + 1)), {"alpha": alpha}, (None,)),
+        Op(OP, 0, (Ref(a), Ref(b)), {}, (base,)),
+        Op(OP, 1, (Ref(base), scale), {}, (base + 1,)),
+        Free(FREE, base),
+        Op(OP, 2, (Ref(a), Ref(base + 1)), {"alpha": alpha}, (None,)),
     ]
 
 
@@ -63,8 +64,11 @@ def test_a_whole_occurrence_becomes_one_run_that_expands_back():
     [
         occurrence(a=1, b=1),  # one value under two input names
         occurrence(alpha=2),  # a constant that is not lifted differs
-        occurrence()[:2] + [(PUT, 99, None)] + occurrence()[2:],  # an upload cuts it
-        [(OP, 0, (Ref(1), Ref(2)), {}, (10,)), (OP, 1, (Ref(7), 0.5), {}, (11,))],  # wrong value
+        occurrence()[:2] + [Put(PUT, 99, None)] + occurrence()[2:],  # an upload cuts it
+        [  # a wrong value
+            Op(OP, 0, (Ref(1), Ref(2)), {}, (10,)),
+            Op(OP, 1, (Ref(7), 0.5), {}, (11,)),
+        ],
     ],
     ids=["aliased-inputs", "constant", "barrier", "wrong-value"],
 )
@@ -133,8 +137,8 @@ def _sent(session):
     send = session.transport.send
 
     def counting(batch):
-        counts["ops"] += sum(1 for ins in batch if ins[0] == OP)
-        counts["runs"] += sum(1 for ins in batch if ins[0] == RUN)
+        counts["ops"] += sum(1 for ins in batch if ins.code == OP)
+        counts["runs"] += sum(1 for ins in batch if ins.code == RUN)
         send(batch)
 
     session.transport.send = counting
@@ -229,15 +233,15 @@ def _stream(client_match: bool, adam: bool) -> tuple:
 
     def spying(batch):
         for ins in batch:
-            if ins[0] == RUN:
-                sent.extend(expand(s.replay.plans[ins[1]], *ins[2:]))
+            if ins.code == RUN:
+                sent.extend(expand(s.replay.plans[ins.sig], ins.inputs, ins.produced, ins.scalars))
             else:
                 sent.append(ins)
         send(batch)
 
     s.transport.send = spying
     params, losses = _loop(True, adam)
-    return [ins for ins in sent if ins[0] in (OP, FREE)], params, losses
+    return [ins for ins in sent if ins.code in (OP, FREE)], params, losses
 
 
 @pytest.mark.parametrize("adam", [False, True], ids=["sgd-momentum", "adam-cosine"])

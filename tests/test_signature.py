@@ -4,10 +4,11 @@ import torch
 
 from gt_core.observe.graph import to_networkx
 from gt_core.stream.canonical import canonicalize, diff, diff_text
-from gt_core.stream.instructions import FREE, OP, Ref
+from gt_core.stream.instructions import FREE, OP, Free, Op, Ref
+from gt_core.stream.meta import ValueMeta
 
-F32 = ((8, 8), (8, 1), torch.float32, torch.device("cpu"))
-F32_B = ((4, 8), (8, 1), torch.float32, torch.device("cpu"))
+F32 = ValueMeta((8, 8), (8, 1), torch.float32, torch.device("cpu"))
+F32_B = ValueMeta((4, 8), (8, 1), torch.float32, torch.device("cpu"))
 NAMES = {0: "aten.relu.default", 1: "aten.add.Tensor", 2: "aten.mul.Tensor", 3: "aten.gelu.default"}
 
 
@@ -17,12 +18,12 @@ def canon(instrs, meta=None):
 
 
 def op(idx, *ins, out):
-    return (OP, idx, tuple(Ref(i) for i in ins), {}, (out,))
+    return Op(OP, idx, tuple(Ref(i) for i in ins), {}, (out,))
 
 
 def test_renamed_ids_give_the_same_signature():
-    a = canon([op(0, 1, out=2), op(1, 2, 1, out=3), (FREE, 2)])
-    b = canon([op(0, 71, out=90), op(1, 90, 71, out=91), (FREE, 90)])
+    a = canon([op(0, 1, out=2), op(1, 2, 1, out=3), Free(FREE, 2)])
+    b = canon([op(0, 71, out=90), op(1, 90, 71, out=91), Free(FREE, 90)])
     assert a.id == b.id and len(a.id) == 12
 
 
@@ -46,7 +47,7 @@ def test_chain_differs_from_independent_ops_on_one_input():
 
 
 def test_freed_values_are_part_of_the_signature():
-    a = canon([op(0, 1, out=2), op(0, 2, out=3), (FREE, 2)])
+    a = canon([op(0, 1, out=2), op(0, 2, out=3), Free(FREE, 2)])
     b = canon([op(0, 1, out=2), op(0, 2, out=3)])
     assert a.id != b.id
     assert diff(a.to_data(), b.to_data()).startswith("value t0 freed inside the block in A, not in B")
@@ -64,7 +65,7 @@ def test_diff_names_an_op_change_and_a_shape_change():
 
 
 def test_networkx_export_has_ops_inputs_and_edges():
-    a = canon([op(0, 1, out=2), op(1, 2, 1, out=3), (FREE, 2)])
+    a = canon([op(0, 1, out=2), op(1, 2, 1, out=3), Free(FREE, 2)])
     g = to_networkx(a.to_data())
     assert g.nodes["in0"]["kind"] == "input" and g.nodes["in0"]["shape"] == [8, 8]
     assert g.nodes["in0"]["dtype"] == "float32"

@@ -6,7 +6,7 @@ from conftest import assert_close
 
 import gt_core
 from gt_core.remote.executor import Executor
-from gt_core.stream.instructions import DEFOP, OP, PUT, Ref
+from gt_core.stream.instructions import DEFOP, OP, PUT, DefOp, Op, Put, Ref
 
 
 # Defined in the client's process only: a spawned worker has never heard of it.
@@ -95,12 +95,12 @@ def test_executor_keeps_serving_after_an_unresolved_defop():
     ex = Executor(torch.device("cpu"))
     a = torch.arange(4.0)
     for ins in [
-        (PUT, 1, a),
-        (DEFOP, 0, "no_such_lib::op.default"),
-        (DEFOP, 1, "aten::mul.Tensor"),
-        (OP, 0, (Ref(1),), {}, (2,)),
-        (OP, 1, (Ref(1), Ref(1)), {}, (3,)),
-        (OP, 1, (Ref(2), Ref(1)), {}, (4,)),  # uses the failed op's output
+        Put(PUT, 1, a),
+        DefOp(DEFOP, 0, "no_such_lib::op.default"),
+        DefOp(DEFOP, 1, "aten::mul.Tensor"),
+        Op(OP, 0, (Ref(1),), {}, (2,)),
+        Op(OP, 1, (Ref(1), Ref(1)), {}, (3,)),
+        Op(OP, 1, (Ref(2), Ref(1)), {}, (4,)),  # uses the failed op's output
     ]:
         ex.execute(ins)
     err = ex.take_error()

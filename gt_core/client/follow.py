@@ -7,10 +7,21 @@ looking up the metadata cache. The matcher (``replay.Occurrence``) keeps the bin
 
 from __future__ import annotations
 
-from gt_core.client.meta import _ANY_FLOAT, _NEW, _SCALARS, _floats_free
+from typing import Any, NamedTuple
+
+from gt_core.client.meta import _ANY_FLOAT, _SCALARS, Alias, New, _floats_free
 from gt_core.client.proxy import Proxy
 from gt_core.stream.lift import Scalar
 from gt_core.stream.plan import Slot
+
+
+class Learned(NamedTuple):
+    """What recording a plan entry found once: what later occurrences follow it by."""
+
+    op: Any  # the OpOverload
+    varying: tuple  # the cache key's parts the entry's template leaves free (see _varying)
+    template: New | Alias  # its output (gt_core.client.meta)
+    n_proxies: int  # its proxy arguments
 
 
 def follow(session, func, args, kwargs):
@@ -25,10 +36,9 @@ def follow(session, func, args, kwargs):
     rp = session.replay
     c = rp.cands[0]
     learned, e = c.upcoming()
-    if learned is None or learned[0] is not func:
+    if learned is None or learned.op is not func:
         return None
-    _, want, t, n_proxies = learned
-    eargs, ekw = e[2], e[3]
+    eargs, ekw = e.args, e.kwargs
     if len(args) != len(eargs) or len(kwargs) != len(ekw):
         return None
     parts = []
@@ -65,17 +75,17 @@ def follow(session, func, args, kwargs):
             parts.append(_scalar_part(v, func))
         elif tv is not type(tmpl) or tmpl != v or tv not in _SCALARS:
             return None
-    if tuple(parts) != want or len(proxies) != n_proxies:
+    if tuple(parts) != learned.varying or len(proxies) != learned.n_proxies:
         return None
-    outs = e[4]
-    if t[0] == _NEW:
+    t = learned.template
+    if type(t) is New:
         vid = session.next_id
-        if not c.produce(outs[0], vid):
+        if not c.produce(e.outs[0], vid):  # (the op's one output)
             return None
         session.next_id = vid + 1
-        result = Proxy(session, vid, t[1], t[2])
+        result = Proxy(session, vid, t.meta, t.mid)
     else:
-        result = proxies[t[1]]
+        result = proxies[t.index]
     session.counters["ops"] += 1
     rp.followed_op(c)
     return result
@@ -90,13 +100,13 @@ def _varying(e, args, kwargs, func) -> tuple:
     """The parts of an op's cache key a plan entry's template leaves free: its tensors'
     metadata and its lifted scalars' (the template's literals fix the rest)."""
     parts = []
-    for tmpl, a in zip(e[2], args):  # noqa: B905 (the entry matched these arguments)
+    for tmpl, a in zip(e.args, args):  # noqa: B905 (the entry matched these arguments)
         if type(a) is Proxy:
             parts.append(a._gt_k)
         elif type(tmpl) is Scalar:
             parts.append(_scalar_part(a, func))
     for k, v in kwargs.items():
-        if type(e[3].get(k)) is Scalar:
+        if type(e.kwargs.get(k)) is Scalar:
             parts.append(_scalar_part(v, func))
     return tuple(parts)
 

@@ -45,7 +45,7 @@ from gt_core.client.jit_recipe import _OUT, _differ, _Recipe, _Recording, _Refus
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
 from gt_core.observe import events as ev
-from gt_core.stream.instructions import FREE, JIT_SIGNAL, MARK, RUN, op_name
+from gt_core.stream.instructions import FREE, JIT_SIGNAL, MARK, RUN, Free, Mark, Run, op_name
 
 __all__ = ["jit", "Jit"]
 
@@ -171,13 +171,13 @@ class _Entry:
             s.flush()
             before = _scan(roots)
             syncs = s.counters["syncs"]
-            s.emit((MARK, self.name, "enter"))
+            s.emit(Mark(MARK, self.name, "enter"))
             s.tee = tee = []
         try:
             result = self.owner.fn(*args, **kwargs)
         finally:
             with LOCK:
-                s.emit((MARK, self.name, "exit"))  # the frees of the call's locals come first
+                s.emit(Mark(MARK, self.name, "exit"))  # the frees of the call's locals come first
                 s.tee = None
                 s.flush()
         rec = _Recording(leaves, roots, before, _scan(roots), result, tee[:-1])
@@ -250,8 +250,8 @@ class _Entry:
                 s.replay.release()
             out, freed = s._out, s.freed  # (_out: a jit call being recorded sees them too)
             while freed:  # straight out: the RUN after them ends any occurrence they start
-                out((FREE, freed.popleft()))
-            out((RUN, r.sig, ids, produced.start, ()))
+                out(Free(FREE, freed.popleft()))
+            out(Run(RUN, r.sig, ids, produced.start, ()))
             s._send()
             self.replayed += 1
             outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]

@@ -42,7 +42,7 @@ class _Recording:
                 f"a sync inside the step ({self.syncs} per call: .item(), printing a tensor, "
                 "a data-dependent shape): replay cannot answer it, the function keeps running"
             )
-        other = [ins for ins in self.instrs if ins[0] not in (OP, FREE)]
+        other = [ins for ins in self.instrs if ins.code not in (OP, FREE)]
         if other:
             return (
                 "the step uploads data or seeds the generator each call (a plain tensor or "
@@ -58,9 +58,9 @@ class _Recording:
         """(op, argument, value) of every Python float the call passed to an op."""
         out = []
         for ins in self.instrs:
-            if ins[0] == OP:
+            if ins.code == OP:
                 for where, v in _float_args(ins):
-                    out.append((ins[1], where, v))
+                    out.append((ins.op, where, v))
         return out
 
     def frozen(self, ops: dict) -> list[dict]:
@@ -87,21 +87,21 @@ def _differ(a: _Recording, b: _Recording, ops: dict) -> str | None:
 
 
 def _shape(ins) -> tuple:
-    if ins[0] == FREE:
+    if ins.code == FREE:
         return (FREE,)
     return (
         OP,
-        ins[1],
-        without_ids(ins[2]),
-        tuple(sorted((k, without_ids(v)) for k, v in ins[3].items())),
-        tuple(o is None for o in ins[4]),
+        ins.op,
+        without_ids(ins.args),
+        tuple(sorted((k, without_ids(v)) for k, v in ins.kwargs.items())),
+        tuple(o is None for o in ins.outs),
     )
 
 
 def _float_args(ins):
-    for i, a in enumerate(ins[2]):
+    for i, a in enumerate(ins.args):
         yield from _floats(a, f"argument {i}")
-    for k, v in ins[3].items():
+    for k, v in ins.kwargs.items():
         yield from _floats(v, k)
 
 
@@ -144,7 +144,7 @@ class _Recipe:
                     "reachable from its closure or globals (through modules, optimizers, dicts, "
                     "lists)"
                 )
-        freed = {ins[1] for ins in rec.instrs if ins[0] == FREE}
+        freed = {ins.vid for ins in rec.instrs if ins.code == FREE}
         alive = [k for k, vid in enumerate(occ.produced) if vid not in freed]
         index = {occ.produced[k]: j for j, k in enumerate(alive)}
         metas: dict[int, tuple] = {}

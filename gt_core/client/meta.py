@@ -5,21 +5,60 @@ metadata, non-tensor arguments) and is cached, so the steady state records an op
 any inference. Ops that need real data (a Python scalar result, or a shape that depends on
 values) are marked ``_SYNC``: they flush the stream and run on the worker at once.
 
-A cache entry is ``(template, n_new, mask)``: how to build the result (``_NEW`` proxies,
-inputs returned as ``_ALIAS``, constants), how many new values it makes, and which outputs
-are new.
+A cache entry is an :class:`Entry`: how to build the result (a template of :class:`New`
+proxies, inputs returned as :class:`Alias`, :class:`Const` values, :class:`Nested` lists and
+tuples of these), how many new values it makes, and which outputs are new.
 """
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 import torch
 
-from gt_core.client.proxy import Proxy, _meta_id, _meta_of
+from gt_core.client.proxy import Proxy, _meta_id
 from gt_core.errors import UnsupportedOperation
+from gt_core.stream.meta import TensorMeta, tensor_meta
 
 _meta_cache: dict = {}
 _SYNC = object()  # cache marker: this op runs on the worker at once
-_NEW, _ALIAS = 0, 1
+
+
+class New(NamedTuple):
+    """A new worker value: a proxy of ``meta`` (``mid`` its metadata id)."""
+
+    meta: TensorMeta
+    mid: int
+
+
+class Alias(NamedTuple):
+    """The op's ``index``-th tensor argument, returned (in place); ``after`` its metadata
+    where the op changed it (None: unchanged)."""
+
+    index: int
+    after: TensorMeta | None
+
+
+class Nested(NamedTuple):
+    """A list or tuple (``kind``) of templates."""
+
+    kind: type
+    items: tuple
+
+
+class Const(NamedTuple):
+    """A value that is not a tensor, the same for every call with this key."""
+
+    value: Any
+
+
+class Entry(NamedTuple):
+    """A cache entry: the result's template, how many new values, which outputs are new."""
+
+    template: New | Alias | Nested | Const
+    n_new: int
+    mask: tuple  # for each tensor output in order: True if new, False if an input
+
 
 _SCALARS = (int, float, bool, type(None))
 _ANY_FLOAT = (
@@ -49,10 +88,7 @@ def _floats_free(func) -> bool:
 
 def _to_meta(a, metas: list):
     if isinstance(a, torch.Tensor):
-        if isinstance(a, Proxy):
-            shape, stride, offset, dtype = a._gt_m
-        else:
-            shape, stride, offset, dtype = tuple(a.shape), a.stride(), a.storage_offset(), a.dtype
+        shape, stride, dtype, offset = a._gt_m if isinstance(a, Proxy) else tensor_meta(a)
         m = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
         if offset:
             # (an empty view needs no element past its offset: (s - 1) would go negative)
@@ -83,7 +119,7 @@ def _infer(func, args, kwargs):
     mkwargs = {k: _to_meta(v, metas) for k, v in kwargs.items()}
     if any(a.name == "device" for a in func._schema.arguments):
         mkwargs["device"] = torch.device("meta")
-    before = [_meta_of(m) for m in metas]
+    before = [tensor_meta(m) for m in metas]
     try:
         with torch._C._DisableTorchDispatch():
             out = func(*margs, **mkwargs)
@@ -95,18 +131,18 @@ def _infer(func, args, kwargs):
         return _SYNC
     counter = [0]
     template = _template(out, metas, before, counter)
-    return template, counter[0], tuple(_mask(template))
+    return Entry(template, counter[0], tuple(_mask(template)))
 
 
 def _mask(template):
     """For each tensor output in order: True if new, False if it is an input."""
-    kind = template[0]
-    if kind == _NEW:
+    kind = type(template)
+    if kind is New:
         yield True
-    elif kind == _ALIAS:
+    elif kind is Alias:
         yield False
-    elif kind is not None:
-        for t in template[1]:
+    elif kind is Nested:
+        for t in template.items:
             yield from _mask(t)
 
 
@@ -121,11 +157,11 @@ def _template(o, metas, before, counter):
             )
         for i, m in enumerate(metas):
             if o is m:
-                after = _meta_of(m)
-                return (_ALIAS, i, after if after != before[i] else None)
+                after = tensor_meta(m)
+                return Alias(i, after if after != before[i] else None)
         counter[0] += 1
-        meta = _meta_of(o)
-        return (_NEW, meta, _meta_id(meta))
+        meta = tensor_meta(o)
+        return New(meta, _meta_id(meta))
     if type(o) in (list, tuple):
-        return (type(o), tuple(_template(x, metas, before, counter) for x in o))
-    return (None, o)
+        return Nested(type(o), tuple(_template(x, metas, before, counter) for x in o))
+    return Const(o)

@@ -14,19 +14,15 @@ import torch
 
 from gt_core.client.session import LOCK
 from gt_core.errors import UnsupportedOperation
-from gt_core.stream.instructions import OP, PUT
+from gt_core.stream.instructions import OP, PUT, Op, Put
+from gt_core.stream.meta import TensorMeta, tensor_meta
 
 __all__ = ["Proxy", "upload", "is_remote"]
 
-
-def _meta_of(t: torch.Tensor) -> tuple:
-    return (tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+_meta_ids: dict[TensorMeta, int] = {}
 
 
-_meta_ids: dict[tuple, int] = {}
-
-
-def _meta_id(meta: tuple) -> int:
+def _meta_id(meta: TensorMeta) -> int:
     """A small int per distinct metadata: what cache keys hold for a tensor (cheap to hash)."""
     mid = _meta_ids.get(meta)
     if mid is None:
@@ -44,8 +40,8 @@ class Proxy(torch.Tensor):
     _gt_v = None  # the shadow: a plain tensor equal to the worker's value, when one is kept
 
     @staticmethod
-    def __new__(cls, session, vid: int, meta: tuple, mid: int | None = None):
-        shape, stride, offset, dtype = meta
+    def __new__(cls, session, vid: int, meta: TensorMeta, mid: int | None = None):
+        shape, stride, dtype, offset = meta
         if offset:
             r = _wrapper(
                 cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device=_CPU
@@ -173,12 +169,12 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
         # the block (Adam's foreach step adds torch.tensor(1.0) every step), and a value that
         # changes is lifted into an input of the compiled block like any other float.
         idx = session.op(_SCALAR_TENSOR)
-        session.emit((OP, idx, (data.item(),), {"dtype": data.dtype, "device": _CPU}, (vid,)))
-        p = Proxy(session, vid, _meta_of(data))
+        session.emit(Op(OP, idx, (data.item(),), {"dtype": data.dtype, "device": _CPU}, (vid,)))
+        p = Proxy(session, vid, tensor_meta(data))
         p._gt_v = data
     else:
-        session.emit((PUT, vid, data))
-        p = Proxy(session, vid, _meta_of(data))
+        session.emit(Put(PUT, vid, data))
+        p = Proxy(session, vid, tensor_meta(data))
     if not cache:
         return p
     try:

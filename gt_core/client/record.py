@@ -12,16 +12,17 @@ import sys
 
 import torch
 
-from gt_core.client.follow import _varying, follow
+from gt_core.client.follow import Learned, _varying, follow
 from gt_core.client.interrupt import GT_DIR, LIBRARY_DIRS
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.meta import (
-    _ALIAS,
     _ANY_FLOAT,
-    _NEW,
     _SCALARS,
     _SYNC,
+    Alias,
+    Const,
+    New,
     _floats_free,
     _infer,
     _meta_cache,
@@ -31,9 +32,14 @@ from gt_core.client.proxy import Proxy, _meta_id, _rebind, upload
 from gt_core.client.session import LOCK, live_session
 from gt_core.client.shadows import _on_shadows, _shadow
 from gt_core.errors import UnsupportedOperation, WorkerLost
-from gt_core.stream.instructions import OP, Ref
+from gt_core.stream.instructions import OP, Op, Ref
+from gt_core.stream.meta import Made, TensorMeta
 
 __all__ = ["record"]
+
+# An instruction per recorded op is built by tuple.__new__, skipping the NamedTuple's Python
+# __new__ (a call that costs several times the tuple itself).
+_new = tuple.__new__
 
 _OURS = (GT_DIR, *LIBRARY_DIRS)  # gt's, torch's and the standard library's files
 
@@ -98,7 +104,7 @@ class _Walk:
             return a._gt_k, Ref(a._gt_id)
         if t is list or t is tuple:
             parts = [self.walk(x) for x in a]
-            return (t, tuple(p[0] for p in parts)), t(p[1] for p in parts)
+            return (t, tuple(k for k, _ in parts)), t(x for _, x in parts)
         if t is torch.Generator:
             raise UnsupportedOperation(
                 f"{self.func}: an explicit torch.Generator cannot drive a gt worker tensor; "
@@ -159,16 +165,16 @@ def record(func, args, kwargs):
         if session is not None:
             entry = _meta_cache.get(tuple(key))
             if entry is not None and entry is not _SYNC:
-                t = entry[0]
-                kind = t[0]
+                t = entry.template
+                kind = type(t)
                 # one new tensor out, or an input returned unchanged (in place): the
                 # two most common op shapes of all
-                if (kind == _NEW and entry[1] == 1) or (kind == _ALIAS and t[2] is None):
+                if kind is New or (kind is Alias and t.after is None):
                     session.counters["ops"] += 1
                     idx = session.op_index.get(func)
                     if idx is None:
                         idx = session.op(func)
-                    if kind == _NEW:
+                    if kind is New:
                         vid = session.next_id
                         session.next_id = vid + 1
                         outs = (vid,)
@@ -179,12 +185,12 @@ def record(func, args, kwargs):
                     cands = session.replay.cands
                     c = cands[0] if len(cands) == 1 else None
                     pos = c.pos if c is not None else -1
-                    session.emit((OP, idx, tuple(sent), kwargs, outs))
+                    session.emit(_new(Op, (OP, idx, tuple(sent), kwargs, outs)))
                     if c is not None and c.pos == pos + 1:
                         # matched as the plan's entry pos: what the next occurrences reuse
                         want = _varying(c.entries[pos], args, kwargs, func)
-                        c.learn(pos, (func, want, t, len(proxies)))
-                    return Proxy(session, vid, t[1], t[2]) if kind == _NEW else proxies[t[1]]
+                        c.learn(pos, Learned(func, want, t, len(proxies)))
+                    return Proxy(session, vid, t.meta, t.mid) if kind is New else proxies[t.index]
     return _record(func, args, kwargs)
 
 
@@ -204,14 +210,14 @@ def _record(func, args, kwargs):
     if kwargs:
         pk = {k: walk(v) for k, v in kwargs.items()}
         session = w.session
-        key = (func, *[p[0] for p in pa], *[(k, v[0]) for k, v in pk.items()])
-        sent_kwargs = {k: v[1] for k, v in pk.items()}
+        key = (func, *[k for k, _ in pa], *[(name, k) for name, (k, _) in pk.items()])
+        sent_kwargs = {name: x for name, (_, x) in pk.items()}
     else:
-        key = (func, *[p[0] for p in pa])
+        key = (func, *[k for k, _ in pa])
         sent_kwargs = {}
     if session is None:  # a factory op (no tensor arguments) inside capture
         session = _current_session()
-    sent_args = tuple([p[1] for p in pa])
+    sent_args = tuple([x for _, x in pa])
     try:
         entry = _meta_cache.get(key)
     except TypeError:  # an unhashable argument: infer every time
@@ -237,15 +243,15 @@ def _record(func, args, kwargs):
         it = iter(ids)
         outs = tuple(next(it) if new else None for new in mask)
     session.counters["ops"] += 1
-    session.emit((OP, idx, sent_args, sent_kwargs, outs))
+    session.emit(_new(Op, (OP, idx, sent_args, sent_kwargs, outs)))
     if where is not None and ids:
         session.site(ids[0], where)
     out = _build(template, session, iter(ids), proxies)
     if shadowed:
         _shadow(session, func, args, kwargs, out, proxies)
-    if plain and template[0] == _ALIAS and template[1] in plain and func._schema.is_mutable:
+    if plain and type(template) is Alias and template.index in plain and func._schema.is_mutable:
         # In place on a plain tensor with a worker argument: bring the result home.
-        target = plain[template[1]]
+        target = plain[template.index]
         with torch._C._DisableTorchDispatch():
             target.copy_(out.cpu())
         return target
@@ -264,21 +270,22 @@ def _user_line() -> tuple[str, int] | None:
 
 
 def _build(template, session, ids, proxies):
-    kind = template[0]
-    if kind == _NEW:
-        return Proxy(session, next(ids), template[1], template[2])
-    if kind == _ALIAS:
-        p = proxies[template[1]]
-        if template[2] is not None and template[2] != p._gt_m:  # in-place op changed metadata
-            _restride(p, template[2])
+    kind = type(template)
+    if kind is New:
+        return Proxy(session, next(ids), template.meta, template.mid)
+    if kind is Alias:
+        p = proxies[template.index]
+        after = template.after
+        if after is not None and after != p._gt_m:  # in-place op changed metadata
+            _restride(p, after)
         return p
-    if kind is None:
-        return template[1]
-    return kind(_build(t, session, ids, proxies) for t in template[1])
+    if kind is Const:
+        return template.value
+    return template.kind(_build(t, session, ids, proxies) for t in template.items)
 
 
-def _restride(p: Proxy, meta: tuple) -> None:
-    shape, stride, offset, _ = meta
+def _restride(p: Proxy, meta: TensorMeta) -> None:
+    shape, stride, _, offset = meta
     with torch._C._DisableTorchDispatch():
         torch._C.TensorBase.as_strided_(p, shape, stride, offset)
     p._gt_m, p._gt_k = meta, _meta_id(meta)
@@ -298,8 +305,8 @@ def _described(d, session, by_id):
     """Proxies for the worker's description of a sync op's outputs."""
     if type(d) is Ref:
         return by_id[d.id]
-    if type(d) is tuple and len(d) == 5 and isinstance(d[4], torch.dtype):
-        return Proxy(session, d[0], d[1:])
+    if type(d) is Made:
+        return Proxy(session, d.vid, d.meta)
     if type(d) in (list, tuple):
         return type(d)(_described(x, session, by_id) for x in d)
     return d

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
-from gt_core.stream.instructions import FREE, OP, RUN, Ref
+from gt_core.stream.instructions import FREE, OP, RUN, Free, Ref, Run
 from gt_core.stream.lift import Scalar
 from gt_core.stream.plan import Plan, Slot, instruction
 
@@ -31,25 +31,25 @@ class Occurrence:
 
     def match(self, ins) -> bool:
         e = self.entries[self.pos]
-        if e[0] == "free":
-            if ins[0] != FREE or not self.bind(e[1], ins[1]):
+        if e.kind == "free":
+            if ins.code != FREE or not self.bind(e.value, ins.vid):
                 return False
         else:
-            if ins[0] != OP or ins[1] != e[1]:
+            if ins.code != OP or ins.op != e.op:
                 return False
-            args, eargs = ins[2], e[2]
+            args, eargs = ins.args, e.args
             if len(args) != len(eargs):
                 return False
             for t, a in zip(eargs, args):  # noqa: B905 (lengths checked)
                 if not self._arg(t, a):
                     return False
-            kwargs, ekw = ins[3], e[3]
+            kwargs, ekw = ins.kwargs, e.kwargs
             if len(kwargs) != len(ekw):
                 return False
             for k, t in ekw.items():
                 if k not in kwargs or not self._arg(t, kwargs[k]):
                     return False
-            outs, eouts = ins[4], e[4]
+            outs, eouts = ins.outs, e.outs
             if len(outs) != len(eouts):
                 return False
             for o, j in zip(outs, eouts):  # noqa: B905 (lengths checked)
@@ -70,9 +70,9 @@ class Occurrence:
         pos = self.pos
         return self.plan.learned[pos], self.entries[pos]
 
-    def learn(self, pos: int, learned: tuple) -> None:
-        """Recording entry ``pos`` found ``learned``: (op, varying key parts, template, n
-        proxies), what later occurrences follow it by."""
+    def learn(self, pos: int, learned) -> None:
+        """Recording entry ``pos`` found ``learned`` (gt_core.client.follow's Learned), what
+        later occurrences follow it by."""
         self.plan.learned[pos] = learned
 
     def lift(self, k: int, value: float) -> None:
@@ -180,13 +180,13 @@ class Replay:
         if len(cands) == 1:
             c = cands[0]
             e = c.entries[c.pos]
-            if e[0] == "free" and c.bind(e[1], vid):
+            if e.kind == "free" and c.bind(e.value, vid):
                 c.pos += 1
                 self.kept.append(None)
                 if c.pos == c.n:
                     self._complete(c)
                 return
-        self.feed((FREE, vid))
+        self.feed(Free(FREE, vid))
 
     def followed_op(self, c: Occurrence) -> None:
         """``c``'s next entry was recorded by following it: kept as None (see release)."""
@@ -199,8 +199,8 @@ class Replay:
     def _start(self, ins) -> None:
         if self.inbox:
             self._take_inbox()
-        code = ins[0]
-        plans = self.by_first.get(ins[1] if code == OP else "free" if code == FREE else None)
+        code = ins.code
+        plans = self.by_first.get(ins.op if code == OP else "free" if code == FREE else None)
         if plans:
             cands = [c for c in (Occurrence(p) for p in plans) if c.match(ins)]
             if cands:
@@ -219,11 +219,12 @@ class Replay:
         # The client's ms per occurrence: from one RUN of a block to the next one of it, when
         # nothing else ran between (what gt_core.jit would save, beside the block's own ms).
         now, sig = time.perf_counter(), c.plan.sig
-        if self._last[0] == sig:
-            self.client_ms.setdefault(sig, deque(maxlen=256)).append((now - self._last[1]) * 1e3)
+        last_sig, last_at = self._last
+        if last_sig == sig:
+            self.client_ms.setdefault(sig, deque(maxlen=256)).append((now - last_at) * 1e3)
             self.client_runs[sig] = self.client_runs.get(sig, 0) + 1
         self._last = (sig, now)
-        self._sink((RUN, c.plan.sig, c.inputs, c.produced, c.scalars))
+        self._sink(Run(RUN, c.plan.sig, c.inputs, c.produced, c.scalars))
         self._ready()
 
     def release(self) -> None:

@@ -23,9 +23,22 @@ from gt_core.client.replay import Replay
 from gt_core.config import Options
 from gt_core.errors import WorkerDied, WorkerLost
 from gt_core.observe import events as ev
-from gt_core.stream.instructions import DEFOP, FREE, RNG, SEED, defining_module, qualified_name
+from gt_core.stream.instructions import (
+    DEFOP,
+    FREE,
+    RNG,
+    SEED,
+    DefOp,
+    Free,
+    Rng,
+    Seed,
+    defining_module,
+    qualified_name,
+)
 
 __all__ = ["Session", "LOCK", "live_session"]
+
+_new = tuple.__new__  # a Free per freed value, built without the NamedTuple's Python __new__
 
 _generations = itertools.count(1)
 # Every change to a session's stream (an op recorded, a request, a flush) holds this lock:
@@ -99,7 +112,7 @@ class Session:
         idx = self.op_index.get(func)
         if idx is None:
             idx = self.op_index[func] = len(self.op_index)
-            self.buf.append((DEFOP, idx, qualified_name(func), defining_module(func)))
+            self.buf.append(DefOp(DEFOP, idx, qualified_name(func), defining_module(func)))
         return idx
 
     # -- the stream ----------------------------------------------------------------------
@@ -128,7 +141,7 @@ class Session:
             if replay.live and self.tee is None:
                 replay.free(vid)
             else:
-                self._out((FREE, vid))
+                self._out(_new(Free, (FREE, vid)))
 
     def flush(self) -> None:
         """Send what is pending (an occurrence being matched goes out as instructions)."""
@@ -184,8 +197,9 @@ class Session:
         where = next((self.sites[v] for v in outs if v in self.sites), None)
         line = None
         if where is not None:
-            text = linecache.getline(where[0], where[1]).strip()
-            line = f"{where[0]}:{where[1]}" + (f": {text}" if text else "")
+            file, lineno = where
+            text = linecache.getline(file, lineno).strip()
+            line = f"{file}:{lineno}" + (f": {text}" if text else "")
             exc.add_note(f"(recorded at {line})")
         self.log.emit(
             ev.ERROR,
@@ -198,14 +212,14 @@ class Session:
     # -- the worker's random state ------------------------------------------------------
     def seed(self, n: int) -> None:
         with LOCK:
-            self.emit((SEED, n))
+            self.emit(Seed(SEED, n))
             self.rng = None
 
     def send_rng_state(self, state) -> None:
         """The worker's CPU generator takes ``state`` (unless it has it already)."""
         with LOCK:
             if self.rng is None or not _equal(self.rng, state):
-                self.emit((RNG, state.clone()))
+                self.emit(Rng(RNG, state.clone()))
             self.rng = None  # the worker draws from here on
 
     def fetch_rng_state(self):

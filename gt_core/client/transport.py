@@ -26,7 +26,7 @@ from gt_core.client.interrupt import interruptible
 from gt_core.compile.process import end_group
 from gt_core.errors import WorkerDied
 from gt_core.observe import events as ev
-from gt_core.stream.instructions import PUT, RNG
+from gt_core.stream.instructions import PUT, RNG, to_wire
 
 __all__ = ["Transport", "ProcessTransport", "InProcessTransport"]
 
@@ -71,7 +71,7 @@ class Transport:
 
 def _has_tensors(batch) -> bool:
     for ins in batch:
-        if ins[0] == PUT or ins[0] == RNG:
+        if ins.code == PUT or ins.code == RNG:
             return True
     return False
 
@@ -264,10 +264,10 @@ class ProcessTransport(Transport):
             # carry tensors (the rest are ids and numbers): the mode stays for those batches.
             if _has_tensors(batch):
                 with self._lock, _no_modes():
-                    self._conn.send(("batch", batch))
+                    self._conn.send(("batch", to_wire(batch)))
             else:  # plain pickle: multiprocessing's pickler copies its reducer table per message
                 with self._lock:
-                    self._conn.send_bytes(pickle.dumps(("batch", batch), _PROTOCOL))
+                    self._conn.send_bytes(pickle.dumps(("batch", to_wire(batch)), _PROTOCOL))
         except (BrokenPipeError, EOFError, OSError):
             raise self.death("sending work") from None
         except KeyboardInterrupt:  # outside a capture's held interrupts (see _interrupt)

@@ -80,12 +80,12 @@ def build_graph(
 
     k = 0
     for e in canon.entries:
-        if e[0] != "op":
+        if e.kind != "op":
             continue
-        op = ops[e[1]]
-        args, kwargs = tuple(arg(a) for a in e[2]), {n: arg(v) for n, v in e[3]}
+        op = ops[e.op]
+        args, kwargs = tuple(arg(a) for a in e.args), {n: arg(v) for n, v in e.kwargs}
         node = lower(g, op, args, kwargs) if lift else g.call_function(op, args, kwargs)
-        for name, path in zip(e[4], out_paths[k], strict=True):
+        for name, path in zip(e.outs, out_paths[k], strict=True):
             if name is None:  # an input returned by an in-place op: nothing new to name
                 continue
             sub = node

@@ -30,6 +30,7 @@ import time
 from multiprocessing.connection import Connection
 
 from gt_core.stream.instructions import qualified_name
+from gt_core.stream.meta import ValueMeta, value_meta
 
 __all__ = ["CompileProcess", "CompileProcessDied", "end_group"]
 
@@ -102,7 +103,7 @@ class CompileProcess:
 
     def compile_graph(self, gm, examples: list, mode: str | None):
         """Compile an FX graph for ``examples``' metadata: (callable, seconds)."""
-        metas = [(tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in examples]
+        metas = [value_meta(t) for t in examples]
         return self._compile(("graph", pickle.dumps(gm)), metas, mode)
 
     def compile_block(self, canon, ops: dict, out_paths, scalar_dtypes, device, mode):
@@ -111,7 +112,7 @@ class CompileProcess:
         The graph is built in the compile process, so not even that Python runs here.
         """
         names = {name: qualified_name(op) for name, op in ops.items()}
-        metas = list(canon.input_meta) + [((), (), dt, device) for dt in scalar_dtypes]
+        metas = list(canon.input_meta) + [ValueMeta((), (), dt, device) for dt in scalar_dtypes]
         job = ("block", canon, names, out_paths, len(scalar_dtypes))
         return self._compile(job, metas, mode)
 

@@ -64,7 +64,7 @@ class Block:
         self.free_slots: list = []  # the plan's freed values, in order (what a RUN frees)
         self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan
         self.n_produced = sum(
-            1 for e in canon.entries if e[0] == "op" for o in e[4] if o is not None
+            1 for e in canon.entries if e.kind == "op" for o in e.outs if o is not None
         )
 
 
@@ -100,7 +100,7 @@ class Blocks:
         """Whether any block can begin (the stream is worth matching)."""
         return bool(self._by_first or self._lift_first)
 
-    def starting_with(self, first: tuple) -> list[Block]:
+    def starting_with(self, first) -> list[Block]:
         """The blocks an occurrence beginning with canonical entry ``first`` may be of."""
         return self._by_first.get(first, []) + self._lift_first
 
@@ -161,7 +161,7 @@ class Occurrence:
             tracker.namer.inputs,
             getattr(tracker.namer, "scalars", ()),
             [names[n] for n in block.canon.outputs],
-            [ins[1] for ins in buf if ins[0] == FREE],
+            [ins.vid for ins in buf if ins.code == FREE],
             instrs=buf,
         )
 
@@ -171,7 +171,7 @@ class Occurrence:
         return cls(
             inputs,
             scalars,
-            [produced[n[1]] for n in block.canon.outputs],
+            [produced[k] for _, k in block.canon.outputs],
             [inputs[f.k] if f.kind == "i" else produced[f.k] for f in block.free_slots],
             expand_=lambda: expand(block.plan, inputs, produced, scalars),
         )

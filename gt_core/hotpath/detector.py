@@ -52,7 +52,7 @@ def changes(instrs: list, p: int, threshold: int, is_barrier=None, lift=None):
     barriers = []
     for i in range(n - p, n):
         ins = H[i]
-        if ins[0] in BARRIERS or (is_barrier is not None and is_barrier(ins)):
+        if ins.code in BARRIERS or (is_barrier is not None and is_barrier(ins)):
             barriers.append(i)
             continue
         paths: dict = {}
@@ -60,7 +60,7 @@ def changes(instrs: list, p: int, threshold: int, is_barrier=None, lift=None):
             a, b = H[i - (k - 1) * p], H[i - k * p] if i - k * p >= 0 else None
             if b is None or exact_key(a) == exact_key(b):
                 continue
-            same_op = a[0] == OP == b[0] and a[1] == b[1]
+            same_op = a.code == OP == b.code and a.op == b.op
             got = lift(a, b) if same_op and lift is not None else None
             if got is None:
                 barriers.append(i)

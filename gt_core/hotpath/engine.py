@@ -122,18 +122,18 @@ class Engine:
         self.outbox.flush_soon()
 
     def step(self, ins) -> None:
-        code = ins[0]
+        code = ins.code
         if code == DEFOP:
             self.ex.execute(ins)
         elif code == RUN:
-            if type(ins[3]) is int:  # produced as its first id (a jit call: one int to send)
-                n = self.matcher.blocks[ins[1]].n_produced
-                ins = (RUN, ins[1], ins[2], range(ins[3], ins[3] + n), ins[4])
+            if type(ins.produced) is int:  # its first id (a jit call: one int to send)
+                n = self.matcher.blocks[ins.sig].n_produced
+                ins = ins._replace(produced=range(ins.produced, ins.produced + n))
             block, occ = self.matcher.planned(ins)
             if occ is not None:
                 self._occurrence(block, occ)
             else:  # the instructions take the ordinary path
-                for x in expand(block.plan, *ins[2:]):
+                for x in expand(block.plan, ins.inputs, ins.produced, ins.scalars):
                     self.step(x)
         elif self.signals.jit_open and code != MARK:
             self._run_and_record(ins)  # a jit call being recorded: its block is the call
@@ -144,9 +144,9 @@ class Engine:
 
     def _run_and_record(self, ins) -> None:
         """Run one instruction eagerly; it joins the history."""
-        code = ins[0]
+        code = ins.code
         if code == FREE:
-            self.history.remember(ins[1])
+            self.history.remember(ins.vid)
         result = self.ex.run_op(ins) if code == OP else self.ex.execute(ins)
         dropped = self.history.append(ins, result, self.options.window)
         if dropped:
@@ -154,9 +154,9 @@ class Engine:
             self.signals.shift(dropped)
 
     def _barrier(self, ins) -> None:
-        if ins[0] == MARK:
-            self.signals.mark(ins[1], ins[2])
-        elif ins[0] == SYNC and self.options.compile_all:
+        if ins.code == MARK:
+            self.signals.mark(ins.name, ins.phase)
+        elif ins.code == SYNC and self.options.compile_all:
             self.signals.compile_segment()
         if self.matcher.idle:
             self._detect()
@@ -182,10 +182,10 @@ class Engine:
         H, o, ex = self.history, self.options, self.ex
 
         def unresolved(ins):  # an op the worker cannot find fails every time: no block has it
-            return ins[0] == OP and ins[1] in ex.unresolved
+            return ins.code == OP and ins.op in ex.unresolved
 
         def lift(a, b):
-            return lift_positions(ex.ops[a[1]], a, b, H.meta_of)
+            return lift_positions(ex.ops[a.op], a, b, H.meta_of)
 
         # Cut at sync points, and at ops whose arguments change from one period to the next,
         # unless only floats change where they can be lifted into tensor inputs.

@@ -12,6 +12,7 @@ import time
 import torch
 
 from gt_core.stream.instructions import FREE, MARK, OP, Ref, without_ids
+from gt_core.stream.meta import ValueMeta
 
 __all__ = ["History", "local_key", "exact_key", "out_paths", "value_ids"]
 
@@ -20,12 +21,12 @@ class History:
     """The instructions run eagerly lately, their keys and out paths; bounded by ``window``."""
 
     def __init__(self, meta):
-        self.meta = meta  # value id -> (shape, stride, dtype, device) of a live value, or None
+        self.meta = meta  # value id -> the ValueMeta of a live value, or None
         self.instrs: list = []
         self.keys: list = []
         self.paths: list = []  # out paths of the OP instructions' results (None for others)
         # Metadata of values freed lately: a block's input may be freed before it is named.
-        self.freed_meta: dict[int, tuple] = {}
+        self.freed_meta: dict[int, ValueMeta] = {}
         self.started: float | None = None  # time.time() of the first instruction kept
 
     def __len__(self) -> int:
@@ -51,7 +52,7 @@ class History:
             self.started = time.time()
         self.instrs.append(ins)
         self.keys.append(local_key(ins))
-        self.paths.append(out_paths(result) if ins[0] == OP else None)
+        self.paths.append(out_paths(result) if ins.code == OP else None)
         if len(self.instrs) <= 2 * window:
             return 0
         drop = len(self.instrs) - window
@@ -82,17 +83,19 @@ def out_paths(result) -> list[tuple]:
 
 def local_key(ins):
     """An instruction without its ids: equal for the same op at the same place in a period."""
-    code = ins[0]
+    code = ins.code
     if code == OP:
-        return (OP, ins[1], without_ids(ins[2]), len(ins[4]))
+        return (OP, ins.op, without_ids(ins.args), len(ins.outs))
     if code == FREE:
         return (FREE,)
-    return (code, ins[1] if code == MARK else None)
+    return (code, ins.name if code == MARK else None)
 
 
 def exact_key(ins):
     """An instruction without its ids but with its floats: equal where nothing changed."""
-    return (ins[0], ins[1], repr(_strip_refs(ins[2])), repr(ins[3])) if ins[0] == OP else (ins[0],)
+    if ins.code != OP:
+        return (ins.code,)
+    return (OP, ins.op, repr(_strip_refs(ins.args)), repr(ins.kwargs))
 
 
 def _strip_refs(a):
@@ -106,14 +109,14 @@ def _strip_refs(a):
 
 def value_ids(ins):
     """The ids an instruction reads, writes or frees."""
-    if ins[0] == FREE:
-        return (ins[1],)
-    if ins[0] != OP:
+    if ins.code == FREE:
+        return (ins.vid,)
+    if ins.code != OP:
         return ()
     out = []
-    _collect(ins[2], out)
-    _collect(tuple(ins[3].values()), out)
-    out.extend(ins[4])
+    _collect(ins.args, out)
+    _collect(tuple(ins.kwargs.values()), out)
+    out.extend(ins.outs)
     return out
 
 

@@ -44,7 +44,7 @@ class Matcher:
 
     def take(self, ins) -> bool:
         """Whether ``ins`` joined an occurrence; if not, the caller runs it eagerly."""
-        code = ins[0]
+        code = ins.code
         if self.trackers:
             if code in BARRIERS:
                 self.flush(mismatch=True, got=ins)
@@ -66,7 +66,7 @@ class Matcher:
         Where they do not (same ops, other shapes: a last smaller batch, a new size), the
         client stops using the plan and the caller runs the plan's instructions.
         """
-        _, sig, inputs, produced, scalars = ins
+        sig, inputs, produced, scalars = ins.sig, ins.inputs, ins.produced, ins.scalars
         if self.trackers:  # instructions before it that began to look like a block
             self.flush(mismatch=False)
         block = self.blocks[sig]
@@ -87,7 +87,7 @@ class Matcher:
             t = max(self.trackers, key=lambda t: t.pos)
             if t.pos > 0 or len(self.buf) > 1:
                 entries = t.block.canon.entries
-                expected = entries[t.pos][1] if t.pos < len(entries) else "end"
+                expected = _expected(entries[t.pos]) if t.pos < len(entries) else "end"
                 self.outbox.emit(
                     ev.MISMATCH,
                     signature=t.block.sig,
@@ -127,6 +127,11 @@ class Matcher:
     def _describe(self, ins) -> str:
         if ins is None:
             return "end of stream"
-        if ins[0] == OP:
-            return self.op_name(ins[1])
-        return {FREE: "free", SYNC: "sync point", MARK: "signal"}.get(ins[0], "upload/seed")
+        if ins.code == OP:
+            return self.op_name(ins.op)
+        return {FREE: "free", SYNC: "sync point", MARK: "signal"}.get(ins.code, "upload/seed")
+
+
+def _expected(e) -> object:
+    """What a mismatch event names as expected: the entry's op name, or the freed value."""
+    return e.op if e.kind == "op" else e.value

@@ -70,7 +70,7 @@ class Registry:
         block.eager_fn = self._eager_graph(block)
         index = {self.ex.op_name(i): i for i in self.ex.ops}
         block.plan = make_plan(block.canon, index, len(block.scalar_dtypes))
-        block.free_slots = [e[1] for e in block.plan.entries if e[0] == "free"]
+        block.free_slots = [e.value for e in block.plan.entries if e.kind == "free"]
         self.blocks.add(block)
         if self.options.client_match:
             self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.plan)
@@ -82,7 +82,8 @@ class Registry:
         worker's device (Executor._place); the graph would keep the client's.
         """
         if self.ex.device.type != "cpu" and any(
-            e[0] == "op" and any(name == "device" for name, _ in e[3]) for e in block.canon.entries
+            e.kind == "op" and any(name == "device" for name, _ in e.kwargs)
+            for e in block.canon.entries
         ):
             return None
         try:
@@ -126,7 +127,10 @@ class Registry:
         for vid, name in namer.names.items():
             m = self.meta_of(vid)
             if m is not None:
-                out[_name(name)] = {"shape": list(m[0]), "dtype": str(m[2]).removeprefix("torch.")}
+                out[_name(name)] = {
+                    "shape": list(m.shape),
+                    "dtype": str(m.dtype).removeprefix("torch."),
+                }
         return out
 
     def _ops_by_name(self) -> dict:

@@ -118,7 +118,7 @@ class Runner:
         """Run an occurrence's instructions one by one."""
         ex = self.ex
         for ins in instrs:
-            if ins[0] == OP:
+            if ins.code == OP:
                 ex.run_op(ins)
             else:
                 ex.execute(ins)

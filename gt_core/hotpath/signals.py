@@ -56,7 +56,7 @@ class Signals:
         start = self.start.pop(name, None)
         if start is None or start < 0:
             return
-        seg = [i for i in range(start, n - 1) if self.history[i][0] in (OP, FREE)]
+        seg = [i for i in range(start, n - 1) if self.history[i].code in (OP, FREE)]
         if not seg or seg != list(range(seg[0], seg[-1] + 1)):
             return
         try:
@@ -89,9 +89,9 @@ class Signals:
         history = self.history
         n = len(history)
         i = n - 1
-        while i > 0 and history[i - 1][0] not in BARRIERS:
+        while i > 0 and history[i - 1].code not in BARRIERS:
             i -= 1
-        seg = [k for k in range(i, n - 1) if history[k][0] in (OP, FREE)]
+        seg = [k for k in range(i, n - 1) if history[k].code in (OP, FREE)]
         if not seg:
             return
         try:

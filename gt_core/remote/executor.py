@@ -26,6 +26,7 @@ from gt_core.stream.instructions import (
     op_name,
     resolve_op,
 )
+from gt_core.stream.meta import Made, ValueMeta, tensor_meta, value_meta
 
 __all__ = ["Executor", "describe_args", "Unresolved"]
 
@@ -101,20 +102,20 @@ class Executor:
     # -- the stream ----------------------------------------------------------------------
     def execute(self, ins) -> None:
         """Run one instruction eagerly."""
-        code = ins[0]
+        code = ins.code
         if code == OP:
             self.run_op(ins)
         elif code == FREE:
-            self.values.pop(ins[1], None)
-            self.poisoned.discard(ins[1])
+            self.values.pop(ins.vid, None)
+            self.poisoned.discard(ins.vid)
         elif code == PUT:
-            self.values[ins[1]] = ins[2].to(self.device) if self.device.type != "cpu" else ins[2]
+            self.values[ins.vid] = ins.value.to(self.device)  # (the tensor itself on the CPU)
         elif code == DEFOP:
-            self.define(ins[1], ins[2], ins[3] if len(ins) > 3 else None)
+            self.define(ins.op, ins.name, ins.module)
         elif code == SEED:
-            torch.manual_seed(ins[1])
+            torch.manual_seed(ins.seed)
         elif code == RNG:
-            torch.set_rng_state(ins[1])
+            torch.set_rng_state(ins.state)
         # MARK and SYNC carry no work; the engine reads them.
         self.executed += 1
 
@@ -152,10 +153,10 @@ class Executor:
         return name
 
     def run_op(self, ins):
-        _, idx, args, kwargs, outs = ins
+        idx, outs = ins.op, ins.outs
         try:
-            a = self.resolve(args)
-            k = self.resolve(kwargs)
+            a = self.resolve(ins.args)
+            k = self.resolve(ins.kwargs)
         except KeyError:  # an input failed earlier (or was freed): propagate, one error only
             self.poisoned.update(o for o in outs if o is not None)
             if self.error is None:
@@ -219,10 +220,10 @@ class Executor:
         return kwargs
 
     # -- what the hot-path engine does besides instructions ------------------------------
-    def meta(self, vid: int) -> tuple | None:
-        """(shape, stride, dtype, device) of value ``vid``, or None if there is none."""
+    def meta(self, vid: int) -> ValueMeta | None:
+        """The metadata of value ``vid``, or None if there is none."""
         t = self.values.get(vid)
-        return None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device)
+        return None if t is None else value_meta(t)
 
     def lookup(self, ids) -> list[torch.Tensor]:
         """The values of ``ids``, in order (KeyError if one is missing)."""
@@ -308,7 +309,7 @@ class Executor:
                 vid = next_id[0]
                 next_id[0] += 1
                 self.values[vid] = x
-                return (vid, tuple(x.shape), x.stride(), x.storage_offset(), x.dtype)
+                return Made(vid, tensor_meta(x))
             if isinstance(x, (list, tuple)):
                 return type(x)(describe(y) for y in x)
             return x

@@ -18,7 +18,7 @@ from gt_core.hotpath.engine import Engine
 from gt_core.observe import events as ev
 from gt_core.remote.cpu_share import CpuShare
 from gt_core.remote.executor import Executor
-from gt_core.stream.instructions import SYNC, import_op_modules
+from gt_core.stream.instructions import SYNC, Sync, from_wire, import_op_modules
 
 __all__ = ["Worker", "worker_main", "serve"]
 
@@ -55,7 +55,7 @@ class Worker:
 
     def barrier(self, kind: str) -> None:
         """A sync point: everything before it has run (its events: see publish_events)."""
-        self.engine.feed([(SYNC, kind)])
+        self.engine.feed([Sync(SYNC, kind)])
 
     def publish_events(self) -> None:
         """Send the events still held back (after a sync's answer: see worker_main)."""
@@ -137,7 +137,7 @@ def worker_main(conn, event_conn, options) -> None:
                 break  # the client went away
             share.set(inbox.requests > 0 or msg[0] == "req", w.engine.compiler.compiling > 0)
             if msg[0] == "batch":
-                w.feed(msg[1])
+                w.feed(from_wire(msg[1]))
             elif msg[0] == "req":
                 status, value = serve(w, msg)
                 try:

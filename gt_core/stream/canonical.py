@@ -15,14 +15,43 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 from gt_core.observe.graph import consumed
 from gt_core.stream.instructions import FREE, Ref
+from gt_core.stream.meta import ValueMeta
 
-__all__ = ["Canonical", "canonicalize", "Namer", "diff", "diff_text", "signature_of"]
+__all__ = [
+    "Canonical",
+    "OpEntry",
+    "FreeEntry",
+    "canonicalize",
+    "Namer",
+    "diff",
+    "diff_text",
+    "signature_of",
+]
 
-# A value's metadata as the signature sees it: (shape, stride, dtype, device).
-Meta = tuple
+
+class OpEntry(NamedTuple):
+    """An op of a block. Canonical: ``op`` its name, values named ``("i", k)`` (input k) or
+    ``("t", j)`` (produced value j), lists as ``("list", *items)``, ``kwargs`` as (name, value)
+    pairs, ``outs`` the names of its new values. In a plan (gt_core.stream.plan): ``op`` its
+    index, values as Slots, ``kwargs`` a dict, ``outs`` the produced indices. An output that
+    is an input (in place) is None in ``outs`` either way."""
+
+    kind: str  # "op"
+    op: Any
+    args: tuple
+    kwargs: Any
+    outs: tuple
+
+
+class FreeEntry(NamedTuple):
+    """A value freed inside the block: its name (canonical) or Slot (in a plan)."""
+
+    kind: str  # "free"
+    value: Any
 
 
 class Mismatch(Exception):
@@ -37,7 +66,7 @@ class Namer:
     def __init__(self, meta_of):
         self.names: dict[int, tuple] = {}  # actual id -> ("i", k) | ("t", j)
         self.inputs: list[int] = []  # actual ids of inputs, in order of first use
-        self.input_meta: list[Meta] = []
+        self.input_meta: list[ValueMeta] = []
         self.n_produced = 0
         self.meta_of = meta_of
 
@@ -60,43 +89,48 @@ class Namer:
             return (t.__name__, *(self.arg(x) for x in a))
         return a
 
-    def entry(self, ins, op_name) -> tuple:
+    def entry(self, ins, op_name) -> OpEntry | FreeEntry:
         """The canonical form of one OP or FREE instruction (binds its new outputs)."""
-        if ins[0] == FREE:
-            return ("free", self.ref(ins[1]))
-        _, idx, args, kwargs, outs = ins
-        cargs = tuple(self.arg(a) for a in args)
-        ckw = tuple((k, self.arg(v)) for k, v in kwargs.items())
+        if ins.code == FREE:
+            return FreeEntry("free", self.ref(ins.vid))
+        cargs = tuple(self.arg(a) for a in ins.args)
+        ckw = tuple((k, self.arg(v)) for k, v in ins.kwargs.items())
         couts = []
-        for o in outs:
+        for o in ins.outs:
             if o is None:  # an input returned in place
                 couts.append(None)
                 continue
             name = self.names[o] = ("t", self.n_produced)
             self.n_produced += 1
             couts.append(name)
-        return ("op", op_name(idx), cargs, ckw, tuple(couts))
+        return OpEntry("op", op_name(ins.op), cargs, ckw, tuple(couts))
 
 
 @dataclass(frozen=True)
 class Canonical:
     """A block in canonical form; ``id`` is its signature."""
 
-    entries: tuple
-    input_meta: tuple
+    entries: tuple  # OpEntry | FreeEntry
+    input_meta: tuple  # ValueMeta of each input, in order
     outputs: tuple  # produced names not freed inside the block, in order of production
     id: str
 
     @property
     def ops(self) -> list[str]:
-        return [e[1] for e in self.entries if e[0] == "op"]
+        return [e.op for e in self.entries if e.kind == "op"]
 
     def to_data(self) -> dict:
         """Plain data: what events carry and what drawing and diffing read."""
         return {
             "signature": self.id,
             "inputs": [
-                {"name": f"in{k}", "shape": list(m[0]), "stride": list(m[1]), "dtype": _dtype(m[2]), "device": str(m[3])}
+                {
+                    "name": f"in{k}",
+                    "shape": list(m.shape),
+                    "stride": list(m.stride),
+                    "dtype": _dtype(m.dtype),
+                    "device": str(m.device),
+                }
                 for k, m in enumerate(self.input_meta)
             ],
             "entries": [_entry_data(e) for e in self.entries],
@@ -112,15 +146,21 @@ def canonicalize(instrs, meta_of, op_name) -> tuple[Canonical, Namer]:
 
 
 def _finish(entries: tuple, namer: Namer) -> Canonical:
-    freed = {e[1] for e in entries if e[0] == "free"}
-    outputs = tuple(n for e in entries if e[0] == "op" for n in e[4] if n is not None and n not in freed)
+    freed = {e.value for e in entries if e.kind == "free"}
+    outputs = tuple(
+        n for e in entries if e.kind == "op" for n in e.outs if n is not None and n not in freed
+    )
     meta = tuple(namer.input_meta)
     return Canonical(entries, meta, outputs, signature_of(entries, meta))
 
 
 def signature_of(entries, input_meta) -> str:
-    """A short stable id: the first 12 hex digits of a SHA-1 of the canonical form."""
-    return hashlib.sha1(repr((entries, input_meta)).encode()).hexdigest()[:12]
+    """A short stable id: the first 12 hex digits of a SHA-1 of the canonical form.
+
+    Hashed as plain tuples: a NamedTuple's repr names its class, and a form's id depends on
+    what it holds alone."""
+    form = (tuple(map(tuple, entries)), tuple(map(tuple, input_meta)))
+    return hashlib.sha1(repr(form).encode()).hexdigest()[:12]
 
 
 # -- plain data ---------------------------------------------------------------------------
@@ -129,7 +169,8 @@ def _dtype(d) -> str:
 
 
 def _name(n: tuple) -> str:
-    return ("in" if n[0] == "i" else "t") + str(n[1])
+    kind, k = n
+    return ("in" if kind == "i" else "t") + str(k)
 
 
 def _arg_data(a):
@@ -142,15 +183,15 @@ def _arg_data(a):
     return repr(a)
 
 
-def _entry_data(e: tuple) -> dict:
-    if e[0] == "free":
-        return {"kind": "free", "value": _name(e[1])}
+def _entry_data(e: OpEntry | FreeEntry) -> dict:
+    if e.kind == "free":
+        return {"kind": "free", "value": _name(e.value)}
     return {
         "kind": "op",
-        "op": e[1],
-        "args": [_arg_data(a) for a in e[2]],
-        "kwargs": {k: _arg_data(v) for k, v in e[3]},
-        "outs": [_name(n) for n in e[4] if n is not None],
+        "op": e.op,
+        "args": [_arg_data(a) for a in e.args],
+        "kwargs": {k: _arg_data(v) for k, v in e.kwargs},
+        "outs": [_name(n) for n in e.outs if n is not None],
     }
 
 

@@ -1,24 +1,145 @@
 """The instruction stream's vocabulary, shared by the client and the worker.
 
-Instructions are small tuples whose first item is an opcode; tensors inside op arguments
-are replaced by :class:`Ref` to a value id. Ops travel as small integers defined once per
-worker by DEFOP, so a batch carries no op names in the steady state.
+Each instruction is a NamedTuple whose first field, ``code``, is its opcode (OP, FREE, ...);
+tensors inside op arguments are replaced by :class:`Ref` to a value id. Ops travel as small
+integers defined once per worker by DEFOP, so a batch carries no op names in the steady state.
+
+On the pipe instructions are plain tuples (``to_wire``/``from_wire``, at the process
+transport's two ends): a NamedTuple pickles with a reference to its class and unpickles
+through its Python ``__new__``, which costs more per instruction than the conversion, and a
+batch carries an instruction per op until a block is hot. The same layout either way: the
+wire tuple is the NamedTuple's fields in order, so ``code`` picks the class back.
 """
 
 from __future__ import annotations
 
-__all__ = ["Ref", "OP", "FREE", "PUT", "SEED", "DEFOP", "MARK", "RUN", "RNG", "BARRIERS", "JIT_SIGNAL", "TensorMeta", "without_ids"]
+from typing import Any, NamedTuple
 
-OP = 0  # (OP, op_index, args, kwargs, out_ids): out_ids[k] is the id of the k-th new tensor output
-FREE = 1  # (FREE, id)
-PUT = 2  # (PUT, id, cpu_tensor): an upload from the client
-SEED = 3  # (SEED, seed): torch.manual_seed on the worker
-DEFOP = 4  # (DEFOP, op_index, "aten::add.Tensor", module): module registers it in Python, or None
-MARK = 5  # (MARK, signal_name, "enter" | "exit"): a block boundary set by the user
-SYNC = 6  # (SYNC, kind): a sync point (the client waited for a value here)
-RUN = 7  # (RUN, signature, input_ids, produced_ids, scalars): one whole occurrence of a hot block
-# (produced_ids: a list, or an int: the first of the block's consecutive ids, see gt_core.jit)
-RNG = 8  # (RNG, state): the CPU generator's state (torch.set_rng_state) on the worker
+__all__ = [
+    "Ref",
+    "OP",
+    "FREE",
+    "PUT",
+    "SEED",
+    "DEFOP",
+    "MARK",
+    "SYNC",
+    "RUN",
+    "RNG",
+    "Op",
+    "Free",
+    "Put",
+    "Seed",
+    "DefOp",
+    "Mark",
+    "Sync",
+    "Run",
+    "Rng",
+    "BARRIERS",
+    "JIT_SIGNAL",
+    "to_wire",
+    "from_wire",
+    "without_ids",
+]
+
+OP, FREE, PUT, SEED, DEFOP, MARK, SYNC, RUN, RNG = range(9)
+
+
+class Op(NamedTuple):
+    """Run op number ``op`` (see DefOp) on ``args``/``kwargs``, tensors given as Refs.
+
+    ``outs[k]`` is the id of the k-th tensor output, None where that output is an input
+    (returned by an in-place op).
+    """
+
+    code: int
+    op: int
+    args: tuple
+    kwargs: dict
+    outs: tuple
+
+
+class Free(NamedTuple):
+    """Forget value ``vid``."""
+
+    code: int
+    vid: int
+
+
+class Put(NamedTuple):
+    """An upload from the client: value ``vid`` is the CPU tensor ``value``."""
+
+    code: int
+    vid: int
+    value: Any
+
+
+class Seed(NamedTuple):
+    """torch.manual_seed(``seed``) on the worker."""
+
+    code: int
+    seed: int
+
+
+class DefOp(NamedTuple):
+    """Op number ``op`` is ``name`` ("aten::add.Tensor"); ``module`` registered it in
+    Python (None: torch's own)."""
+
+    code: int
+    op: int
+    name: str
+    module: str | None = None
+
+
+class Mark(NamedTuple):
+    """A block boundary set by the user: signal ``name``, ``phase`` "enter" or "exit"."""
+
+    code: int
+    name: str
+    phase: str
+
+
+class Sync(NamedTuple):
+    """A sync point: the client waited for a value here (``kind``: what it asked)."""
+
+    code: int
+    kind: str
+
+
+class Run(NamedTuple):
+    """One whole occurrence of the hot block ``sig``, bound to these ids and scalars.
+
+    ``produced``: the ids of the values it creates, a list, or an int: the first of the
+    block's consecutive ids (gt_core.jit sends that; the worker knows the block's count).
+    """
+
+    code: int
+    sig: str
+    inputs: list
+    produced: list | int
+    scalars: list
+
+
+class Rng(NamedTuple):
+    """The CPU generator's state (torch.set_rng_state) on the worker."""
+
+    code: int
+    state: Any
+
+
+_KINDS = (Op, Free, Put, Seed, DefOp, Mark, Sync, Run, Rng)  # by code
+_new = tuple.__new__
+
+
+def to_wire(batch: list) -> list:
+    """Instructions as the plain tuples that cross the pipe."""
+    return list(map(tuple, batch))
+
+
+def from_wire(batch: list) -> list:
+    """Plain tuples off the pipe as instructions again (each by its code)."""
+    return [_new(_KINDS[t[0]], t) for t in batch]
+
 
 # MARK names that begin so are gt_core.jit calls: each call is exactly one block.
 JIT_SIGNAL = "jit:"
@@ -46,10 +167,6 @@ class Ref:
 
     def __hash__(self) -> int:
         return hash(("Ref", self.id))
-
-
-# (shape, stride, storage_offset, dtype): what the client needs to make a proxy.
-TensorMeta = tuple
 
 
 def without_ids(a):

@@ -57,11 +57,11 @@ class LiftNamer(Namer):
         self.scalars: list[float] = []
         self.dtypes: list = []
 
-    def entry(self, ins, op_name) -> tuple:
+    def entry(self, ins, op_name):
         paths = self.lift.get(self.pos)
         self.pos += 1
-        if paths and ins[0] == OP:
-            args, kwargs = list(ins[2]), dict(ins[3])
+        if paths and ins.code == OP:
+            args, kwargs = list(ins.args), dict(ins.kwargs)
             for path, dtype in paths.items():
                 value = _get(args, kwargs, path)
                 if type(value) is not float and type(value) is not int:
@@ -69,7 +69,7 @@ class LiftNamer(Namer):
                 _set(args, kwargs, path, Scalar(len(self.scalars)))
                 self.scalars.append(float(value))
                 self.dtypes.append(dtype)
-            ins = (ins[0], ins[1], tuple(args), kwargs, ins[4])
+            ins = ins._replace(args=tuple(args), kwargs=kwargs)
         return super().entry(ins, op_name)
 
 
@@ -172,21 +172,21 @@ def _operand(op, args, kwargs, path):
 def lift_positions(op, a, b, meta_of) -> dict | None:
     """{path: dtype} where instructions ``a`` and ``b`` differ only in liftable floats; else None."""
     diffs: list = []
-    if not _float_diffs(a[2], b[2], (), diffs):
+    if not _float_diffs(a.args, b.args, (), diffs):
         return None
-    if set(a[3]) != set(b[3]):
+    if set(a.kwargs) != set(b.kwargs):
         return None
-    for k, v in a[3].items():
-        if not _float_diffs(v, b[3][k], (k,), diffs):
+    for k, v in a.kwargs.items():
+        if not _float_diffs(v, b.kwargs[k], (k,), diffs):
             return None
     out = {}
     for path in diffs:
-        operand = _operand(op, a[2], a[3], path)
+        operand = _operand(op, a.args, a.kwargs, path)
         if isinstance(operand, torch.dtype):
             dtype = operand
         elif type(operand) is Ref:
             meta = meta_of(operand.id)
-            dtype = None if meta is None else meta[2]
+            dtype = None if meta is None else meta.dtype
         else:
             dtype = None
         if dtype not in _FLOATS:

@@ -5,7 +5,7 @@ entries with op indices, argument templates in which values are slots (``in k`` 
 block's k-th input, ``t k`` for its k-th produced value) and lifted floats are scalars. The
 client matches every instruction it records against the next entry of the plans it holds,
 keeping the instructions aside; a complete occurrence becomes one RUN instruction
-``(RUN, signature, input ids, produced ids, scalars)``, sent at once, so the worker runs
+(``Run``: signature, input ids, produced ids, scalars), sent at once, so the worker runs
 step i while the client records step i+1, and neither end pays per op.
 
 A mismatch releases the kept instructions into the stream unchanged: the worker then sees
@@ -16,7 +16,8 @@ the plan is withdrawn from the client), so a plan can make gt faster, never wron
 
 from __future__ import annotations
 
-from gt_core.stream.instructions import FREE, OP, Ref
+from gt_core.stream.canonical import FreeEntry, OpEntry
+from gt_core.stream.instructions import FREE, OP, Free, Op, Ref
 from gt_core.stream.lift import Scalar
 
 __all__ = ["Slot", "Plan", "make_plan", "expand", "instruction"]
@@ -44,15 +45,15 @@ class Plan:
 
     def __init__(self, sig: str, entries: tuple, n_inputs: int, n_scalars: int):
         self.sig = sig
-        # ("op", op index, args template, kwargs template (dict), outs) | ("free", Slot);
-        # outs holds each output's produced index, or None where an input is returned.
+        # OpEntry (op index, argument templates, a kwargs dict, produced indices) | FreeEntry
+        # (a Slot): see OpEntry.
         self.entries = entries
         self.n_inputs = n_inputs
         self.n_scalars = n_scalars
         e = entries[0]
-        self.first = e[1] if e[0] == "op" else "free"
-        # Client side, per entry: what recording it found once, (op, metadata keys of its
-        # tensor arguments, its output), so later occurrences follow the plan without a lookup.
+        self.first = e.op if e.kind == "op" else "free"
+        # Client side, per entry: what recording it found once (gt_core.client.follow's
+        # Learned), so later occurrences follow the plan without a lookup.
         self.learned: list = [None] * len(entries)
 
     def __reduce__(self):
@@ -63,24 +64,24 @@ def make_plan(canon, op_index: dict[str, int], n_scalars: int) -> Plan:
     """The plan of a block in canonical form; ``op_index`` maps op names to stream indices."""
     entries = []
     for e in canon.entries:
-        if e[0] == "free":
-            entries.append(("free", _slot(e[1])))
+        if e.kind == "free":
+            entries.append(FreeEntry("free", _slot(e.value)))
             continue
-        _, name, args, kwargs, outs = e
         entries.append(
-            (
+            OpEntry(
                 "op",
-                op_index[name],
-                tuple(_template(a) for a in args),
-                {k: _template(v) for k, v in kwargs},
-                tuple(None if o is None else o[1] for o in outs),
+                op_index[e.op],
+                tuple(_template(a) for a in e.args),
+                {k: _template(v) for k, v in e.kwargs},
+                tuple(None if o is None else _slot(o).k for o in e.outs),
             )
         )
     return Plan(canon.id, tuple(entries), len(canon.input_meta), n_scalars)
 
 
 def _slot(name: tuple) -> Slot:
-    return Slot(name[0], name[1])
+    kind, k = name
+    return Slot(kind, k)
 
 
 def _template(a):
@@ -99,7 +100,7 @@ def expand(plan: Plan, inputs, produced, scalars) -> list:
     return [instruction(e, inputs, produced, scalars) for e in plan.entries]
 
 
-def instruction(e: tuple, inputs, produced, scalars) -> tuple:
+def instruction(e: OpEntry | FreeEntry, inputs, produced, scalars) -> Op | Free:
     """A plan entry as the instruction it stands for, given the occurrence's bindings."""
 
     def sub(a):
@@ -112,13 +113,12 @@ def instruction(e: tuple, inputs, produced, scalars) -> tuple:
             return t(sub(x) for x in a)
         return a
 
-    if e[0] == "free":
-        return (FREE, sub(e[1]).id)
-    _, idx, args, kwargs, outs = e
-    return (
+    if e.kind == "free":
+        return Free(FREE, sub(e.value).id)
+    return Op(
         OP,
-        idx,
-        tuple(sub(a) for a in args),
-        {k: sub(v) for k, v in kwargs.items()},
-        tuple(None if o is None else produced[o] for o in outs),
+        e.op,
+        tuple(sub(a) for a in e.args),
+        {k: sub(v) for k, v in e.kwargs.items()},
+        tuple(None if o is None else produced[o] for o in e.outs),
     )

@@ -1,0 +1,48 @@
+"""Tensor metadata, in one field order: shape, stride, dtype, then what each side adds.
+
+The client knows a worker value by its :class:`TensorMeta` (what a proxy is made from: the
+storage offset too, no device, as every proxy is a CPU wrapper whatever the worker's device);
+the worker's hot path knows it by its :class:`ValueMeta` (the device too, no storage offset),
+what a block's signature guards for each of its inputs.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = ["TensorMeta", "ValueMeta", "Made", "tensor_meta", "value_meta"]
+
+
+class TensorMeta(NamedTuple):
+    """What the client needs to make a proxy of a worker value."""
+
+    shape: tuple
+    stride: tuple
+    dtype: Any  # torch.dtype
+    offset: int  # the storage offset
+
+
+class ValueMeta(NamedTuple):
+    """A worker value's metadata as a block's signature guards it."""
+
+    shape: tuple
+    stride: tuple
+    dtype: Any  # torch.dtype
+    device: Any  # torch.device
+
+
+class Made(NamedTuple):
+    """A new value an op run at once on the worker made (in its answer to the client)."""
+
+    vid: int
+    meta: TensorMeta
+
+
+def tensor_meta(t) -> TensorMeta:
+    """The TensorMeta of tensor ``t``."""
+    return TensorMeta(tuple(t.shape), t.stride(), t.dtype, t.storage_offset())
+
+
+def value_meta(t) -> ValueMeta:
+    """The ValueMeta of tensor ``t``."""
+    return ValueMeta(tuple(t.shape), t.stride(), t.dtype, t.device)
