@@ -112,8 +112,21 @@ def test_headline_break_even_and_speedup_are_mutually_consistent(
     if base is not None and all(c >= base for c in compiled):
         assert p["saved_ms"] <= 0 and p["break_even"] is None and "saved " not in head
     # All faster, no compile charged and nothing beside a compile: saved from the first.
-    if not compiling and where != "inline" and since == 0 and all(c < base for c in compiled):
+    if base is None:  # too few eager runs for a baseline: no speedup, nothing claimed saved
+        assert p["speedup"] is None and p["saved_ms"] <= 0 and "saved " not in head
+    elif not compiling and where != "inline" and since == 0 and all(c < base for c in compiled):
         assert p["break_even"] == len(eager) + 1 and p["saved_ms"] > 0
+
+
+def test_two_eager_runs_are_no_baseline():
+    # Two recorded calls (a jit key), the first one paying for its warm-up: their median is
+    # their mean, and a speedup from it was 197x in a real notebook.
+    data = summarize(_events([59.0, 0.6], [], [0.3] * 20, 0.1, "thread", None))
+    (p,) = data["hot_paths"]
+    assert p["eager_median_ms"] is None and p["speedup"] is None
+    assert p["saved_ms"] <= 0 and "saved " not in _render.headline(data)
+    data = summarize(_events([59.0, 0.6, 0.6], [], [0.3] * 20, 0.1, "thread", None))
+    assert data["hot_paths"][0]["eager_median_ms"] == 0.6  # three runs: their median
 
 
 def test_a_reverted_path_shows_the_medians_its_check_compared():

@@ -54,9 +54,16 @@ def steady(xs: Sequence[float]) -> float | None:
     return median(list(xs)[-max(3, len(xs) // 3) :])
 
 
+MIN_BASELINE = 3  # eager runs a baseline needs: one slow first run must not set it
+
+
 def eager_median(eager: Sequence[float], compiling: Sequence[float] = ()) -> float | None:
-    """The eager baseline: eager runs alone, else runs slowed by a compile (flatters gt)."""
-    return median(eager or compiling)
+    """The eager baseline: eager runs alone, else runs slowed by a compile (flatters gt);
+    None from fewer than MIN_BASELINE runs (two recorded jit calls, say: the first one pays
+    for warming up, and the median of two is their mean)."""
+    if len(eager) >= MIN_BASELINE:
+        return median(eager)
+    return median(compiling) if len(compiling) >= MIN_BASELINE else None
 
 
 def compiled_median(compiled: Sequence[float]) -> float | None:
@@ -88,8 +95,9 @@ def break_even(
 
     ``break_even``: the first iteration (1-based) from which gt's total stays below the
     eager-only one through the last run; None if gt is not ahead at the end. ``saved_ms``:
-    the eager-only total minus gt's after the last run (negative: time lost). Both None
-    without a baseline. So ``saved_ms > 0`` exactly when there is a break-even.
+    the eager-only total minus gt's after the last run (negative: time lost). Without a
+    baseline every run counts as itself, so only a charged compile shows (as time lost) and
+    there is no break-even. So ``saved_ms > 0`` exactly when there is a break-even.
 
     ``x``: each run's iteration (1-based; default 1..n) when ``gaps`` (folded runs, each
     ``{"at": index of the run after it, "n", "counts", "totals"}``) leave some out; a
@@ -142,7 +150,7 @@ def break_even(
             ahead = None
         elif ahead is None and baseline is not None:
             ahead = x[i]
-    saved = eager - gt if baseline is not None else None
+    saved = eager - gt
     return {
         "baseline_ms": baseline,
         "cum_gt": cum_gt,
