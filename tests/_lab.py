@@ -61,11 +61,19 @@ class Lab:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         env["JUPYTER_CONFIG_DIR"] = str(root_dir / ".jupyter-config")  # no user settings
         self.log = open(root_dir / "lab.log", "wb")  # noqa: SIM115 (closed in stop)
+        # Notebook signatures of this server alone: a copied notebook is untrusted whatever the
+        # user's own signature database says.
+        self.db_file = root_dir / ".jupyter-config" / "nbsignatures.db"
+        self.secret_file = root_dir / ".jupyter-config" / "notebook_secret"
+        self.secret_file.parent.mkdir(exist_ok=True)
+        self.secret_file.write_bytes(secrets.token_bytes(64))
+        self.secret_file.chmod(0o600)
         self.proc = subprocess.Popen(
             [
                 sys.executable, "-m", "jupyterlab", "--no-browser",
                 "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={self.port}",
                 f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root_dir}",
+                f"--NotebookNotary.db_file={self.db_file}", f"--NotebookNotary.secret_file={self.secret_file}",
                 "--allow-root", "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
             ],
             env=env, cwd=root_dir, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -92,7 +100,8 @@ class Lab:
         raise RuntimeError("jupyter lab did not answer within 60 s")
 
     def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}/lab/tree/{path}?token={self.token}"
+        """The notebook's page; ``reset``: no notebooks of earlier pages restored beside it."""
+        return f"http://127.0.0.1:{self.port}/lab/tree/{path}?reset&token={self.token}"
 
     def stop(self) -> None:
         try:

@@ -29,6 +29,8 @@ UPDATE_BYTES = 50_000  # per live update
 # JupyterLab's own messages, not the page's: its calls to the internet (closed here) and the
 # debugger's pending request cancelled by a kernel restart.
 LAB_NOISE = r"net::ERR_|Failed to load resource|Could not restore the debugger state"
+PLOTLY = "application/vnd.plotly.v1+json"
+UPDATES = ("update_display_data", "comm_msg")
 CELL = """%%gt --backend aot_eager
 import torch
 print("started", flush=True)
@@ -96,7 +98,8 @@ class Page:
         return path
 
     def plots(self) -> int:
-        return self.page.locator(".js-plotly-plot .main-svg").count()
+        """Figures drawn by plotly (each draws several ``.main-svg`` layers: count the plots)."""
+        return self.page.locator(".js-plotly-plot:has(.main-svg)").count()
 
     def images(self) -> int:
         """Figures drawn as images: gt's SVG copy, or the PNG plotly's renderer saves."""
@@ -181,9 +184,10 @@ def test_a_gt_cell_shows_its_dashboard_while_it_runs(lab, browser, shots):
     # -- what the page received for this cell
     start = next(t for t, kind, _, c in page.messages if kind == "execute_input" and "%%gt" in c.get("code", ""))
     cell = [(t - start, kind, n, c) for t, kind, n, c in page.messages if t >= start]
-    opened = sum(n for t, kind, n, _ in cell if kind == "display_data")
-    updates = [n for _, kind, n, c in cell if kind == "update_display_data" and not _final(c)]
-    finals = [n for _, kind, n, c in cell if kind == "update_display_data" and _final(c)]
+    # a widget's model opens with comm_open and changes by comm_msg: counted like a display
+    opened = sum(n for t, kind, n, _ in cell if kind in ("display_data", "comm_open"))
+    updates = [n for _, kind, n, c in cell if kind in UPDATES and not _final(c)]
+    finals = [n for _, kind, n, c in cell if kind in UPDATES and _final(c)]
     print(
         f"\nbrowser: first dashboard {first_s:.2f} s after Shift+Enter; states seen {states}; "
         f"bytes at open {opened}, live updates {len(updates)} (max {max(updates, default=0)}, "
@@ -221,7 +225,7 @@ def test_a_gt_cell_shows_its_dashboard_while_it_runs(lab, browser, shots):
 
 def _final(content: dict) -> bool:
     """The final update of a figure: plotly JSON (live updates are images only)."""
-    return "application/vnd.plotly.v1+json" in content.get("data", {})
+    return PLOTLY in content.get("data", {})
 
 
 def test_after_a_reload_the_figures_are_still_drawn(lab, browser, shots):
@@ -250,7 +254,49 @@ def test_a_committed_notebook_shows_its_figures_untrusted(lab, browser, shots, n
     shots.append(page)
     assert _wait(lambda: page.images() + page.plots() >= static, 30)
     drawn = page.images() + page.plots()
-    print(f"\n{name}: {static} static figures saved, {drawn} drawn untrusted")
+    print(f"\n{name}: {static} static figures saved, {page.images()} images and {page.plots()} plots drawn untrusted")
     assert drawn >= static
     assert "&lt;svg" not in page.page.content() and "<svg xmlns" not in page.page.inner_text("body")
+    assert page.real_errors() == [], page.real_errors()
+
+
+def _menus(nb) -> list[tuple[str, list[str]]]:
+    """(title, dropdown labels) of each saved plotly figure with a dropdown (a hot-path choice)."""
+    found = []
+    for c in nb.cells:
+        for o in c.get("outputs", []):
+            fig = o.get("data", {}).get(PLOTLY)
+            for m in (fig or {}).get("layout", {}).get("updatemenus", []):
+                if m.get("type") == "dropdown":
+                    title = fig["layout"].get("title", {}).get("text", "")
+                    found.append((title, [b["label"] for b in m["buttons"]]))
+    return found
+
+
+def test_the_hot_path_menu_switches_what_a_saved_timeline_draws(lab, browser, shots):
+    name = "menu-01_quickstart.ipynb"
+    shutil.copy(_lab.ROOT / "notebooks" / "01_quickstart.ipynb", lab.root / name)
+    nb = nbformat.read(lab.root / name, as_version=4)
+    figures = sum(PLOTLY in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+    timeline = next((m for m in _menus(nb) if m[0].startswith("timeline")), None)
+    assert timeline is not None, "01_quickstart has no cell with two hot paths to choose from"
+    title, labels = timeline
+    page = Page(browser, lab, name)
+    shots.append(page)
+    p = page.page
+    assert _wait(lambda: page.plots() >= figures, 30), f"plots drawn {page.plots()} of {figures}"
+    # a handle, not a locator: the title it was found by changes with the choice
+    plot = p.locator(".js-plotly-plot", has=p.locator(".gtitle", has_text=title)).first.element_handle()
+    drawn = lambda: plot.query_selector(".cartesianlayer").inner_html()  # noqa: E731
+    shown = lambda: plot.query_selector(".gtitle").text_content()  # noqa: E731
+    before = drawn()
+    # plotly's menus listen for the click on the element itself: open the dropdown, pick a path
+    plot.query_selector(".updatemenu-header").dispatch_event("click")
+    assert _wait(lambda: plot.query_selector(".updatemenu-dropdown-button") is not None, 10)
+    pick = [b for b in plot.query_selector_all(".updatemenu-dropdown-button") if b.text_content() == labels[1]]
+    assert pick, f"no {labels[1]} in the dropdown"
+    pick[0].dispatch_event("click")
+    assert _wait(lambda: labels[1] in shown(), 10), f"title after choosing {labels[1]}: {shown()}"
+    assert drawn() != before, "the same traces are drawn"
+    print(f"\n{name}: {page.plots()} plots of {figures} plotly figures; timeline menu {labels} switched")
     assert page.real_errors() == [], page.real_errors()
