@@ -37,10 +37,11 @@ print("started", flush=True)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-x, y = torch.randn(128, 784), torch.randn(128, 10)
-for step in range(600):
-    loss = torch.nn.functional.mse_loss(model(x), y)
-    loss.backward(); opt.step(); opt.zero_grad()
+for batch in (128, 64):  # two shapes: two hot paths, so the figures offer a choice
+    x, y = torch.randn(batch, 784), torch.randn(batch, 10)
+    for step in range(300):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward(); opt.step(); opt.zero_grad()
 """
 
 
@@ -200,12 +201,22 @@ def test_a_gt_cell_shows_its_dashboard_while_it_runs(lab, browser, shots):
     graph = p.locator(".js-plotly-plot").nth(1)
     counts = {}
     for label in ("all ops", "hide aliases", "auto"):
-        # plotly's menus listen for the click on the button's own element
-        graph.locator(".updatemenu-button", has_text=label).dispatch_event("click")
+        choose(graph, label)
         time.sleep(0.3)
         counts[label] = graph.locator(".scatterlayer .trace .points path").count()
     print(f"graph points by mode: {counts}")
     assert counts["hide aliases"] < counts["all ops"]
+    # -- the hot-path selector (a dropdown in the timeline) shows another path's timeline
+    timeline = p.locator(".js-plotly-plot").nth(0)
+    title = lambda: timeline.locator(".gtitle").first.text_content()  # noqa: E731
+    shown = title()
+    timeline.locator(".updatemenu-header").first.dispatch_event("click")
+    options = timeline.locator(".updatemenu-dropdown-button")
+    assert _wait(lambda: options.count() >= 2, 10), "no hot-path choice in the timeline"
+    other = next(i for i in range(options.count()) if options.nth(i).text_content() not in shown)
+    options.nth(other).dispatch_event("click")
+    assert _wait(lambda: title() != shown, 10), f"the timeline still shows {shown!r}"
+    print(f"hot-path selector: {shown!r} -> {title()!r}")
     # -- the same cell again, on the now warm kernel and worker: time to its dashboard
     before = headline()
     p.locator(".jp-Notebook .jp-Cell").nth(1).locator(".jp-InputArea-prompt").click()
@@ -221,6 +232,18 @@ def test_a_gt_cell_shows_its_dashboard_while_it_runs(lab, browser, shots):
     p.locator('.jp-Toolbar [data-command="docmanager:save"]').first.click()
     saved = lambda: "data:image/svg+xml" in (lab.root / "run.ipynb").read_text()  # noqa: E731
     assert _wait(saved, 30), "the notebook was not saved with its figures"
+
+
+def choose(figure, label: str) -> None:
+    """Pick ``label`` in a plotly menu of ``figure``: a button, or a dropdown's first item
+    that has it (the shown hot path's variants come first). Plotly listens for clicks on the
+    item's own element (a dropdown: on its header, to open it), so they are dispatched there."""
+    buttons = figure.locator(".updatemenu-button", has_text=label)
+    if buttons.count():
+        buttons.first.dispatch_event("click")
+        return
+    figure.locator(".updatemenu-header").first.dispatch_event("click")
+    figure.locator(".updatemenu-dropdown-button", has_text=label).first.dispatch_event("click")
 
 
 def _final(content: dict) -> bool:

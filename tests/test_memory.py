@@ -117,9 +117,9 @@ def test_a_break_even_among_folded_runs_is_estimated_within_them():
     kinds = ["eager"] * 2 + ["compiled"] * 10 + ["compiled"] * 10
     x = [1, 2, *range(3, 13), *range(4991, 5001)]
     gap = {"at": 12, "n": 4978, "counts": {"compiled": 4978}, "totals": {"compiled": 2489.0}}
-    be = metrics.break_even(kinds, [1.0] * 2 + [0.5] * 20, 1000.0, 2, x, [gap])
+    be = metrics.break_even(kinds, [1.0] * 2 + [0.5] * 20, 1000.0, 2, x, [gap], baseline=1.0)
     exact = metrics.break_even(
-        ["eager"] * 2 + ["compiled"] * 4998, [1.0] * 2 + [0.5] * 4998, 1000.0, 2
+        ["eager"] * 2 + ["compiled"] * 4998, [1.0] * 2 + [0.5] * 4998, 1000.0, 2, baseline=1.0
     )
     assert abs(be["break_even"] - exact["break_even"]) <= 1
 
