@@ -58,7 +58,10 @@ class Lab:
         self.root = root_dir
         self.port = _free_port()
         self.token = secrets.token_hex(16)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        }
         env["JUPYTER_CONFIG_DIR"] = str(root_dir / ".jupyter-config")  # no user settings
         self.log = open(root_dir / "lab.log", "wb")  # noqa: SIM115 (closed in stop)
         # Notebook signatures of this server alone: a copied notebook is untrusted whatever the
@@ -82,7 +85,8 @@ class Lab:
 
     def api(self, path: str) -> dict:
         req = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/api/{path}", headers={"Authorization": f"token {self.token}"}
+            f"http://127.0.0.1:{self.port}/api/{path}",
+            headers={"Authorization": f"token {self.token}"},
         )
         with urllib.request.urlopen(req, timeout=5) as r:  # noqa: S310 (loopback)
             return json.loads(r.read())
@@ -91,7 +95,9 @@ class Lab:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"jupyter lab exited: {(self.root / 'lab.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"jupyter lab exited: {(self.root / 'lab.log').read_text()[-2000:]}"
+                )
             try:
                 self.api("status")
                 return
@@ -117,6 +123,10 @@ def write_notebook(path: Path, cells: list[str]) -> Path:
 
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3",
+        "display_name": "Python 3",
+        "language": "python",
+    }
     nbformat.write(nb, path)
     return path
