@@ -373,6 +373,33 @@ def test_the_worker_inbox_knows_when_the_client_waits():
     assert inbox.next() == ("batch", [2]) and inbox.requests == 0
 
 
+@pytest.mark.parametrize("duplex", [True, False], ids=["socket", "pipe"])
+def test_the_worker_inbox_reads_every_frame_whole(duplex):
+    """Frames read in bulk (a socket) or one by one (a plain pipe) come out whole and in
+    order: small ones arriving together, one larger than a read, one split across reads."""
+    import multiprocessing as mp
+    import threading
+
+    from gt_core.remote import serve
+
+    reader, writer = mp.Pipe(duplex=duplex)
+    if duplex:
+        reader, writer = writer, reader  # (a duplex pipe's two ends are alike)
+    inbox = serve._Inbox(reader)
+    assert (inbox.sock is not None) == duplex
+    big = ("batch", [bytes(range(256)) * (3 * serve._READ // 256)])
+    msgs = [("batch", [1]), ("mark", 7), big, ("req", 9, "fetch", 3), ("batch", [2])]
+    sender = threading.Thread(target=lambda: [writer.send(m) for m in msgs])
+    sender.start()
+    got = [inbox.next() for _ in msgs]
+    sender.join()
+    assert got == msgs
+    assert inbox.requests == 0 and not inbox.waited()
+    writer.close()
+    with pytest.raises(EOFError):
+        inbox.next()
+
+
 @pytest.fixture
 def two_threads():
     """torch's intra-op threads set to two for the test, as on a 2-core machine."""

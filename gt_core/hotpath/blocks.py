@@ -75,13 +75,16 @@ class Blocks:
         self._by_sig: dict[str, Block] = {}
         self._by_first: dict[tuple, list[Block]] = {}
         self._lift_first: list[Block] = []  # blocks whose first op has a lifted scalar
+        self._free_first = False  # whether a block begins with a free
 
     def add(self, block: Block) -> None:
         self._by_sig[block.sig] = block
         if 0 in block.lift:
             self._lift_first.append(block)
         else:
-            self._by_first.setdefault(block.canon.entries[0], []).append(block)
+            first = block.canon.entries[0]
+            self._by_first.setdefault(first, []).append(block)
+            self._free_first = self._free_first or first.kind == "free"
 
     def get(self, sig) -> Block | None:
         return self._by_sig.get(sig)
@@ -99,6 +102,10 @@ class Blocks:
     def startable(self) -> bool:
         """Whether any block can begin (the stream is worth matching)."""
         return bool(self._by_first or self._lift_first)
+
+    def may_start_with_free(self) -> bool:
+        """Whether a free can begin an occurrence (else a free never starts matching)."""
+        return self._free_first
 
     def starting_with(self, first) -> list[Block]:
         """The blocks an occurrence beginning with canonical entry ``first`` may be of."""

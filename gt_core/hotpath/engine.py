@@ -48,7 +48,13 @@ class Engine:
         self.runner = Runner(ex, outbox, self.judge, compiler, options)
         self.signals = Signals(self.history, self.registry, outbox, options)
         self.matcher = Matcher(
-            self.blocks, meta_of, ex.op_name, outbox, self._occurrence, self._run_and_record
+            self.blocks,
+            meta_of,
+            ex.fits,
+            ex.op_name,
+            outbox,
+            self._occurrence,
+            self._run_and_record,
         )
         self.next_detect = 0  # the history's length when it is worth searching again
         self._parts = (outbox, compiler, self.registry, self.judge, self.runner, self.signals)
@@ -126,14 +132,15 @@ class Engine:
         if code == DEFOP:
             self.ex.execute(ins)
         elif code == RUN:
-            if type(ins.produced) is int:  # its first id (a jit call: one int to send)
-                n = self.matcher.blocks[ins.sig].n_produced
-                ins = ins._replace(produced=range(ins.produced, ins.produced + n))
-            block, occ = self.matcher.planned(ins)
+            block = self.matcher.blocks[ins.sig]
+            produced = ins.produced
+            if type(produced) is int:  # its first id (a jit call: one int to send)
+                produced = range(produced, produced + block.n_produced)
+            occ = self.matcher.planned(block, ins.inputs, produced, ins.scalars)
             if occ is not None:
                 self._occurrence(block, occ)
             else:  # the instructions take the ordinary path
-                for x in expand(block.plan, ins.inputs, ins.produced, ins.scalars):
+                for x in expand(block.plan, ins.inputs, produced, ins.scalars):
                     self.step(x)
         elif self.signals.jit_open and code != MARK:
             self._run_and_record(ins)  # a jit call being recorded: its block is the call

@@ -36,7 +36,7 @@ class Judge:
         share = self.share
         if share is None or share.learn(block.sig, threads, ms):
             # (a run trying the other thread count is no sample of the compiled block)
-            block.samples.setdefault(("compiled", self._condition()), self._series()).append(ms)
+            self._sample(block, "compiled", ms)
         self.outbox.emit(ev.ITERATION, signature=block.sig, kind="compiled", ms=ms)
 
     def eager_ran(self, block: Block, ms: float) -> None:
@@ -46,7 +46,7 @@ class Judge:
             self.outbox.emit(ev.ITERATION, signature=block.sig, kind="compiling", ms=ms)
             return
         block.eager_ms.append(ms)
-        block.samples.setdefault(("eager", self._condition()), self._series()).append(ms)
+        self._sample(block, "eager", ms)
         self.outbox.emit(ev.ITERATION, signature=block.sig, kind="eager", ms=ms)
         if block.probe:
             block.probe -= 1
@@ -96,6 +96,14 @@ class Judge:
                 reason=f"compiled median {comp:.3g} ms is slower than eager {eager:.3g} ms over {n} runs"
                 + (f" ({runs})" if runs else ""),
             )
+
+    def _sample(self, block: Block, kind: str, ms: float) -> None:
+        """A timing of ``kind`` in the current CPU condition."""
+        key = (kind, self._condition())
+        series = block.samples.get(key)
+        if series is None:
+            series = block.samples[key] = self._series()
+        series.append(ms)
 
     def _series(self) -> deque:
         """A bounded series of timings, long enough for a regression check."""

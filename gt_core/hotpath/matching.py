@@ -20,9 +20,10 @@ __all__ = ["Matcher"]
 class Matcher:
     """The occurrence in progress: the candidate blocks still matching, and the buffer."""
 
-    def __init__(self, blocks: Blocks, meta_of, op_name, outbox, on_occurrence, run_eagerly):
+    def __init__(self, blocks: Blocks, meta_of, fits, op_name, outbox, on_occurrence, run_eagerly):
         self.blocks = blocks
         self.meta_of = meta_of
+        self.fits = fits  # (ids, metas): whether live values ids have those metadata
         self.op_name = op_name
         self.outbox = outbox
         self.on_occurrence = on_occurrence  # (block, Occurrence): a complete occurrence
@@ -60,26 +61,24 @@ class Matcher:
             self.gap -= 1
         return False
 
-    def planned(self, ins) -> tuple[Block, Occurrence | None]:
-        """A RUN from the client: its block, and its occurrence if its inputs fit the block.
+    def planned(self, block: Block, inputs, produced, scalars) -> Occurrence | None:
+        """A RUN from the client: the occurrence of ``block`` it names, if its inputs fit.
 
         Where they do not (same ops, other shapes: a last smaller batch, a new size), the
         client stops using the plan and the caller runs the plan's instructions.
         """
-        sig, inputs, produced, scalars = ins.sig, ins.inputs, ins.produced, ins.scalars
         if self.trackers:  # instructions before it that began to look like a block
             self.flush(mismatch=False)
-        block = self.blocks[sig]
         meta = block.canon.input_meta
         if (
             len(inputs) != len(meta)
             or len(produced) != block.n_produced
-            or any(self.meta_of(v) != m for v, m in zip(inputs, meta, strict=True))
+            or not self.fits(inputs, meta)
         ):
             block.withdrawn = True
-            self.outbox.emit(ev.PLAN, signature=sig, plan=None)
-            return block, None
-        return block, Occurrence.planned(block, inputs, produced, scalars)
+            self.outbox.emit(ev.PLAN, signature=block.sig, plan=None)
+            return None
+        return Occurrence.planned(block, inputs, produced, scalars)
 
     def flush(self, mismatch: bool, got=None) -> None:
         """Run buffered instructions eagerly: the occurrence did not complete."""
@@ -101,6 +100,8 @@ class Matcher:
             self.run_eagerly(ins)
 
     def _start(self, ins) -> bool:
+        if ins.code == FREE and not self.blocks.may_start_with_free():
+            return False  # (the frees between a replayed call's RUNs: no naming to try)
         namer = Namer(self.meta_of)
         try:
             first = namer.entry(ins, self.op_name)

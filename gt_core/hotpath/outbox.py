@@ -31,11 +31,14 @@ class Outbox:
         self.events: list[dict] = []
         self._lock = threading.Lock()  # the compile threads emit too
         self._published = 0.0  # perf_counter of the last publish
+        self._urgent = False  # an event other than an iteration's timing is pending
 
     def emit(self, type: str, **fields) -> None:
         e = ev.event(type, **fields)
         with self._lock:
             self.events.append(e)
+            if type != ev.ITERATION:
+                self._urgent = True
         debug = self.options.debug
         if debug and (type in _DEBUG_LINES or (debug >= 2 and type not in (ev.ITERATION, ev.PLAN))):
             detail = fields.get("reason") or fields.get("seconds") or fields.get("n_ops") or ""
@@ -43,17 +46,15 @@ class Outbox:
 
     def flush(self) -> None:
         with self._lock:
-            events, self.events = self.events, []
+            events, self.events, self._urgent = self.events, [], False
         if events:
             self._published = time.perf_counter()
             self.publish(events)
 
     def flush_soon(self) -> None:
         """Publish now unless only iteration timings are pending and some went out just now."""
-        events = self.events
-        if events and (
-            time.perf_counter() - self._published >= _EVENTS_EVERY_S
-            or any(e["type"] != ev.ITERATION for e in events)
+        if self.events and (
+            self._urgent or time.perf_counter() - self._published >= _EVENTS_EVERY_S
         ):
             self.flush()
 
