@@ -151,11 +151,12 @@ def worker_main(conn, event_conn, options) -> None:
                 except Exception as exc:  # an unpicklable exception or value
                     why = RuntimeError(f"{type(value).__name__}: {value}\n{exc}")
                     conn.send((msg[1], "err", why))
-                # The events up to this sync go out after its answer, not before it:
-                # publishing (pickling, a write) would add to every .item()'s wait.
-                # The client's event thread receives them either way; wait() and report()
-                # drain them.
-                w.publish_events()
+                # Events go out after the answer, not before it (publishing, a pickle and a
+                # write, would add to every .item()'s wait), and only iteration timings may
+                # wait (at most a twentieth of a second, as without syncs): a message per
+                # sync would wake the client's event thread as its main thread goes on with
+                # the next step. wait() and report() drain them all.
+                w.engine.outbox.flush_soon()
             elif msg[0] == "mark":  # everything sent before it has run (see post_mark)
                 conn.send_bytes(pickle.dumps((msg[1], "ok", None), pickle.HIGHEST_PROTOCOL))
             elif msg[0] == "stop":
