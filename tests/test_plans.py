@@ -618,3 +618,15 @@ def test_client_match_turned_back_on_gets_the_plans_again(hot):
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
     assert gt_core.client.capture.session().replay.runs >= 10
+
+
+def test_a_run_input_fits_only_with_every_field_of_its_metadata():
+    from gt_core.stream.meta import all_fit, value_meta
+
+    t = torch.randn(4, 3)
+    metas = [value_meta(t)]
+    assert all_fit({1: t}, [1], metas)
+    assert not all_fit({}, [1], metas)  # freed, or never computed
+    for other in (torch.randn(3, 4), t.t().contiguous().t(), t.double(), torch.randn(12)[:12].view(4, 3)[:, :2]):
+        assert not all_fit({1: other}, [1], metas), other
+    assert all_fit({1: t, 2: t}, [1, 2], metas * 2)

@@ -15,6 +15,8 @@ and runs it like an occurrence it matched itself, with no per-instruction work.
 
 from __future__ import annotations
 
+import functools
+
 from gt_core.hotpath.blocks import Blocks
 from gt_core.hotpath.compiling import Compiler
 from gt_core.hotpath.detector import changes, cut, repeating_period
@@ -28,6 +30,7 @@ from gt_core.hotpath.signals import Signals
 from gt_core.stream.canonical import Mismatch
 from gt_core.stream.instructions import BARRIERS, DEFOP, FREE, MARK, OP, RUN, SYNC
 from gt_core.stream.lift import lift_positions
+from gt_core.stream.meta import all_fit
 from gt_core.stream.plan import expand
 
 __all__ = ["Engine"]
@@ -50,7 +53,7 @@ class Engine:
         self.matcher = Matcher(
             self.blocks,
             meta_of,
-            ex.fits,
+            functools.partial(all_fit, ex.values),  # (the executor's one dict of values)
             ex.op_name,
             outbox,
             self._occurrence,

@@ -225,22 +225,6 @@ class Executor:
         t = self.values.get(vid)
         return None if t is None else value_meta(t)
 
-    def fits(self, ids, metas) -> bool:
-        """Whether values ``ids`` all exist with metadata ``metas`` (a RUN's inputs checked
-        against its block: the fields compared in place, no ValueMeta built per value)."""
-        values = self.values
-        for vid, (shape, stride, dtype, device) in zip(ids, metas, strict=True):
-            t = values.get(vid)
-            if (
-                t is None
-                or t.shape != shape
-                or t.stride() != stride
-                or t.dtype != dtype
-                or t.device != device
-            ):
-                return False
-        return True
-
     def lookup(self, ids) -> list[torch.Tensor]:
         """The values of ``ids``, in order (KeyError if one is missing)."""
         values = self.values

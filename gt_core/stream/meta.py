@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-__all__ = ["TensorMeta", "ValueMeta", "Made", "tensor_meta", "value_meta"]
+__all__ = ["TensorMeta", "ValueMeta", "Made", "tensor_meta", "value_meta", "all_fit"]
 
 
 class TensorMeta(NamedTuple):
@@ -46,3 +46,20 @@ def tensor_meta(t) -> TensorMeta:
 def value_meta(t) -> ValueMeta:
     """The ValueMeta of tensor ``t``."""
     return ValueMeta(tuple(t.shape), t.stride(), t.dtype, t.device)
+
+
+def all_fit(values: dict, ids, metas) -> bool:
+    """Whether ``values[i]`` exists with ValueMeta ``m`` for each id ``i`` and ``m`` in order
+    (a RUN's inputs against its block, once per replayed call: the fields are compared in
+    place, no ValueMeta built per value)."""
+    for vid, (shape, stride, dtype, device) in zip(ids, metas, strict=True):
+        t = values.get(vid)
+        if (
+            t is None
+            or t.shape != shape
+            or t.stride() != stride
+            or t.dtype != dtype
+            or t.device != device
+        ):
+            return False
+    return True
