@@ -14,6 +14,9 @@ Per workload, batch and mode, medians in the steady state, side by side in one r
   block ms      the compiled block alone on the worker (its own events: call to GPU done)
   block vs eager   eager ms / block ms: what compiling the whole step gives on the GPU
   gt vs eager      eager ms / no-sync ms: what the user sees end to end
+  jit ms        the step through ``@gt_core.jit`` (replayed: no Python per step), one sync at
+                the end, its block compiled with the same mode
+  jit vs eager     eager ns ms / jit ms: what a user who wraps the step sees
   cudagraphs    whether inductor records the block as CUDA graphs (gt's compile event), and
                 if it skipped them, its reasons
 """
@@ -76,6 +79,18 @@ def through_gt(batch: int, steps: int, workload: str, mode: str | None) -> dict:
     }
 
 
+def through_jit(batch: int, steps: int, workload: str, mode: str | None) -> float:
+    """ms per step of the step under ``gt_core.jit`` once its block is compiled (no sync)."""
+    gt_core.worker().restart()
+    gt_core.reset()
+    with gt_core.capture(backend="inductor", mode=mode, background=False):
+        f = gt_core.jit(step_fn(batch, workload))
+        for _ in range(20):
+            f()
+        gt_core.wait(compiles=True, timeout=600)
+        return timed_steps(f, steps)[1]
+
+
 def _main_block() -> dict | None:
     paths = gt_core.report().to_data()["hot_paths"]
     return max(paths, key=lambda p: p["compiled_runs"] + p["eager_runs"], default=None)
@@ -104,20 +119,23 @@ def main(argv=None) -> int:
     print(
         f"{'workload':<12} {'batch':>6} {'mode':<16} {'eager ms':>9} {'eager ns ms':>12} "
         f"{'gt ms':>7} {'no-sync ms':>11} {'block ms':>9} {'block vs eager':>15} "
-        f"{'gt vs eager':>12} {'compile s':>10}  cudagraphs"
+        f"{'gt vs eager':>12} {'jit ms':>7} {'jit vs eager':>13} {'compile s':>10}  cudagraphs"
     )
     for workload in args.workloads.split(","):
         for b in (int(s) for s in args.batches.split(",")):
             e, e_ns = eager(b, args.steps, workload)
             for mode in args.modes.split(","):
-                r = through_gt(b, args.steps, workload, None if mode == "default" else mode)
+                m = None if mode == "default" else mode
+                r = through_gt(b, args.steps, workload, m)
+                j = through_jit(b, args.steps, workload, m)
                 block = r["block"]
                 cg_text = r["cudagraphs"] + (f" ({'; '.join(r['skips'])})" if r["skips"] else "")
                 print(
                     f"{workload:<12} {b:>6} {mode:<16} {e:>9.3f} {e_ns:>12.3f} {r['gt']:>7.3f} "
                     f"{r['no_sync']:>11.3f} {_fmt(block, '.3f'):>9} "
                     f"{_fmt(None if not block else e / block, '.2f'):>14}x "
-                    f"{e / r['no_sync']:>11.2f}x {_fmt(r['compile_s'], '.1f'):>10}  "
+                    f"{e / r['no_sync']:>11.2f}x {j:>7.3f} {e_ns / j:>12.2f}x "
+                    f"{_fmt(r['compile_s'], '.1f'):>10}  "
                     f"{r['status']}; {cg_text}"
                 )
     w.stop()

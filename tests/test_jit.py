@@ -396,3 +396,59 @@ def test_after_an_unfit_input_recording_starts_over_and_replay_resumes(inprocess
         assert out.tolist() == [2.0] * 3
     (entry,) = f.entries.values()
     assert entry.refused is None and entry.recipe is not None
+
+
+def _forward(x):  # a helper at module level: the model it reads is a global of its own
+    return _HELPED(x)
+
+
+def test_state_reached_through_helper_functions_is_replayed(inprocess):
+    """A step that calls a helper (a global function reading a global model; a closure
+    around the optimizer) replays, and trains as eager does."""
+    global _HELPED
+
+    def train(on_worker):
+        global _HELPED
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            _HELPED = torch.nn.Linear(4, 2)
+            opt = torch.optim.SGD(_HELPED.parameters(), lr=0.1, momentum=0.9)
+
+            def update():
+                opt.step()
+                opt.zero_grad()
+
+            def step(x, y):
+                loss = F.mse_loss(_forward(x), y)
+                loss.backward()
+                update()
+                return loss
+
+            fn = gt_core.jit(step) if on_worker else step
+            x, y = torch.randn(8, 4), torch.randn(8, 2)
+            losses = [float(fn(x, y).item()) for _ in range(12)]
+            params = [p.detach().cpu().clone() for p in _HELPED.parameters()]
+        return losses, params, fn
+
+    want, want_params, _ = train(False)
+    got, params, fn = train(True)
+    assert _replayed(fn) >= 8, _jit_events()
+    assert got == want
+    for a, b in zip(params, want_params, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_a_helper_rebinding_its_global_runs_the_python(inprocess):
+    """A global read only by a helper is checked like the step's own: rebound, no replay."""
+    global _HELPED
+    with gt_core.capture():
+        _HELPED = torch.nn.Linear(3, 2)
+        f = gt_core.jit(lambda x: _forward(x))
+        x = torch.ones(1, 3)
+        for _ in range(4):
+            f(x)
+        _HELPED = torch.nn.Linear(3, 2)
+        want = _HELPED(x).cpu()
+        assert torch.equal(f(x).cpu(), want)
+        assert any("no longer fits" in (e.get("reason") or "") for e in _jit_events("ran"))

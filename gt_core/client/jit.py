@@ -19,8 +19,9 @@ Contract (what a replayed call does not repeat)
     the tensor state above, Python's own random numbers.
   * A sync inside the step (``.item()``, printing a tensor, data-dependent shapes) refuses
     replay: the step needs its Python.
-  * Tensors the step reads must be reachable from its arguments, closure or globals through
-    tensors, modules, optimizers, LR schedulers, dicts, lists and tuples; outputs the same.
+  * Tensors the step reads must be reachable from its arguments, closure or globals (its
+    own, or those of the Python functions it calls, three levels deep) through tensors,
+    modules, optimizers, LR schedulers, dicts, lists and tuples; outputs the same.
   * Outputs of a replayed call are detached (no autograd graph leads to them).
 Never a wrong replay: an input that no longer fits (a parameter replaced, its metadata
 changed) runs the function instead, with the reason as an event; the worker checks each

@@ -16,21 +16,47 @@ from gt_core.client.proxy import Proxy
 
 def _roots(fn, leaves) -> list:
     """[(place or None, object)] the step can reach: its arguments (no place: they come with
-    each call), its bound self, its closure's cells and the globals it names."""
+    each call), its bound self, its closure's cells and the globals it names, and those of
+    the Python functions found there (the helpers a step calls: ``forward(x)`` reading a
+    global model), to a depth of ``_HELPERS``; torch's own functions are not followed."""
     roots = [(None, x) for x in leaves if not isinstance(x, (int, float, str, bool, type(None)))]
-    f = getattr(fn, "__func__", fn)
     if getattr(fn, "__self__", None) is not None:
         roots.append((None, fn.__self__))
-    code = getattr(f, "__code__", None)
-    if code is not None:
-        for cell in f.__closure__ or ():
-            try:
-                roots.append((("attr", cell, "cell_contents"), cell.cell_contents))
-            except ValueError:  # a cell not yet bound
-                pass
-        g = f.__globals__
-        roots += [(("item", g, n), g[n]) for n in sorted(_names(code)) if n in g]
+    _reach(getattr(fn, "__func__", fn), roots, set(), set(), 0)
     return [(place, obj) for place, obj in roots if not isinstance(obj, types.ModuleType)]
+
+
+_HELPERS = 3  # levels of helper functions followed from the step
+
+
+def _reach(f, roots: list, funcs: set, places: set, depth: int) -> None:
+    """Add the closure cells and named globals of function ``f`` (and of its helpers)."""
+    code = getattr(f, "__code__", None)
+    if code is None or id(f) in funcs:
+        return
+    funcs.add(id(f))
+    found = []
+    for cell in f.__closure__ or ():
+        try:
+            found.append((("attr", cell, "cell_contents"), cell.cell_contents))
+        except ValueError:  # a cell not yet bound
+            pass
+    g = f.__globals__
+    found += [(("item", g, n), g[n]) for n in sorted(_names(code)) if n in g]
+    for place, obj in found:
+        if _pid(place) not in places:
+            places.add(_pid(place))
+            roots.append((place, obj))
+    if depth < _HELPERS:
+        for _, obj in found:
+            if isinstance(obj, types.FunctionType) and not _library(obj):
+                _reach(obj, roots, funcs, places, depth + 1)
+
+
+def _library(f) -> bool:
+    """torch's functions (F.mse_loss, imported by name): their globals hold no user state."""
+    module = getattr(f, "__module__", None) or ""
+    return module == "torch" or module.startswith("torch.")
 
 
 def _names(code) -> set:

@@ -141,8 +141,8 @@ class _Recipe:
             else:
                 raise _Refused(
                     "the step reads a worker tensor jit cannot find again: not an argument, nor "
-                    "reachable from its closure or globals (through modules, optimizers, dicts, "
-                    "lists)"
+                    "reachable from its closure or globals, or those of the functions it calls "
+                    "(through modules, optimizers, dicts, lists)"
                 )
         freed = {ins.vid for ins in rec.instrs if ins.code == FREE}
         alive = [k for k, vid in enumerate(occ.produced) if vid not in freed]
