@@ -161,6 +161,33 @@ def test_training_steps_travel_as_one_message_each_and_match_eager(hot):
     assert sum(e["kind"] == "compiled" for e in compiled) >= runs - 3
 
 
+@pytest.mark.parametrize("flush_at", [2, 512])
+def test_thousands_of_tensors_freed_at_once_go_out_in_order(hot, flush_at):
+    """Many proxies dying at once (a list of tensors dropped mid-training) are sent as frees
+    batch after batch, with the plan live or not: no stack overflow, the worker forgets them
+    all, and training still equals eager."""
+    gt_core.configure(flush_at=flush_at)
+    junk = {}
+
+    def body(i, out):
+        if i == 12:
+            junk["xs"] = [torch.ones(2) for _ in range(3000)]
+        if i == 13:
+            junk.clear()  # 3000 frees pending at the next op, in the middle of a step
+        return out
+
+    try:
+        params, losses = _train(24, True, body=body)
+        held = gt_core.worker().stats()["values"]
+    finally:
+        gt_core.configure(flush_at=512)
+    ref, ref_losses = _train(24, False, body=body)
+    for a, b in zip(params, ref, strict=True):
+        assert_close(a, b)
+    assert losses == pytest.approx(ref_losses)
+    assert held < 100, held  # the 3000 are gone from the worker
+
+
 def test_every_step_is_one_run_when_the_dropped_loss_begins_the_block(hot):
     """The loss a step returns and the caller drops is freed after the step's last free.
 

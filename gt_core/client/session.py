@@ -68,6 +68,7 @@ class Session:
         self.log = log
         self.buf: list = []
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
+        self._freeing = False  # in _frees: a full batch is sent, not flushed (see _out)
         self.replay = Replay(self._out, self._send)
         cls = InProcessTransport if options.worker == "inprocess" else ProcessTransport
         self.transport = cls(options, self._on_events)
@@ -132,16 +133,26 @@ class Session:
         if self.tee is not None:
             self.tee.append(ins)
         if len(buf) >= self.flush_at:
-            self.flush()
+            # Inside _frees, only the full batch goes: the loop there goes on with the frees
+            # left (a flush would drain them, nested once per batch: with many thousands
+            # freed at once that recursion overflowed the stack).
+            if self._freeing:
+                self._send()
+            else:
+                self.flush()
 
     def _frees(self) -> None:
         freed, replay = self.freed, self.replay
-        while freed:
-            vid = freed.popleft()
-            if replay.live and self.tee is None:
-                replay.free(vid)
-            else:
-                self._out(_new(Free, (FREE, vid)))
+        self._freeing = True
+        try:
+            while freed:
+                vid = freed.popleft()
+                if replay.live and self.tee is None:
+                    replay.free(vid)
+                else:
+                    self._out(_new(Free, (FREE, vid)))
+        finally:
+            self._freeing = False
 
     def flush(self) -> None:
         """Send what is pending (an occurrence being matched goes out as instructions)."""
