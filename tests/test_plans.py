@@ -11,7 +11,7 @@ from models import mlp
 import gt_core
 from gt_core import events as ev
 from gt_core.client.replay import Replay
-from gt_core.hotpath.judge import _MAX_PROBES
+from gt_core.hotpath.judge import _BASELINE_RUNS, _MAX_PROBES
 from gt_core.observe.status import Status
 from gt_core.remote.cpu_share import CpuShare as _CpuShare
 from gt_core.stream.canonical import FreeEntry, OpEntry
@@ -550,7 +550,8 @@ def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
     assert block.judged, kinds
     # Eager runs timed after the compile as the baseline: the one timed before it ran while
     # the client waited, comparable only if it still does.
-    assert block.probed == (0 if client_waits_later else 2), kinds
+    # (the two eager runs before the compile count where the client still waits)
+    assert block.probed == _BASELINE_RUNS - (2 if client_waits_later else 0), kinds
     (revert,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
     runs = "the client waiting for each" if client_waits_later else "each beside the client's recording"
     assert revert["reason"].endswith(f"over 5 runs ({runs})"), revert["reason"]
@@ -571,9 +572,9 @@ def test_a_regression_check_judges_compiled_runs_against_eager_ones_in_their_con
     fixed_times(eager=lambda: 1.0 if share.waits else 4.0, compiled=2.0)
     _train(30, True)
     (block,) = _engine().blocks.values()
-    assert block.judged and block.probed == 2  # eager runs beside the recording, timed for it
+    assert block.judged and block.probed == _BASELINE_RUNS  # eager runs beside the recording
     assert list(block.samples[("eager", (True, False))]) == [1.0, 1.0]  # never compared
-    assert list(block.samples[("eager", (False, False))]) == [4.0, 4.0]
+    assert list(block.samples[("eager", (False, False))]) == [4.0] * _BASELINE_RUNS
     assert block.status == Status.COMPILED
     assert not [e for e in gt_core.report().events if e["type"] == ev.REVERT]
 
@@ -611,6 +612,32 @@ def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_use
         after = timer.kinds[timer.kinds.index("compiled") :]
         assert not reverts and after.count("eager") == _MAX_PROBES, after
         assert after[-1] == "compiled"
+
+
+def test_a_regression_check_waits_for_a_compile_beside_the_runs_to_end(hot, fixed_times):
+    """Compiled runs beside another compile look faster than they are here (the compile slows
+    runs unevenly): no verdict from them; after it ends, the compiled block is slower than
+    eager and goes back to eager."""
+    engine = _engine()
+
+    class Share(_Share):
+        runs = 0
+
+        def choose(self, block):  # a compiled run begins: the first 8 beside a compile
+            self.runs += 1
+            engine.compiler.compiling = 1 if self.runs <= 8 else 0
+
+    engine.cpu_share = Share()
+    gt_core.configure(regression_samples=5)
+    fixed_times(eager=1.0, compiled=lambda: 0.5 if engine.compiler.compiling else 2.0)
+    params, _ = _train(40, True)
+    (block,) = engine.blocks.values()
+    assert len(block.samples[("compiled", (True, True))]) == 8  # timed, never judged
+    assert block.judged and block.status == Status.REVERTED
+    (revert,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
+    assert revert["compiled_ms"] == 2.0 and revert["reason"].endswith("(the client waiting for each)")
+    for a, b in zip(params, _train(40, False)[0], strict=True):
+        assert_close(a, b)
 
 
 def test_runs_trying_a_thread_count_are_not_samples_of_the_compiled_block(hot, fixed_times):

@@ -1,8 +1,9 @@
 """The regression check: a compiled block slower than its eager runs goes back to eager.
 
 Timings compare only within one CPU condition (what the worker shared its cores with during
-a run: the client's recording, or its waiting; a compile beside it). Where no clean eager run
-was timed in the compiled runs' condition, a few eager occurrences are run as probes first.
+a run: the client's recording, or its waiting; a compile beside it), and a check waits for a
+compile beside the runs to end. Where no clean eager run was timed in the compiled runs'
+condition, a few eager occurrences are run as probes first.
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from gt_core.observe.report import Status
 
 __all__ = ["Judge"]
 
-_BASELINE_RUNS = 2  # clean eager runs a regression check compares against
+# Clean eager runs a regression check compares against: three, so that the median is not
+# moved by one slow run (the first run of a block's eager graph after a compile often is).
+_BASELINE_RUNS = 3
 _MAX_PROBES = 4 * _BASELINE_RUNS  # eager runs timed for it at most, after the compile
 _SLOWER = 1.05  # a compiled median over this many times the eager one is a regression
+_PATIENCE = 50  # compiled runs a check waits for a compile beside them to end
 
 
 class Judge:
@@ -59,6 +63,11 @@ class Judge:
         if block.judged:
             return
         cond = self._condition()
+        if cond is not None and cond[1] and len(block.compiled_ms) < _PATIENCE:
+            # Runs beside a compile (another block's, or the compile process warming up) are
+            # slowed by it unevenly, eager and compiled alike: a verdict there was a coin
+            # toss. Judge once it ends, unless compiles keep the CPU busy for long.
+            return
         compiled = block.samples.get(("compiled", cond), ())
         if len(compiled) < self.options.regression_samples:
             return
