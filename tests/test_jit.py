@@ -238,6 +238,52 @@ def test_a_new_batch_size_is_a_new_key_and_records_again(inprocess):
     assert _replayed(f) >= 3
 
 
+def _recompiles():
+    return [e for e in gt_core.events_log().snapshot() if e["type"] == "recompile"]
+
+
+def test_a_new_key_is_a_recompile_that_names_what_changed(inprocess):
+    with gt_core.capture():
+        w = torch.ones(5, 3)
+
+        @gt_core.jit
+        def f(x):
+            return (x @ w).relu()
+
+        for b in (4, 4, 4, 2, 2, 2):
+            f(torch.ones(b, 5))
+    (e,) = _recompiles()
+    assert "shape" in e["reason"] and "[4, 5]" in e["reason"] and "[2, 5]" in e["reason"], e
+
+
+def test_the_same_step_detected_then_jitted_is_no_recompile(inprocess):
+    """A jit call and a detected period of the same step are cut differently (the loss the
+    loop drops is freed inside a period, after a call): not a recompile the user could act on."""
+    gt_core.configure(auto_compile=True, background=False, threshold=3)
+    with gt_core.capture():
+        torch.manual_seed(0)
+        model, (x, y) = MLP["make_model"](), MLP["make_data"]()
+        opt = MLP["make_opt"](model.parameters())
+
+        def step(x, y):
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        for _ in range(12):
+            loss = step(x, y)
+        plain = {p["signature"] for p in gt_core.report().to_data()["hot_paths"]}
+        jitted = gt_core.jit(step)
+        for _ in range(6):
+            loss = jitted(x, y)
+        loss.item()
+    cut_by_jit = {p["signature"] for p in gt_core.report().to_data()["hot_paths"]} - plain
+    assert plain and cut_by_jit and _replayed(jitted) >= 2  # two blocks: the forms differ
+    assert not [e for e in _recompiles() if e["signature"] in cut_by_jit]
+
+
 def test_a_replaced_parameter_runs_the_python_with_a_reason(inprocess):
     with gt_core.capture():
         holder = {"w": torch.ones(3)}

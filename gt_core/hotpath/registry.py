@@ -14,6 +14,7 @@ from gt_core.hotpath.blocks import Block, Blocks
 from gt_core.observe import events as ev
 from gt_core.observe.report import Status
 from gt_core.stream.canonical import Mismatch, _finish, _name, canonicalize, diff
+from gt_core.stream.instructions import JIT_SIGNAL
 from gt_core.stream.lift import LiftNamer
 from gt_core.stream.plan import make_plan
 
@@ -111,7 +112,11 @@ class Registry:
             values=block.value_meta,  # (the client draws the graph: gt_core.observe.graph)
         )
         for other in self.blocks.values():
-            if other is not block and other.canon.ops == block.canon.ops:
+            if (
+                other is not block
+                and other.canon.ops == block.canon.ops
+                and _cut_by(other) == _cut_by(block)
+            ):
                 reason = diff(other.canon.to_data(), data) or "same form"
                 emit(ev.RECOMPILE, signature=block.sig, previous=other.sig, reason=reason)
                 break
@@ -137,3 +142,16 @@ class Registry:
         # Without unresolved ops: the compile process resolves every name it is given.
         unresolved = self.ex.unresolved
         return {self.ex.op_name(i): op for i, op in self.ex.ops.items() if i not in unresolved}
+
+
+def _cut_by(block: Block) -> str | None:
+    """What cut a block out of the stream: one jit function's calls (whatever their key), or
+    the stream's own period (detected, or a signal).
+
+    A recompile names how a block differs from an earlier one with the same ops, cut the same
+    way: a jit call and a detected period of the same step differ by construction (the loss the
+    caller drops is freed inside a period, after a call), which no change of the user's code
+    would remove.
+    """
+    s = block.signal
+    return s.rsplit(":", 1)[0] if s and s.startswith(JIT_SIGNAL) else None
