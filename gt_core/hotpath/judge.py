@@ -87,9 +87,11 @@ class Judge:
     def _decide(self, block: Block, eager_ms, compiled_ms, runs: str = "") -> None:
         """Revert to eager if the compiled median is slower than the eager one.
 
-        ``runs``: which runs were compared, in words (the reason says it). The event carries
-        both medians: the report shows a reverted block's eager and compiled ms as these
-        (gt_core.observe.metrics), so the reason and the tables say the same numbers.
+        ``runs``: which runs were compared, in words (the reason says it). Either verdict's
+        event carries both medians: the report's eager baseline of a judged block is the one
+        judged against (runs in the compiled runs' CPU condition; gt_core.observe.metrics),
+        and a reverted block's compiled ms is the one judged, so the reason and the tables
+        say the same numbers.
         """
         block.judged = True
         n = len(compiled_ms)
@@ -105,6 +107,8 @@ class Judge:
                 reason=f"compiled median {comp:.3g} ms is slower than eager {eager:.3g} ms over {n} runs"
                 + (f" ({runs})" if runs else ""),
             )
+        else:
+            self.outbox.emit(ev.KEPT, signature=block.sig, eager_ms=eager, compiled_ms=comp)
 
     def _sample(self, block: Block, kind: str, ms: float) -> None:
         """A timing of ``kind`` in the current CPU condition."""

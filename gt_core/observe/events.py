@@ -35,6 +35,7 @@ COMPILE_FAILED = "compile.failed"  # signature, reason
 RECOMPILE = "recompile"  # signature, previous, reason
 FALLBACK = "fallback"  # signature, reason (a compiled run failed; eager from now on)
 REVERT = "revert"  # signature, reason, eager_ms, compiled_ms
+KEPT = "hotpath.kept"  # signature, eager_ms, compiled_ms: a regression check kept it compiled
 MISMATCH = "mismatch"  # signature, position, expected, got
 ITERATION = "iteration"  # signature, kind ("eager" | "compiled" | "compiling"), ms
 SIGNAL = "signal"  # name, phase ("enter" | "exit")

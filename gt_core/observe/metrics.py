@@ -195,15 +195,18 @@ def _before(ts: list, gaps: list[dict], t: float, strict: bool) -> int:
 
 
 def judged(events: list[dict], signature: str) -> dict | None:
-    """The regression check that reverted a hot path (its ``revert`` event), or None."""
+    """A hot path's regression check (its ``revert`` or ``hotpath.kept`` event), or None."""
     return next(
         (
             e
             for e in reversed(events)
-            if e.get("type") == ev.REVERT and e.get("signature") == signature
+            if e.get("type") in _VERDICTS and e.get("signature") == signature
         ),
         None,
     )
+
+
+_VERDICTS = frozenset((ev.REVERT, ev.KEPT))
 
 
 def _blocking(started: dict | None) -> bool:
@@ -215,7 +218,7 @@ def timeline(events: list[dict], signature: str, baseline_ms: float | None = Non
     """Per-iteration timings of one hot path, its compile window, break-even and speedup.
 
     ``baseline_ms``: the eager median to measure against (the report's: a cell's view may
-    hold no eager run of its own); default: the revert's (see :func:`judged`), else these
+    hold no eager run of its own); default: the regression check's (see :func:`judged`), else these
     events' eager runs. Over long runs the log keeps the first and the last iterations one
     by one (see gt_core.observe.events): ``x`` gives each kept one its iteration, totals
     count the folded ones.
@@ -232,7 +235,8 @@ def timeline(events: list[dict], signature: str, baseline_ms: float | None = Non
     started = _first(events, ev.COMPILE_STARTED, signature)
     finished = _first(events, ev.COMPILE_FINISHED, signature)
     failed = _first(events, ev.COMPILE_FAILED, signature)
-    revert = judged(events, signature)
+    verdict = judged(events, signature)
+    revert = verdict if verdict is not None and verdict.get("type") == ev.REVERT else None
     end = finished or failed
     timed = n > 0 and all(
         isinstance(t, (int, float)) for t in [*ts, *(g[k] for g in gaps for k in ("t0", "t1"))]
@@ -256,8 +260,8 @@ def timeline(events: list[dict], signature: str, baseline_ms: float | None = Non
         charge_at = min(int(window[0] - 0.5), max(n - 1, 0))
     else:
         charge_at = x[kinds.index(COMPILED)] - 1 if COMPILED in kinds else n
-    if baseline_ms is None and revert is not None:
-        baseline_ms = revert.get("eager_ms")
+    if baseline_ms is None and verdict is not None:
+        baseline_ms = verdict.get("eager_ms")
     charged = compile_ms if _blocking(started) else None
     be = break_even(kinds, ms, charged, charge_at, x, gaps, baseline_ms)
     base = be["baseline_ms"]

@@ -27,7 +27,7 @@ def _new_path(signature: str) -> dict:
         "status": Status.RECORDING,
         "states": [],  # [state, t]: each state as it was entered (status.enter)
         "options": {},  # what its compile was asked for: backend, mode, dynamic
-        "judged": None,  # the revert's comparison: {"eager_ms", "compiled_ms"}
+        "judged": None,  # the regression check's comparison: {"eager_ms", "compiled_ms"}
         "ops": [],
         "n_ops": 0,
         "occurrences": 0,
@@ -164,6 +164,8 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             p.update(status=Status.REVERTED, fallback_reason=e.get("reason"))
             p["judged"] = {"eager_ms": e.get("eager_ms"), "compiled_ms": e.get("compiled_ms")}
             enter(p["states"], Status.REVERTED, e.get("t"))
+        elif t == ev.KEPT:  # (runs go on compiled: their median stays the steady state)
+            path(sig)["judged"] = {"eager_ms": e.get("eager_ms"), "compiled_ms": e.get("compiled_ms")}
         elif t == ev.RECOMPILE:
             path(sig)["recompile_reasons"].append(e.get("reason", ""))
         elif t == ev.MISMATCH:
@@ -217,12 +219,13 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         shown = [
             e
             for e in events[:since]
-            if e.get("type") in (ev.DETECTED, ev.REVERT) and e.get("signature") in active
+            if e.get("type") in (ev.DETECTED, ev.REVERT, ev.KEPT) and e.get("signature") in active
         ] + shown
     for p in hot_paths:
-        # The baseline: eager runs alone, else earlier ones, else those slowed by a compile
-        # (flagged: a speedup against those flatters the compiled block); for a reverted
-        # hot path, the comparison that reverted it (metrics.judged).
+        # The baseline: for a judged hot path, the eager median its regression check compared
+        # against (metrics.judged: eager runs in the compiled runs' CPU condition); else eager
+        # runs alone, else earlier ones, else those slowed by a compile (flagged: a speedup
+        # against those flatters the compiled block).
         sig = p["signature"]
         clean = p["timings"]["eager_ms"] or earlier.get((sig, "eager"))
         p["baseline_while_compiling"] = not clean and not p["judged"]
