@@ -11,7 +11,7 @@ from models import mlp
 import gt_core
 from gt_core import events as ev
 from gt_core.client.replay import Replay
-from gt_core.hotpath.judge import _BASELINE_RUNS, _MAX_PROBES
+from gt_core.hotpath.judge import _BASELINE_RUNS, _MAX_PROBES, _WARM_UP
 from gt_core.observe.status import Status
 from gt_core.remote.cpu_share import CpuShare as _CpuShare
 from gt_core.stream.canonical import FreeEntry, OpEntry
@@ -550,8 +550,9 @@ def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
     assert block.judged, kinds
     # Eager runs timed after the compile as the baseline: the one timed before it ran while
     # the client waited, comparable only if it still does.
-    # (the two eager runs before the compile count where the client still waits)
-    assert block.probed == _BASELINE_RUNS - (2 if client_waits_later else 0), kinds
+    # (the two eager runs before the compile count where the client still waits; the first
+    # probe warms the eager graph up)
+    assert block.probed == _WARM_UP + _BASELINE_RUNS - (2 if client_waits_later else 0), kinds
     (revert,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
     runs = "the client waiting for each" if client_waits_later else "each beside the client's recording"
     assert revert["reason"].endswith(f"over 5 runs ({runs})"), revert["reason"]
@@ -572,7 +573,7 @@ def test_a_regression_check_judges_compiled_runs_against_eager_ones_in_their_con
     fixed_times(eager=lambda: 1.0 if share.waits else 4.0, compiled=2.0)
     _train(30, True)
     (block,) = _engine().blocks.values()
-    assert block.judged and block.probed == _BASELINE_RUNS  # eager runs beside the recording
+    assert block.judged and block.probed == _WARM_UP + _BASELINE_RUNS  # beside the recording
     assert list(block.samples[("eager", (True, False))]) == [1.0, 1.0]  # never compared
     assert list(block.samples[("eager", (False, False))]) == [4.0] * _BASELINE_RUNS
     assert block.status == Status.COMPILED
@@ -601,7 +602,7 @@ def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_use
     _engine().cpu_share = Share()
     _train(40, True)
     (block,) = _engine().blocks.values()
-    assert block.judged and block.probed == _MAX_PROBES  # then no more probes
+    assert block.judged and block.probed == _WARM_UP + _MAX_PROBES  # then no more probes
     assert block.status == status
     reverts = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
     if status == "reverted":
@@ -610,7 +611,7 @@ def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_use
         assert (revert["eager_ms"], revert["compiled_ms"]) == (eager_ms, compiled_ms)
     else:  # kept: every eager run after the compile was a probe, and compiled from then on
         after = timer.kinds[timer.kinds.index("compiled") :]
-        assert not reverts and after.count("eager") == _MAX_PROBES, after
+        assert not reverts and after.count("eager") == _WARM_UP + _MAX_PROBES, after
         assert after[-1] == "compiled"
 
 
