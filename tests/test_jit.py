@@ -299,23 +299,6 @@ def test_an_input_with_other_metadata_under_the_same_key_is_never_replayed(inpro
     assert ran and "no longer fits" in ran[0]["reason"]
 
 
-def test_a_global_rebound_to_another_object_runs_the_python(inprocess):
-    global _MODEL
-    with gt_core.capture():
-        _MODEL = torch.nn.Linear(3, 2)
-
-        @gt_core.jit
-        def f(x):
-            return _MODEL(x)
-
-        x = torch.ones(1, 3)
-        for _ in range(4):
-            f(x)
-        _MODEL = torch.nn.Linear(3, 2)
-        want = _MODEL(x).cpu()
-        assert torch.equal(f(x).cpu(), want)
-
-
 def test_replayed_calls_in_flight_are_bounded(process, monkeypatch):
     from gt_core.client import jit as _jit
 
@@ -464,12 +447,14 @@ def test_state_reached_through_helper_functions_is_replayed(inprocess):
         assert torch.equal(a, b)
 
 
-def test_a_helper_rebinding_its_global_runs_the_python(inprocess):
-    """A global read only by a helper is checked like the step's own: rebound, no replay."""
+@pytest.mark.parametrize("reader", ["the step", "a helper"])
+def test_a_global_rebound_to_another_object_runs_the_python(inprocess, reader):
+    """A global the step reads, itself or through a helper it calls, is checked at each call:
+    rebound to another model, the call runs the Python, never a replay of the old model."""
     global _HELPED
     with gt_core.capture():
         _HELPED = torch.nn.Linear(3, 2)
-        f = gt_core.jit(lambda x: _forward(x))
+        f = gt_core.jit((lambda x: _HELPED(x)) if reader == "the step" else (lambda x: _forward(x)))
         x = torch.ones(1, 3)
         for _ in range(4):
             f(x)
