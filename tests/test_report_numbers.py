@@ -177,8 +177,8 @@ def test_the_revert_reason_says_the_numbers_the_table_shows(fixed_times):
     gt_core.configure(auto_compile=True, background=False, threshold=3, regression_samples=3)
     share = gt_core.client.capture.session().transport.engine.cpu_share = _Share()
     # Eager runs take 0.7 ms while the client waits, 0.27 ms beside it after a first slower
-    # one (a stand-in: the point is two conditions); compiled runs beside it 0.5 ms: slower
-    # than their probes.
+    # one that warms the eager graph up (a stand-in: the point is two conditions); compiled
+    # runs beside it 0.5 ms: slower than their probes.
     beside = iter([0.3] + [0.27] * 100)
     fixed_times(eager=lambda: 0.7 if share.waits else next(beside), compiled=0.5)
     _train(14)

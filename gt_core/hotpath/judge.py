@@ -53,13 +53,14 @@ class Judge:
         block.eager_ms.append(ms)
         # The first probe warms the eager graph up and is no sample: a jit call's block runs
         # it for the first time there (10.8 ms once, against 0.3-0.45 ms after).
-        warming = block.probe and block.probed < _WARM_UP
+        warming = block.probe > 0 and block.probed < _WARM_UP
         if not warming:
             self._sample(block, "eager", ms)
         self.outbox.emit(ev.ITERATION, signature=block.sig, kind="eager", ms=ms)
         if block.probe:
             block.probed += 1
-            block.probe -= not warming
+            if not warming:
+                block.probe -= 1
             if not block.probe:
                 self.check(block)
 
@@ -67,12 +68,12 @@ class Judge:
         """Judge the block once enough compiled runs are timed; ask for probes if needed."""
         if block.judged:
             return
-        cond = self._condition()
-        if cond is not None and cond[1] and len(block.compiled_ms) < _PATIENCE:
+        if self.share is not None and self.compiler.compiling and len(block.compiled_ms) < _PATIENCE:
             # Runs beside a compile (another block's, or the compile process warming up) are
             # slowed by it unevenly, eager and compiled alike: a verdict there was a coin
             # toss. Judge once it ends, unless compiles keep the CPU busy for long.
             return
+        cond = self._condition()
         compiled = block.samples.get(("compiled", cond), ())
         if len(compiled) < self.options.regression_samples:
             return

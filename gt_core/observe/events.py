@@ -60,6 +60,7 @@ USER_ROUTED = "user.routed"  # function, message (called inside capture: ran thr
 FOLDED = "folded"  # of (a type), signature, n, counts {key: n}, totals {key: sum}, last (event)
 
 TYPES = frozenset(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))
+VERDICTS = frozenset((REVERT, KEPT))  # a regression check's, with the medians it compared
 
 # What a fold keeps of each per-step type: counts by this field, sums of that one.
 _FOLDS = {

@@ -200,13 +200,10 @@ def judged(events: list[dict], signature: str) -> dict | None:
         (
             e
             for e in reversed(events)
-            if e.get("type") in _VERDICTS and e.get("signature") == signature
+            if e.get("type") in ev.VERDICTS and e.get("signature") == signature
         ),
         None,
     )
-
-
-_VERDICTS = frozenset((ev.REVERT, ev.KEPT))
 
 
 def _blocking(started: dict | None) -> bool:

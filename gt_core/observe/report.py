@@ -159,13 +159,12 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             p = path(sig)
             p.update(status=Status.FAILED, fallback_reason=e.get("reason"))
             enter(p["states"], Status.FAILED, e.get("t"))
-        elif t == ev.REVERT:
+        elif t in ev.VERDICTS:  # (a kept block's runs go on compiled: their median is shown)
             p = path(sig)
-            p.update(status=Status.REVERTED, fallback_reason=e.get("reason"))
             p["judged"] = {"eager_ms": e.get("eager_ms"), "compiled_ms": e.get("compiled_ms")}
-            enter(p["states"], Status.REVERTED, e.get("t"))
-        elif t == ev.KEPT:  # (runs go on compiled: their median stays the steady state)
-            path(sig)["judged"] = {"eager_ms": e.get("eager_ms"), "compiled_ms": e.get("compiled_ms")}
+            if t == ev.REVERT:
+                p.update(status=Status.REVERTED, fallback_reason=e.get("reason"))
+                enter(p["states"], Status.REVERTED, e.get("t"))
         elif t == ev.RECOMPILE:
             path(sig)["recompile_reasons"].append(e.get("reason", ""))
         elif t == ev.MISMATCH:
@@ -219,7 +218,8 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         shown = [
             e
             for e in events[:since]
-            if e.get("type") in (ev.DETECTED, ev.REVERT, ev.KEPT) and e.get("signature") in active
+            if (e.get("type") == ev.DETECTED or e.get("type") in ev.VERDICTS)
+            and e.get("signature") in active
         ] + shown
     for p in hot_paths:
         # The baseline: for a judged hot path, the eager median its regression check compared
