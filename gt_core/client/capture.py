@@ -17,7 +17,13 @@ from gt_core.client import session as _session_module
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import held
 from gt_core.client.mode import CaptureMode
-from gt_core.client.patches import patch_capturable, patch_seed, unpatch_seed
+from gt_core.client.patches import (
+    patch_capturable,
+    patch_seed,
+    patch_threads,
+    unpatch_seed,
+    unpatch_threads,
+)
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
 from gt_core.config import Options, from_env
@@ -223,6 +229,8 @@ def capture(**options):
             from gt_core.client.tensor_io import place_optimizer_state
 
             _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
+            if opts.worker != "inprocess":
+                patch_threads()
             s.send_rng_state(torch.get_rng_state())
         _state["captures"] += 1
         _here.depth, _here.session = 1, s
@@ -241,6 +249,7 @@ def capture(**options):
             last = _state["captures"] == 0
             if last:
                 unpatch_seed()
+                unpatch_threads()
                 patch_capturable(False)
                 _state["opt_hook"].remove()
                 _state["opt_hook"] = None

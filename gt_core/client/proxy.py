@@ -16,6 +16,7 @@ from gt_core.client.session import LOCK
 from gt_core.errors import UnsupportedOperation
 from gt_core.stream.instructions import OP, PUT, Op, Put
 from gt_core.stream.meta import TensorMeta, tensor_meta
+from gt_core.stream.staging import layout
 
 __all__ = ["Proxy", "upload", "is_remote"]
 
@@ -65,7 +66,7 @@ class Proxy(torch.Tensor):
         """The value as a plain CPU tensor (waits for the worker)."""
         s = self._gt_s
         s.check()
-        return mark_fetched(s.request("fetch", self._gt_id))
+        return mark_fetched(s.fetch(self._gt_id))
 
     def numpy(self, *, force: bool = False):  # noqa: ARG002
         return self.cpu().numpy()
@@ -154,27 +155,29 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
         p = pref()
         if ref() is t and version == t._version and gen == session.gen and p is not None:
             return p
+    vid = session.new_ids(1)[0]
+    session.counters["uploads"] += 1
     with torch._C._DisableTorchDispatch():
         data = t.detach()
         if data.device.type != "cpu":
             data = data.cpu()
-        data = data.clone()  # the worker's copy must not change when the user's tensor does
-        # The pipe to the worker drops the conjugate and negative bits of a lazy view
-        # (x.conj()): it would arrive as x itself. Sent materialized.
-        data = data.resolve_conj().resolve_neg()
-    vid = session.new_ids(1)[0]
-    session.counters["uploads"] += 1
-    if data.dim() == 0 and not data.is_complex():
-        # A scalar travels as an op with its value in the arguments: no upload barrier cuts
-        # the block (Adam's foreach step adds torch.tensor(1.0) every step), and a value that
-        # changes is lifted into an input of the compiled block like any other float.
-        idx = session.op(_SCALAR_TENSOR)
-        session.emit(Op(OP, idx, (data.item(),), {"dtype": data.dtype, "device": _CPU}, (vid,)))
-        p = Proxy(session, vid, tensor_meta(data))
-        p._gt_v = data
-    else:
-        session.emit(Put(PUT, vid, data))
-        p = Proxy(session, vid, tensor_meta(data))
+        if data.dim() == 0 and not data.is_complex():
+            # A scalar travels as an op with its value in the arguments: no upload barrier
+            # cuts the block (Adam's foreach step adds torch.tensor(1.0) every step), and a
+            # value that changes is lifted into an input of the compiled block like any float.
+            data = data.clone()  # its shadow: must not change when the user's tensor does
+            idx = session.op(_SCALAR_TENSOR)
+            session.emit(
+                Op(OP, idx, (data.item(),), {"dtype": data.dtype, "device": _CPU}, (vid,))
+            )
+            p = Proxy(session, vid, tensor_meta(data))
+            p._gt_v = data
+        else:
+            # The copy the worker gets is taken now (the user may change t before it is
+            # sent), laid out as clone() lays it out, lazy conjugate and negative bits applied.
+            stride, _ = layout(data)
+            session.emit(Put(PUT, vid, session.stage(data)))
+            p = Proxy(session, vid, TensorMeta(tuple(data.shape), stride, data.dtype, 0))
     if not cache:
         return p
     try:

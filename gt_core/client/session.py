@@ -16,6 +16,7 @@ import itertools
 import linecache
 import statistics
 import threading
+import time
 from collections import deque
 
 from gt_core.client.interrupt import check as check_interrupt
@@ -61,7 +62,8 @@ class Session:
     """Ids, the pending batch and the transport of one worker generation."""
 
     def __init__(self, options: Options, log: ev.EventLog):
-        from gt_core.client.transport import InProcessTransport, ProcessTransport
+        from gt_core.client.inprocess import InProcessTransport
+        from gt_core.client.transport import ProcessTransport
 
         self.gen = next(_generations)
         self.options = options
@@ -72,12 +74,15 @@ class Session:
         self.replay = Replay(self._out, self._send)
         cls = InProcessTransport if options.worker == "inprocess" else ProcessTransport
         self.transport = cls(options, self._on_events)
+        self.transport.before_wait = self.flush  # (a full upload ring: see Transport)
         self.next_id = 1
         self.op_index: dict = {}
         self.closed = False
         self.dead: str | None = None  # why the worker died, once a send or a sync found out
         self.flush_at = options.flush_at
-        self.counters = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0}
+        # bytes moved in each direction and the client's ms copying them (see stage, fetch)
+        self.counters = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0, "fetches": 0}
+        self.counters.update(bytes_up=0, up_ms=0.0, bytes_down=0, down_ms=0.0)
         self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
         self.tee: list | None = None  # while a jit call records: its instructions (see _out)
         self.jits: list = []  # gt_core.jit's cache entries of this session (their stats)
@@ -177,6 +182,24 @@ class Session:
                 self.dead = str(exc)
                 raise
 
+    def stage(self, t):
+        """What a PUT carries for the plain tensor ``t`` (a copy taken now: see Transport)."""
+        t0 = time.perf_counter()
+        value = self.transport.stage(t)
+        c = self.counters
+        c["bytes_up"] += t.numel() * t.element_size()
+        c["up_ms"] += (time.perf_counter() - t0) * 1e3
+        return value
+
+    def fetch(self, vid: int):
+        """Value ``vid`` as a plain CPU tensor of its own (a sync)."""
+        value = self.request("fetch", vid)
+        c = self.counters
+        c["fetches"] += 1
+        c["bytes_down"] += value.numel() * value.element_size()
+        c["down_ms"] += self.transport.copy_ms
+        return value
+
     def request(self, kind: str, payload=None):
         """Flush, then wait for the worker's answer (one round trip)."""
         with LOCK:
@@ -205,12 +228,8 @@ class Session:
     def _failed(self, exc: BaseException) -> None:
         """A worker error reaches the user: say the line that recorded the failing op."""
         outs = getattr(exc, "gt_outs", None) or ()
-        where = next((self.sites[v] for v in outs if v in self.sites), None)
-        line = None
-        if where is not None:
-            file, lineno = where
-            text = linecache.getline(file, lineno).strip()
-            line = f"{file}:{lineno}" + (f": {text}" if text else "")
+        line = _line(next((self.sites[v] for v in outs if v in self.sites), None))
+        if line is not None:
             exc.add_note(f"(recorded at {line})")
         self.log.emit(
             ev.ERROR,
@@ -230,7 +249,7 @@ class Session:
         """The worker's CPU generator takes ``state`` (unless it has it already)."""
         with LOCK:
             if self.rng is None or not _equal(self.rng, state):
-                self.emit(Rng(RNG, state.clone()))
+                self.emit(Rng(RNG, self.stage(state)))
             self.rng = None  # the worker draws from here on
 
     def fetch_rng_state(self):
@@ -287,6 +306,15 @@ class Session:
                 pass
             self.closed = True
             self.transport.stop()
+
+
+def _line(where: tuple[str, int] | None) -> str | None:
+    """'file:line: source text' for a recorded site (None: not known)."""
+    if where is None:
+        return None
+    file, lineno = where
+    text = linecache.getline(file, lineno).strip()
+    return f"{file}:{lineno}" + (f": {text}" if text else "")
 
 
 def _equal(a, b) -> bool:

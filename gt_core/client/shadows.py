@@ -52,7 +52,7 @@ def _shadow(session, func, args, kwargs, out, proxies) -> None:
         # writes: a shadowed input it only reads (`param.mul_(1 - lr * wd)`) stays as it is.
         for p in _written(func, args, kwargs):
             if type(p) is Proxy and p._gt_v is not None:
-                fresh = session.request("fetch", p._gt_id)
+                fresh = session.fetch(p._gt_id)
                 with torch._C._DisableTorchDispatch():
                     p._gt_v.copy_(fresh)
 

@@ -26,11 +26,13 @@ from gt_core.client.interrupt import interruptible
 from gt_core.compile.process import end_group
 from gt_core.errors import WorkerDied
 from gt_core.observe import events as ev
+from gt_core.stream import staging
 from gt_core.stream.instructions import PUT, RNG, to_wire
 
-__all__ = ["Transport", "ProcessTransport", "InProcessTransport"]
+__all__ = ["Transport", "ProcessTransport"]
 
 _POLL_S = 0.05
+_RING = 16 << 20  # the upload ring's first size in bytes (it grows for larger tensors)
 _PROTOCOL = pickle.HIGHEST_PROTOCOL  # what goes without tensors is pickled plainly (see send)
 
 
@@ -58,6 +60,17 @@ class Transport:
     def alive(self) -> bool: ...
     def stop(self) -> None: ...
 
+    def stage(self, t: torch.Tensor):
+        """What a PUT carries for the plain tensor ``t``: a copy taken now, as the worker will
+        get it (the user may change ``t`` before the PUT is sent)."""
+        return t.clone()
+
+    copy_ms = 0.0  # the client's ms copying the last fetched value out (see Session.fetch)
+
+    # Called before a wait for the worker to read every upload: sends the pending batch
+    # (the session's flush), so that the uploads waited for are on their way.
+    before_wait = staticmethod(lambda: None)
+
     def drain(self, timeout: float = 10.0) -> None:
         """Return once the worker's events so far are in the client's log (here: at once)."""
 
@@ -69,7 +82,7 @@ class Transport:
         """Wait until the worker has run everything sent before ``mark`` (see post_mark)."""
 
 
-def _has_tensors(batch) -> bool:
+def _has_staged(batch) -> bool:
     for ins in batch:
         if ins.code == PUT or ins.code == RNG:
             return True
@@ -81,66 +94,6 @@ def _no_modes():
     from torch.utils._python_dispatch import _disable_current_modes
 
     return _disable_current_modes()
-
-
-@contextlib.contextmanager
-def _isolated():
-    """Run worker code in the client's process as the worker process would: no capture, no grad."""
-    from torch.utils._python_dispatch import _disable_current_modes
-
-    from gt_core.diagnostics.stance import in_worker as _in_worker
-
-    was, _in_worker.active = getattr(_in_worker, "active", False), True
-    try:
-        with _disable_current_modes(), torch.no_grad():
-            yield
-    finally:
-        _in_worker.active = was
-
-
-class InProcessTransport(Transport):
-    """The executor in this process: same code path, no second process (debugging, tests)."""
-
-    def __init__(self, options, on_events):
-        from gt_core.remote.serve import Worker
-        from gt_core.stream.instructions import import_op_modules
-
-        self._on_events = on_events
-        import_op_modules(options.worker_imports)
-        self.worker = Worker(options, on_events)
-        self.ex, self.engine = self.worker.ex, self.worker.engine
-        self.pid, self.device = os.getpid(), str(self.worker.device)
-        on_events(
-            [ev.event(ev.WORKER, state="started", pid=self.pid, device=self.device, inprocess=True)]
-        )
-        self._alive = True
-
-    def send(self, batch):
-        with _isolated():
-            self.worker.feed(batch)
-
-    def request(self, kind, payload=None):
-        from gt_core.remote.serve import serve
-
-        with _isolated():
-            status, value = serve(self.worker, ("req", 0, kind, payload))
-            self.worker.publish_events()
-        if kind == "fetch" and status == "ok":
-            # The worker's own tensor otherwise: later steps would change a value already
-            # fetched (a saved state dict, a model moved to the CPU). A process worker's
-            # answer is a copy by crossing the pipe.
-            value = value.clone()
-        if status == "err":
-            raise value
-        return value
-
-    def alive(self):
-        return self._alive
-
-    def stop(self):
-        if self._alive:
-            self.worker.close()
-        self._alive = False
 
 
 class ProcessTransport(Transport):
@@ -179,6 +132,9 @@ class ProcessTransport(Transport):
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._marks: dict[int, bool] = {}  # marks posted and not yet waited for: answered?
+        self._up: staging.Writer | None = None  # uploads, made at the first (see stage)
+        self._down = staging.Reader("cpu")  # fetched values
+        staging.sweep()  # segments of gt processes that were killed before cleaning up
         try:
             _, self.device = self.request("ping", timeout=start_timeout)
         except BaseException:  # it could not start (a worker_imports module failed)
@@ -219,19 +175,7 @@ class ProcessTransport(Transport):
     def death(self, doing: str) -> WorkerDied:
         self.proc.join(timeout=1.0)
         self._end_compiler()
-        code = self.proc.exitcode
-        if code is None:
-            why = "its connection broke"
-        elif code < 0:
-            try:
-                why = f"it was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                why = f"it was killed by signal {-code}"
-        else:
-            why = f"it exited with status {code}"
-        if code is not None and -code == signal.SIGKILL:
-            why += " (out of memory, or killed from outside)"
-        self.cause = why
+        self.cause = why = _exit_reason(self.proc.exitcode)
         self._on_events(
             [ev.event(ev.WORKER, state="died", pid=self.pid, device=self.device, cause=why)]
         )
@@ -256,18 +200,30 @@ class ProcessTransport(Transport):
         self.kill()
         return self._dead()
 
+    def stage(self, t: torch.Tensor) -> staging.Staged:
+        """``t`` copied into the upload ring; the PUT carries where (see gt_core.stream.staging)."""
+        if self.cause is not None:
+            raise self._dead()
+        if self._up is None:
+            self._up = staging.Writer(_RING, make_room=self._room)
+        with _no_modes():
+            return self._up.stage(t)
+
+    def _room(self) -> None:
+        """The ring is full: send what is pending and wait until the worker has read it all."""
+        self.before_wait()
+        self.wait_mark(self.post_mark())
+
     def send(self, batch) -> None:
         if self.cause is not None:
             raise self._dead()
         try:
-            # Pickling a tensor makes tensors: never inside the capture's mode. Only uploads
-            # carry tensors (the rest are ids and numbers): the mode stays for those batches.
-            if _has_tensors(batch):
-                with self._lock, _no_modes():
-                    self._conn.send(("batch", to_wire(batch)))
-            else:  # plain pickle: multiprocessing's pickler copies its reducer table per message
-                with self._lock:
-                    self._conn.send_bytes(pickle.dumps(("batch", to_wire(batch)), _PROTOCOL))
+            # Plain pickle (multiprocessing's pickler copies its reducer table per message);
+            # tensors never travel pickled: uploads are staged (see stage). The flag tells the
+            # worker whether the batch names staged bytes, so that others cost no scan there.
+            msg = ("batch", to_wire(batch), _has_staged(batch))
+            with self._lock:
+                self._conn.send_bytes(pickle.dumps(msg, _PROTOCOL))
         except (BrokenPipeError, EOFError, OSError):
             raise self.death("sending work") from None
         except KeyboardInterrupt:  # outside a capture's held interrupts (see _interrupt)
@@ -303,6 +259,11 @@ class ProcessTransport(Transport):
                     self._marks[got] = True
         if status == "err":
             raise value
+        if type(value) is staging.Staged:  # a fetched value (or the generator's state)
+            t0 = time.perf_counter()
+            with _no_modes():
+                value = self._down.take(value)
+            self.copy_ms = (time.perf_counter() - t0) * 1e3
         return value
 
     def post_mark(self) -> int:
@@ -380,6 +341,24 @@ class ProcessTransport(Transport):
         self._end_compiler()  # gone already after a clean stop; not after a kill
         self.cause = self.cause or "stopped"
         self._conn.close()
+        if self._up is not None:
+            self._up.close()  # (and what the worker never read: its names too)
+        self._down.close()
+
+
+def _exit_reason(code: int | None) -> str:
+    """Why a worker ended, in words, from its exit code (None: it has not exited)."""
+    if code is None:
+        return "its connection broke"
+    if code >= 0:
+        return f"it exited with status {code}"
+    try:
+        why = f"it was killed by {signal.Signals(-code).name}"
+    except ValueError:
+        why = f"it was killed by signal {-code}"
+    if -code == signal.SIGKILL:
+        why += " (out of memory, or killed from outside)"
+    return why
 
 
 def _doing(pid: int) -> str:

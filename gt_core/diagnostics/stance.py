@@ -21,7 +21,7 @@ __all__ = ["hooked", "routing", "entry_name", "display_name", "in_worker"]
 
 
 class _InWorker(threading.local):
-    active = False  # gt's in-process worker runs in this thread (client.transport._isolated)
+    active = False  # gt's in-process worker runs in this thread (client.inprocess._isolated)
 
 
 # Set while gt's own worker code runs in the client's process: the user's hooks (a seed, a

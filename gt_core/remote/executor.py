@@ -265,14 +265,9 @@ class Executor:
             raise RuntimeError(
                 "gt: this value was never computed: the op that makes it failed earlier"
             )
-        t = self.values[vid].detach()
-        t = t.cpu() if t.device.type != "cpu" else t
-        # A lazy conjugate or negative view (fft.ifft's output) loses its bit on the pipe.
-        t = t.resolve_conj().resolve_neg()
-        # A view would pickle its whole storage: send a compact copy.
-        if t._base is not None or t.untyped_storage().nbytes() != t.numel() * t.element_size():
-            t = t.clone()
-        return t
+        # The worker's own tensor: the transport copies it out (staged, or cloned in process),
+        # lazy conjugate and negative bits applied, a view's storage beyond it left behind.
+        return self.values[vid].detach()
 
     def call(self, idx: int, args, kwargs, base_id: int):
         """Run one op now (a sync op) and describe its outputs for the client."""

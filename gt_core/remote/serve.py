@@ -19,7 +19,8 @@ from gt_core.hotpath.engine import Engine
 from gt_core.observe import events as ev
 from gt_core.remote.cpu_share import CpuShare
 from gt_core.remote.executor import Executor
-from gt_core.stream.instructions import SYNC, Sync, from_wire, import_op_modules
+from gt_core.stream import staging
+from gt_core.stream.instructions import PUT, RNG, SYNC, Sync, from_wire, import_op_modules
 
 __all__ = ["Worker", "worker_main", "serve"]
 
@@ -95,7 +96,8 @@ def serve(w: Worker, msg):
         return ("err", exc)
 
 
-_TENSOR_ANSWERS = frozenset(("fetch", "rng"))  # requests whose answers are tensors
+_TENSOR_ANSWERS = frozenset(("fetch", "rng"))  # requests whose answers are tensors (staged)
+_DOWNLOADS = 4 << 20  # the download area's first size in bytes (it grows for larger values)
 _sent = [0]  # event batches this worker process has published (see the client's drain)
 
 
@@ -130,6 +132,8 @@ def worker_main(conn, event_conn, options) -> None:
     share = w.engine.cpu_share = CpuShare(w.device, options.worker_threads)
     inbox = _Inbox(conn)
     share.recheck = inbox.waited
+    uploads = staging.Reader(w.device)
+    downloads = staging.Writer(_DOWNLOADS)
     try:
         while True:
             try:
@@ -138,19 +142,16 @@ def worker_main(conn, event_conn, options) -> None:
                 break  # the client went away
             share.set(inbox.requests > 0 or msg[0] == "req", w.engine.compiler.compiling > 0)
             if msg[0] == "batch":
-                w.feed(from_wire(msg[1]))
+                batch = from_wire(msg[1])
+                if msg[2]:  # it names staged uploads: copied out now, in stream order
+                    _unstage(batch, uploads)
+                w.feed(batch)
             elif msg[0] == "req":
                 status, value = serve(w, msg)
-                try:
-                    answer = (msg[1], status, value)  # the request's id: see request()
-                    if status == "ok" and msg[2] not in _TENSOR_ANSWERS:
-                        # plain pickle: multiprocessing's pickler copies its reducer table
-                        conn.send_bytes(pickle.dumps(answer, pickle.HIGHEST_PROTOCOL))
-                    else:
-                        conn.send(answer)
-                except Exception as exc:  # an unpicklable exception or value
-                    why = RuntimeError(f"{type(value).__name__}: {value}\n{exc}")
-                    conn.send((msg[1], "err", why))
+                if status == "ok" and msg[2] in _TENSOR_ANSWERS:
+                    downloads.rewind()  # the client has read the last answer (or dropped it)
+                    status, value = _staged(downloads, value)
+                _answer(conn, msg[1], status, value)
                 # Events go out after the answer, not before it (publishing, a pickle and a
                 # write, would add to every .item()'s wait), and only iteration timings may
                 # wait (at most a twentieth of a second, as without syncs): a message per
@@ -166,10 +167,42 @@ def worker_main(conn, event_conn, options) -> None:
     finally:
         with contextlib.suppress(Exception):  # the client may be gone: nothing to tell
             w.close()
+        uploads.close()
+        downloads.close()
     try:
         publish([ev.event(ev.WORKER, state="stopped", pid=os.getpid(), device=str(w.device))])
     except Exception:
         pass
+
+
+def _unstage(batch: list, uploads: staging.Reader) -> None:
+    """PUT and RNG instructions get their tensors out of the upload ring (in place)."""
+    for i, ins in enumerate(batch):
+        if ins.code == PUT:
+            batch[i] = ins._replace(value=uploads.take(ins.value))
+        elif ins.code == RNG:
+            batch[i] = ins._replace(state=uploads.take(ins.state, _CPU))
+
+
+_CPU = torch.device("cpu")
+
+
+def _staged(downloads: staging.Writer, value):
+    """A tensor answer as its place in the download area ("ok", Staged), or why not."""
+    try:
+        return "ok", downloads.stage(value)
+    except Exception as exc:  # (no room in /dev/shm, say): the client's error, not our end
+        return "err", RuntimeError(f"gt worker: could not send the value back: {exc}")
+
+
+def _answer(conn, rid: int, status: str, value) -> None:
+    """Send the answer to request ``rid``, plainly pickled (multiprocessing's pickler copies
+    its reducer table per message; tensors travel staged, never pickled)."""
+    try:
+        conn.send_bytes(pickle.dumps((rid, status, value), pickle.HIGHEST_PROTOCOL))
+    except Exception as exc:  # an unpicklable exception or value
+        why = RuntimeError(f"{type(value).__name__}: {value}\n{exc}")
+        conn.send_bytes(pickle.dumps((rid, "err", why), pickle.HIGHEST_PROTOCOL))
 
 
 def _exit_on_sigterm(signum, frame):
