@@ -1,4 +1,7 @@
-"""CaptureMode: inside capture, factories and ops on worker tensors are recorded."""
+"""CaptureMode: inside capture, factories and ops on worker tensors are recorded.
+
+(One that draws from an explicit ``torch.Generator`` runs here instead: ``generators``.)
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 The steady state's common case is inline in ``record`` (the metadata cache hit, one new
 tensor or an input returned); inside a hot block's occurrence, ``follow`` binds the op from
 the plan first. Everything else (first sights, uploads, shadows, ops that need real data)
-goes through ``_record``.
+goes through ``_record``; there an op with an explicit ``torch.Generator`` runs in the
+kernel instead (``generators``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 import torch
 
 from gt_core.client.follow import Learned, _varying, follow
+from gt_core.client.generators import has_generator, run_here, takes_generator
 from gt_core.client.interrupt import GT_DIR, LIBRARY_DIRS
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
@@ -31,7 +33,7 @@ from gt_core.client.meta import (
 from gt_core.client.proxy import Proxy, _meta_id, _rebind, upload
 from gt_core.client.session import LOCK, live_session
 from gt_core.client.shadows import _on_shadows, _shadow
-from gt_core.errors import UnsupportedOperation, WorkerLost
+from gt_core.errors import WorkerLost
 from gt_core.stream.instructions import OP, Op, Ref
 from gt_core.stream.meta import Made, TensorMeta
 
@@ -105,11 +107,6 @@ class _Walk:
         if t is list or t is tuple:
             parts = [self.walk(x) for x in a]
             return (t, tuple(k for k, _ in parts)), t(x for _, x in parts)
-        if t is torch.Generator:
-            raise UnsupportedOperation(
-                f"{self.func}: an explicit torch.Generator cannot drive a gt worker tensor; "
-                "use torch.manual_seed inside the capture instead"
-            )
         return (t, a), a
 
 
@@ -203,6 +200,8 @@ _SET_STORAGE = (
 def _record(func, args, kwargs):
     if func in _SET_STORAGE and isinstance(args[1], torch.UntypedStorage):
         return set_host_storage(func, args, kwargs)  # torch.load builds tensors this way
+    if takes_generator(func) and has_generator(args, kwargs):
+        return run_here(func, args, kwargs, record)  # the user's generator draws here, as in eager
     w = _Walk(func)
     walk = w.walk
     pa = [walk(a) for a in args]
