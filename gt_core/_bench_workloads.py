@@ -1,4 +1,4 @@
-"""The workloads of ``python -m gt_core.bench``: four step functions, each made afresh."""
+"""The workloads of ``python -m gt_core.bench``: five step functions, each made afresh."""
 
 from __future__ import annotations
 
@@ -8,13 +8,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gt_core.workloads import make, make_opt
+from gt_core.workloads import fed, make, make_opt
 
 __all__ = ["WORKLOADS"]
 
 
 # -- workloads: make() -> (step, state). step() runs one iteration and returns a scalar tensor;
 # state lists what the step updates in place (the parameters), compared with eager's at the end.
+# A step fed by a DataLoader also has ``step.fed``: (the training step of one batch, the batch
+# iterator); what gt_core.jit and torch.compile wrap is that step, given each next batch.
 def matmul_chain():
     ws = [torch.randn(256, 256) / 16 for _ in range(6)]
     x = torch.randn(64, 256)
@@ -85,9 +87,21 @@ def mixed_ops():
     return step, []
 
 
+def dataloader_training():
+    f = fed(64)
+    batches = f.batches()
+
+    def step():
+        return f.step(*next(batches))
+
+    step.fed = (f.step, batches)
+    return step, f.params
+
+
 WORKLOADS: dict[str, Callable] = {
     "matmul chain": matmul_chain,
     "MLP training step": mlp_training,
     "attention block": attention_training,
     "mixed operations": mixed_ops,
+    "DataLoader MLP": dataloader_training,
 }

@@ -5,12 +5,14 @@ size) and ``Block``, a pre-norm transformer block with a token embedding and an 
 Steps: ``step_fn(batch, workload)`` builds one training step of ``"mlp"`` (SGD momentum),
 ``"transformer"`` (SGD momentum) or ``"mlp-adam"`` (Adam with a cosine LR schedule); ``train``
 runs a step many times, eagerly or on the worker, so eager is the oracle of every comparison.
+``fed(batch)`` is the MLP classifier trained from a DataLoader: a fresh batch every step.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -27,6 +29,8 @@ __all__ = [
     "make_opt",
     "step_fn",
     "train",
+    "fed",
+    "Fed",
 ]
 
 WORKLOADS = ("mlp", "transformer", "mlp-adam")
@@ -149,3 +153,62 @@ def train(
                 losses.append(loss.item())
         losses.append(loss.item())
     return model, losses
+
+
+class Fed(NamedTuple):
+    """A training loop fed by a DataLoader: ``step(x, y)`` trains on one batch; ``batches()``
+    yields the loader's batches forever (epoch after epoch); ``params`` are what it trains."""
+
+    step: object
+    batches: object
+    params: list
+    loader: object
+
+
+_host_data: dict = {}
+
+
+def host_dataset(n: int, features: int = 784, classes: int = 10, seed: int = 0):
+    """(X, Y): ``n`` random samples as host tensors, as a DataLoader reads them from files.
+
+    Made outside any capture (and cached), so that inside one they stay plain tensors of this
+    process, and every batch the loader makes from them is uploaded to the worker.
+    """
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    key = (n, features, classes, seed)
+    if key not in _host_data:
+        with _disable_current_modes():
+            g = torch.Generator().manual_seed(seed)
+            x = torch.randn(n, features, generator=g)
+            y = torch.randint(0, classes, (n,), generator=g)
+        _host_data[key] = (x, y)
+    return _host_data[key]
+
+
+def fed(batch: int = 64, n_batches: int = 50, seed: int = 0, **loader_options) -> Fed:
+    """The MLP 784→256→10 with cross-entropy and SGD momentum, trained from a DataLoader over
+    ``n_batches * batch`` host samples, shuffled by a generator seeded with ``seed``."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, y = host_dataset(n_batches * batch, seed=seed)
+    torch.manual_seed(seed)
+    model = mlp(784, 256, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loader_options.setdefault("shuffle", True)
+    if loader_options["shuffle"]:
+        loader_options.setdefault("generator", torch.Generator().manual_seed(seed))
+    loader = DataLoader(TensorDataset(x, y), batch_size=batch, **loader_options)
+
+    def step(x, y):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    def batches():
+        while True:
+            yield from loader
+
+    return Fed(step, batches, list(model.parameters()), loader)

@@ -24,6 +24,10 @@ QUICK = {
     "stall": (["benchmarks/stall.py", "--quick"], ["while compiling", "no compile in flight"]),
     "warm_start": (["benchmarks/warm_start.py", "--quick"], ["detection→compiled"]),
     "memory": (["benchmarks/memory.py", "--quick"], ["client MB", "worker MB", "growth after"]),
+    "data": (
+        ["benchmarks/data.py", "--quick"],
+        ["+upload ms", "up GB/s", "down GB/s", "vs eager", "max |param - eager|", "torch.compile"],
+    ),
     "bench": (
         ["-m", "gt_core.bench", "--quick"],
         ["ms per iteration", "speedup", "torch.compile", "total s", "break-even it", "vs eager"],

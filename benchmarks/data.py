@@ -1,0 +1,205 @@
+"""The data path: uploads, fetches, and a training loop fed by a DataLoader (one run, medians).
+
+    python benchmarks/data.py [--quick] [--steps N] [--repeats R] [--batch B] [--backend NAME]
+
+Transfers, through a worker process:
+
+  size          a host tensor of 4 KB, 200 KB, 4 MB and 64 MB
+  sync ms       a one-element ``index_select`` of a worker tensor of that size and its
+                ``.item()``: a sync alone
+  +upload ms    the same on a fresh host tensor (uploaded on the way) minus the sync alone
+  up GB/s       size / +upload ms (the client's copy into the ring and the worker's out of it)
+  .cpu() ms     fetching a worker tensor of that size (a sync and the copies)
+  down GB/s     size / .cpu() ms
+
+Then the loop of ``gt_core.workloads.fed``: MLP 784→256→10, cross-entropy, SGD momentum, a
+shuffled DataLoader batch every step from host data, run four ways from the same seed on the
+same batches: eager; plain gt (the loop inside a capture); ``gt_core.jit`` of the step (the
+batch is its argument); ``torch.compile`` of the step (eager, in this process). ms per step
+(the median over the repeats of steady-state steps, one sync at the end), the ratio to eager,
+and the largest difference of a parameter from eager's after the same steps (beside it, that
+of eager itself with its threads alternating: rounding alone, see rounding_reference). Variants
+alternate within each repeat, so ratios compare runs made side by side; timings on a shared
+2-core CPU vary ±30% between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import time
+
+import torch
+
+import gt_core
+from gt_core.workloads import fed
+
+SIZES = {"4 KB": 4 << 10, "200 KB": 200 << 10, "4 MB": 4 << 20, "64 MB": 64 << 20}
+VARIANTS = ("eager", "gt", "jit", "torch.compile")
+
+
+def _median_ms(fn, n: int) -> float:
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def transfers(repeats: int) -> list[tuple]:
+    """(size, sync ms, +upload ms, up GB/s, .cpu() ms, down GB/s) per size."""
+    rows = []
+    hosts = {name: [torch.ones(nbytes // 4) for _ in range(2)] for name, nbytes in SIZES.items()}
+    with gt_core.capture(auto_compile=False):
+        idx = torch.zeros(1, dtype=torch.long)  # a worker tensor: the op runs there
+        idx.item()
+        for name, nbytes in SIZES.items():
+            n = nbytes // 4
+            resident = torch.zeros(n)  # a worker tensor of the same size
+            host = hosts.pop(name)  # host tensors, made outside the capture: each is uploaded
+            k = [0]
+
+            def sync_alone():
+                torch.index_select(resident, 0, idx).item()
+
+            def upload_and_sync():
+                torch.index_select(host[k[0] % 2], 0, idx).item()
+
+            times = max(5, repeats * (3 if nbytes < 1 << 20 else 1))
+            sync_alone()
+            alone, up = [], []
+            for _ in range(times):  # paired, so both see the machine in the same state
+                k[0] += 1
+                host[k[0] % 2].add_(0)  # a new version: the upload cache does not hold it
+                alone.append(_median_ms(sync_alone, 1))
+                up.append(_median_ms(upload_and_sync, 1))
+            sync_ms = statistics.median(alone)
+            up_ms = max(statistics.median(up) - sync_ms, 1e-3)
+            resident.cpu()
+            down_ms = _median_ms(resident.cpu, times)
+            rows.append(
+                (name, sync_ms, up_ms, nbytes / up_ms / 1e6, down_ms, nbytes / down_ms / 1e6)
+            )
+            del resident, host
+    return rows
+
+
+def loop(variant: str, batch: int, steps: int, backend: str) -> tuple[float, list, dict]:
+    """(ms per step, the parameters after training, the report's data figures) of one way of
+    running the DataLoader loop: warm-up steps, then ``steps`` timed ones."""
+    on_worker = variant in ("gt", "jit")
+    ctx = gt_core.capture(backend=backend, auto_compile=True) if on_worker else None
+    if on_worker:
+        gt_core.reset()
+    with ctx or contextlib.nullcontext():
+        f = fed(batch)
+        run = f.step
+        if variant == "jit":
+            run = gt_core.jit(f.step)
+        elif variant == "torch.compile":
+            run = torch.compile(f.step, backend=backend)
+        batches = f.batches()
+        for _ in range(30):
+            run(*next(batches))
+        if on_worker:
+            gt_core.wait(compiles=True, timeout=600)  # compiled, as in a long run
+        run(*next(batches)).item()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            loss = run(*next(batches))
+        loss.item()
+        ms = (time.perf_counter() - t0) / steps * 1e3
+        params = [p.detach().cpu() for p in f.params]
+        figures = gt_core.report().to_data().get("data", {}) if on_worker else {}
+    if variant == "torch.compile":
+        torch._dynamo.reset()
+    return ms, params, figures
+
+
+def rounding_reference(batch: int, steps: int) -> list:
+    """The parameters of the eager loop with its intra-op threads alternating 1 and 2 per step.
+
+    What rounding alone does to the comparison with eager: a kernel's sums depend on how its
+    work is split over threads (and a compiled graph's on its fused order); a ReLU input near
+    zero then flips and the parameters part by ~1e-4 after a few dozen steps, although every
+    step is right. The worker's thread count follows the client (all cores while it waits,
+    one fewer while it records), so gt's runs see such differences too.
+    """
+    was = torch.get_num_threads()
+    f = fed(batch)
+    batches = f.batches()
+    try:
+        for i in range(31 + steps):
+            torch.set_num_threads(1 + i % 2 if was > 1 else was)
+            f.step(*next(batches))
+    finally:
+        torch.set_num_threads(was)
+    return [p.detach().clone() for p in f.params]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="few steps, one repeat (a smoke run)")
+    ap.add_argument("--steps", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--backend", default=None, help="default inductor (quick: aot_eager)")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.steps, a.repeats = 40, 1
+    a.backend = a.backend or ("aot_eager" if a.quick else "inductor")
+    print(
+        f"gt data path: torch {torch.__version__}, {torch.get_num_threads()} threads, "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
+    print(
+        f"{'size':>7} {'sync ms':>8} {'+upload ms':>11} {'up GB/s':>8} {'.cpu() ms':>10} "
+        f"{'down GB/s':>10}"
+    )
+    for name, sync_ms, up_ms, up_gbs, down_ms, down_gbs in transfers(a.repeats):
+        print(
+            f"{name:>7} {sync_ms:>8.3f} {up_ms:>11.3f} {up_gbs:>8.2f} {down_ms:>10.3f} "
+            f"{down_gbs:>10.2f}"
+        )
+
+    print(
+        f"\nDataLoader loop: MLP 784-256-10, cross-entropy, SGD momentum, batch {a.batch}, "
+        f"a shuffled batch each step, {a.steps} steps x {a.repeats}, backend {a.backend}"
+    )
+    ms: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    params: dict[str, list] = {}
+    figures: dict = {}
+    loop("eager", a.batch, 20, a.backend)  # (the first loop in a process runs slow)
+    for _ in range(a.repeats):
+        for v in VARIANTS:
+            t, params[v], got = loop(v, a.batch, a.steps, a.backend)
+            ms[v].append(t)
+            figures = figures or got
+    eager = statistics.median(ms["eager"])
+    print(f"{'way':>14} {'ms/step':>8} {'vs eager':>9} {'max |param - eager|':>20}")
+    for v in VARIANTS:
+        m = statistics.median(ms[v])
+        diff = max((p - e).abs().max().item() for p, e in zip(params[v], params["eager"]))
+        print(f"{v:>14} {m:>8.3f} {eager / m:>8.2f}x {diff:>20.2e}")
+    ref = rounding_reference(a.batch, a.steps)
+    diff = max((p - e).abs().max().item() for p, e in zip(ref, params["eager"]))
+    print(f"{'eager 1t/2t':>14} {'-':>8} {'-':>9} {diff:>20.2e}")
+    print(
+        "eager 1t/2t: eager with its threads alternating 1 and 2 per step, the size of "
+        "differences from rounding alone"
+    )
+    if figures:
+        print(
+            "plain gt, per iteration: {} bytes in, {} bytes out, {:.3f} ms copying".format(
+                figures.get("bytes_up_per_iter"),
+                figures.get("bytes_down_per_iter"),
+                figures.get("ms_per_iter") or 0.0,
+            )
+        )
+
+
+if __name__ == "__main__":
+    main()
+    gt_core.worker().stop()
