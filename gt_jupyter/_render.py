@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import html
 
+from gt_core.observe import feeding
 from gt_core.observe.status import Status, sequence
 
 from . import _bundles, _figures, _graphs
@@ -26,6 +27,8 @@ from ._tables import (
 
 __all__ = [
     "STYLE",
+    "data_html",
+    "data_line",
     "figure_html",
     "figures_html",
     "headline",
@@ -86,9 +89,15 @@ def headline(data: dict) -> str:
     return "gt: " + ", ".join(parts)
 
 
-def to_text(data: dict) -> str:
-    """A plain-text summary: headline, one line per hot path, reasons with what to do."""
-    lines = [headline(data)]
+def data_line(data: dict) -> str:
+    """What crossed between the kernel and the worker per iteration ('' if nothing did)."""
+    return feeding.line(data.get("data")) or ""
+
+
+def to_text(data: dict, head: bool = True) -> str:
+    """A plain-text summary: headline and data line (unless not ``head``), one line per hot
+    path, reasons with what to do."""
+    lines = [x for x in (headline(data), data_line(data)) if x] if head else []
     for r in status_rows(data):
         line = (
             f"  {r['signature']} [{r['status']}] {r['ops']} ops, {r['runs']} runs, "
@@ -168,6 +177,12 @@ def _table(rows: list[dict], columns: tuple[str, ...], keys: tuple[str, ...] | N
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
+def data_html(data: dict) -> str:
+    """The data line as HTML ('' if nothing crossed)."""
+    line = data_line(data)
+    return f"<div>{html.escape(line)}</div>" if line else ""
+
+
 def status_html(data: dict) -> str:
     """The compile-status table (one row per hot path) as HTML."""
     keys = tuple(k for k, _ in STATUS_COLUMNS)
@@ -229,7 +244,7 @@ def figure_html(fig) -> str:
 
 def to_html(data: dict, signature: str | None = None, figures: bool = True) -> str:
     """A static HTML dashboard: headline, figures (inline SVG) and tables."""
-    body = f"<div><b>{html.escape(headline(data))}</b></div>"
+    body = f"<div><b>{html.escape(headline(data))}</b></div>{data_html(data)}"
     if figures:
         body += figures_html(data, signature)
     body += tables_html(data)

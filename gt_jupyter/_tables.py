@@ -7,6 +7,7 @@ and static HTML. No torch import here.
 from __future__ import annotations
 
 from gt_core.observe import events as ev
+from gt_core.observe import feeding
 from gt_core.observe.causes import explain
 from gt_core.observe.report import NUMERIC, STATUS_COLUMNS, status_rows
 from gt_core.observe.status import Status
@@ -213,8 +214,22 @@ def reason_rows(data: dict) -> list[dict]:
         if e.get("type") in (ev.FALLBACK, ev.COMPILE_FAILED)
     }
     rows = [r for p in data.get("hot_paths", []) for r in _path_reason_rows(p, failure)]
+    rows += _data_rows(data.get("data"))
     rows += [r for u in data.get("user_compiles", []) for r in _user_reason_rows(u)]
     return rows + [_error_row(e) for e in data.get("events", []) if e.get("type") == ev.ERROR]
+
+
+def _data_rows(d: dict | None) -> list[dict]:
+    """Copies of uploads or fetches that weigh on the loop (gt_core.observe.feeding)."""
+    return [
+        {
+            "where": d.get("signature") or "the loop",
+            "kind": x["kind"],
+            "reason": x["cause"],
+            "what to do": x["fix"],
+        }
+        for x in feeding.reasons(d)
+    ]
 
 
 def _error_row(e: dict) -> dict:

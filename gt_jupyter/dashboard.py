@@ -23,17 +23,13 @@ import threading
 import time
 from collections.abc import Callable
 
+from gt_core.observe.report import summarize
+
 from . import _bundles, _figures, _graphs, _render, _tables
 
 __all__ = ["Dashboard", "LiveUpdater", "EMPTY", "SHOW", "frontend_mode"]
 
-EMPTY = {
-    "hot_paths": [],
-    "user_compiles": [],
-    "stats": {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0},
-    "worker": {},
-    "events": [],
-}
+EMPTY = summarize([])  # no hot path, no compile, counters at zero, nothing moved
 SHOW = ("all", "status", "none")  # what a dashboard shows: everything, tables only, nothing
 GRAPH_FILTERS = {"auto": None, "all ops": (), "hide aliases": _graphs.ALIAS_OPS}
 PARTS = ("headline", "timeline", "graph", "compiles", "tables")
@@ -115,12 +111,13 @@ class Dashboard:
         data = self.data
         parts = dict.fromkeys(PARTS, {})
         head = _render.headline(data)
-        parts["headline"] = {
-            "text/plain": head,
-            "text/html": f"{_render.STYLE}<div class='gt-dash'><b>{html.escape(head)}</b></div>",
+        parts["headline"] = {  # with the data line: the cell's counters
+            "text/plain": "\n".join(x for x in (head, _render.data_line(data)) if x),
+            "text/html": f"{_render.STYLE}<div class='gt-dash'><b>{html.escape(head)}</b>"
+            f"{_render.data_html(data)}</div>",
         }
         parts["tables"] = {
-            "text/plain": _render.to_text(data).split("\n", 1)[-1],
+            "text/plain": _render.to_text(data, head=False),
             "text/html": f"{_render.STYLE}<div class='gt-dash'>{_render.tables_html(data)}</div>",
         }
         if self.show != "all":

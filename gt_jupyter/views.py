@@ -43,6 +43,7 @@ class StatusView:
         else:
             head = "worker: not started (the next %%gt cell starts one)"
         s = _tables.summary(self.data)
+        data = _render.data_line(self.data)  # what crossed per iteration, if anything did
         # fallbacks: compiled runs that failed, so their block ran eagerly from then on
         fallbacks = sum(e.get("type") == ev.FALLBACK for e in self.data.get("events", ()))
         return [
@@ -50,7 +51,8 @@ class StatusView:
             f"hot paths: {s['hot_paths']}, compiled {s['compiled']}, compiling {s['compiling']}, "
             f"failed {s['failed']}, reverted {s['reverted']}, fallbacks {fallbacks}; "
             f"{s['ops']} ops recorded",
-            *_render.to_text(self.data).splitlines()[1:],
+            *([data] if data else []),
+            *_render.to_text(self.data, head=False).splitlines(),
         ]
 
     def __repr__(self) -> str:
@@ -58,7 +60,8 @@ class StatusView:
 
     def _repr_html_(self) -> str:
         head = "<br>".join(html.escape(x) for x in self.lines()[:2])
-        return f"{_render.STYLE}<div class='gt-dash'>{head}{_render.tables_html(self.data)}</div>"
+        body = _render.data_html(self.data) + _render.tables_html(self.data)
+        return f"{_render.STYLE}<div class='gt-dash'>{head}{body}</div>"
 
 
 def status_view(data: dict, worker) -> StatusView:

@@ -37,6 +37,8 @@ HOTPATH_KINDS = (
     "jit_frozen",
     "jit_would_save",
     "worker_error",
+    "uploads",
+    "fetches",
 )
 
 

@@ -45,7 +45,9 @@ CLIENT_STATS = "client.stats"  # signature, runs, client_ms: the client's ms per
 PLAN = "hotpath.plan"  # signature, plan (a gt_core.stream.plan.Plan, or None to withdraw it): for the client's matcher, never logged
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause
-STATS = "stats"  # ops, frees, syncs, uploads (client counters, cumulative); base: a log's start
+# ops, frees, syncs, uploads, fetches, bytes_up, up_ms, bytes_down, down_ms: the client's
+# counters, cumulative (gt_core.observe.report.COUNTERS); base: a log's start
+STATS = "stats"
 ERROR = "worker.error"  # error, message, notes, where: a worker error raised to the user
 # The user's own torch.compile calls (published by gt_core.diagnostics)
 USER_COMPILE = "user.compile"

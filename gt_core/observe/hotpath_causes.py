@@ -144,6 +144,29 @@ HOTPATH_CAUSES: tuple[Cause, ...] = (
         "wrap the step in @gt_core.jit: once two calls recorded the same block, a call sends "
         "one message instead of running its Python (see the 05_jit notebook and its contract)",
     ),
+    # The data a loop moves (gt_core.observe.feeding: ``what`` says how much of the loop).
+    Cause(
+        "feeding",
+        ("uploads",),
+        r"",
+        "feeding data {what}: {bytes} uploaded per iteration take {ms} of each iteration's "
+        "{pace} (the step: {step})",
+        "keep the dataset on the worker: create it inside the capture, or move it once with "
+        "gt_core.to_worker(X); then take each epoch's batches as views of it in one go "
+        "(perm = torch.randperm(len(X)) inside the capture, then "
+        "zip(X[perm].split(b), Y[perm].split(b))), so that batches are worker tensors, not "
+        "uploads. Slicing X[i:i + b] anew each step changes a number every iteration, which "
+        "keeps the loop from compiling",
+    ),
+    Cause(
+        "fetching",
+        ("fetches",),
+        r"",
+        "fetching data {what}: syncs fetch {bytes} per iteration, copied out in {ms} of each "
+        "iteration's {pace} (the step: {step}) while the worker waits",
+        "fetch less often (every k steps), or less: a sum, a mean or an argmax instead of the "
+        "whole tensor",
+    ),
     Cause(
         "worker_error",
         ("worker_error",),

@@ -20,6 +20,10 @@ no torch import.
   eager-only estimate through the last run; there is one exactly when time was saved.
 
 All are worker times: a block's runs as the worker timed them, not the client's Python.
+
+The data a loop moves (the report's ``data`` entry, :func:`data`): the client's counters of
+bytes uploaded and fetched and its ms copying them, per iteration of the step (the hot path
+run most: :func:`step`), against the step's ms (:func:`step_ms`).
 """
 
 from __future__ import annotations
@@ -40,6 +44,13 @@ __all__ = [
     "runs",
     "judged",
     "timeline",
+    "step",
+    "step_ms",
+    "per_iteration",
+    "pace_ms",
+    "data",
+    "DATA_SHARE",
+    "DATA_MIN_BYTES",
 ]
 
 EAGER, COMPILING, COMPILED = "eager", "compiling", "compiled"  # an iteration's kind
@@ -174,6 +185,15 @@ def runs(events: list[dict], signature: str) -> tuple[list[dict], list[dict]]:
     return its, gaps
 
 
+def _positions(its: list[dict], gaps: list[dict]) -> tuple[list[int], int]:
+    """Each kept run's iteration (1-based), and the runs in all, folded ones included."""
+    x, n = [], 0
+    for i in range(len(its)):
+        n += sum(g["n"] for g in gaps if g["at"] == i) + 1
+        x.append(n)
+    return x, n + sum(g["n"] for g in gaps if g["at"] == len(its))
+
+
 def _first(events: list[dict], type: str, signature: str) -> dict | None:
     return next(
         (e for e in events if e.get("type") == type and e.get("signature") == signature), None
@@ -224,11 +244,7 @@ def timeline(events: list[dict], signature: str, baseline_ms: float | None = Non
     kinds = [e.get("kind", EAGER) for e in its]
     ms = [float(e.get("ms", 0.0)) for e in its]
     ts = [e.get("t") for e in its]
-    x, n = [], 0
-    for i in range(len(its)):
-        n += sum(g["n"] for g in gaps if g["at"] == i) + 1
-        x.append(n)
-    n += sum(g["n"] for g in gaps if g["at"] == len(its))
+    x, n = _positions(its, gaps)
     started = _first(events, ev.COMPILE_STARTED, signature)
     finished = _first(events, ev.COMPILE_FINISHED, signature)
     failed = _first(events, ev.COMPILE_FAILED, signature)
@@ -284,4 +300,85 @@ def timeline(events: list[dict], signature: str, baseline_ms: float | None = Non
         "break_even": be["break_even"],
         "saved_ms": be["saved_ms"],
         "folded": n - len(its),  # iterations counted in the totals but not drawn one by one
+    }
+
+
+# -- the data a loop moves -------------------------------------------------------------------
+# Copies per iteration that take this share of an iteration's time are a reason with a fix,
+# where the worker waits between runs by this share of its step (gt_core.observe.feeding): a
+# quarter of the loop's time that moving or shrinking the data gives back.
+DATA_SHARE = 0.25
+# Bytes per iteration below which copies are no reason, whatever their share: a copy of a few
+# KB costs microseconds, mostly the call around it, and a tiny step makes any of it a share.
+DATA_MIN_BYTES = 64 * 1024
+
+
+def step(hot_paths: Sequence[dict]) -> dict | None:
+    """The step of a view's loop: its hot path run most (the first listed of equals), whose
+    runs are the loop's iterations; None without hot paths."""
+    return max(hot_paths, key=lambda p: p.get("occurrences", 0), default=None)
+
+
+def step_ms(path: dict | None) -> float | None:
+    """A hot path's ms per iteration, as the report shows it: its compiled median while it
+    runs compiled, else its eager median (a reverted one: the check's eager median)."""
+    if path is None:
+        return None
+    compiled = path.get("compiled_median_ms")
+    if path.get("status") == COMPILED and compiled is not None:
+        return compiled
+    return path.get("eager_median_ms")
+
+
+def per_iteration(total: float, iterations: int) -> float | None:
+    """``total`` per iteration; None without iterations."""
+    return total / iterations if iterations else None
+
+
+def pace_ms(events: list[dict], signature: str) -> float | None:
+    """The loop's ms per iteration as the worker saw it: from the end of the first to the end
+    of the last of a hot path's steady runs (the last third, at least three), over the runs
+    between. Its step's ms, plus what the worker did or waited for between runs; None from
+    fewer than three timed runs."""
+    its, gaps = runs(events, signature)
+    x, _ = _positions(its, gaps)
+    first = len(its) - max(3, len(its) // 3)
+    if first < 0:
+        return None
+    t0, t1 = its[first].get("t"), its[-1].get("t")
+    if not all(isinstance(t, (int, float)) for t in (t0, t1)):
+        return None
+    return (t1 - t0) * 1000.0 / (x[-1] - x[first])
+
+
+def data(stats: dict, hot_paths: Sequence[dict], events: Sequence[dict] = ()) -> dict:
+    """The data moved in a view and its cost per iteration of the step (:func:`step`).
+
+    ``bytes_up``/``up_ms``: uploads (kernel to worker) and the client's ms copying them in,
+    waits for room included; ``bytes_down``/``down_ms``: fetches and its ms copying them out.
+    ``iterations``: the step's runs (``signature``); ``ms_per_iter``: both copies per
+    iteration; ``share``: that over the step's ms (``step_ms``, :func:`step_ms`);
+    ``pace_ms``: the step's :func:`pace_ms` in ``events`` (the view's). Per-iteration
+    figures are None without iterations.
+    """
+    s = step(hot_paths)
+    n = s.get("occurrences", 0) if s is not None else 0
+    up, down = stats.get("up_ms", 0.0), stats.get("down_ms", 0.0)
+    ms = per_iteration(up + down, n)
+    sms = step_ms(s)
+    return {
+        "bytes_up": stats.get("bytes_up", 0),
+        "bytes_down": stats.get("bytes_down", 0),
+        "up_ms": up,
+        "down_ms": down,
+        "uploads": stats.get("uploads", 0),
+        "fetches": stats.get("fetches", 0),
+        "iterations": n,
+        "bytes_up_per_iter": per_iteration(stats.get("bytes_up", 0), n),
+        "bytes_down_per_iter": per_iteration(stats.get("bytes_down", 0), n),
+        "ms_per_iter": ms,
+        "signature": s["signature"] if s is not None else None,
+        "step_ms": sms,
+        "share": ms / sms if ms is not None and sms else None,
+        "pace_ms": pace_ms(list(events), s["signature"]) if s is not None else None,
     }

@@ -14,11 +14,11 @@ import html
 from dataclasses import dataclass, field
 
 from gt_core.observe import events as ev
-from gt_core.observe import metrics
+from gt_core.observe import feeding, metrics
 from gt_core.observe.causes import explain
 from gt_core.observe.status import Status, enter
 
-__all__ = ["Report", "summarize", "status_rows", "Status", "STATUS_COLUMNS", "NUMERIC"]
+__all__ = ["Report", "summarize", "status_rows", "Status", "STATUS_COLUMNS", "NUMERIC", "COUNTERS"]
 
 
 def _new_path(signature: str) -> dict:
@@ -84,6 +84,10 @@ def _client(e: dict, path, known) -> None:
         p["timings"]["client_ms"] = e["client_ms"]
 
 
+# The client's counters (a ``stats`` event's; gt_core.client.session): cumulative, so a view
+# counts from the last ones before it.
+COUNTERS = ("ops", "frees", "syncs", "uploads", "fetches")
+COUNTERS += ("bytes_up", "up_ms", "bytes_down", "down_ms")  # data moved (metrics.data)
 # What happened before a cell still decides a hot path's state; its runs and counters do not.
 _RUNS = frozenset({ev.ITERATION, ev.MISMATCH, ev.STATS, ev.FOLDED})
 
@@ -96,7 +100,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
     compiles count from ``since`` on, and only hot paths active since then are listed.
     """
     paths: dict[str, dict] = {}
-    stats = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0}
+    stats = dict.fromkeys(COUNTERS, 0)
     base = dict(stats)  # the counters when the view starts
     worker: dict = {}
     active: set[str] = set()
@@ -136,7 +140,8 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             p.update(status=Status.HOT, ops=list(e.get("ops", [])), n_ops=e.get("n_ops", 0))
             enter(p["states"], Status.HOT, e.get("t"))
             p["detected_at"] = e.get("t")
-            p["occurrences"] = max(p["occurrences"], e.get("occurrences", 0))
+            if i >= since:  # (its occurrences ran before the view: not the view's runs)
+                p["occurrences"] = max(p["occurrences"], e.get("occurrences", 0))
         elif t == ev.COMPILE_STARTED:
             p = path(sig)
             p["status"] = Status.COMPILING
@@ -245,6 +250,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         "hot_paths": hot_paths,
         "user_compiles": summarize_user_compiles(events[since:]),
         "stats": stats,
+        "data": metrics.data(stats, hot_paths, shown),  # what crossed, per iteration
         "worker": worker,
         "events": shown,
     }
@@ -301,7 +307,7 @@ class Report:
             )
             for x in u["explanations"]:
                 lines.append(f"    {x['cause']} -> {x['fix']}")
-        return "\n".join(lines)
+        return "\n".join(lines + feeding.lines(d["data"]))
 
     def _repr_html_(self) -> str:
         d = self.to_data()
