@@ -75,22 +75,33 @@ def layout(t: torch.Tensor) -> tuple[tuple, int]:
     return tuple(stride), t.numel() * t.element_size()
 
 
-def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
-    """``dst.copy_(src)`` for tensors of the same shape; one memcpy where both are dense CPU
-    tensors laid out alike. torch's copy splits a large copy over its OpenMP threads, and the
-    kernel and the worker each have a thread per core: a copy waited milliseconds for a
-    thread the other process held (10 ms for 200 KB, against 20 µs for one memcpy)."""
-    if (
-        src.device.type == "cpu"
-        and dst.device.type == "cpu"
-        and src.stride() == dst.stride()
-        and not (src.is_conj() or src.is_neg())
-        and src.dtype == dst.dtype
-        and torch.empty_like(src, device="meta").stride() == src.stride()  # dense
-    ):
-        ctypes.memmove(dst.data_ptr(), src.data_ptr(), src.numel() * src.element_size())
+def _flat(t: torch.Tensor, stride: tuple) -> bool:
+    """Whether ``t``'s elements are the bytes from its data pointer on, in the order a dense
+    tensor of ``stride`` lays them out (one memcpy moves it)."""
+    if t.device.type != "cpu" or t.is_conj() or t.is_neg():
+        return False
+    if t.is_contiguous():
+        return stride == t.stride() or t.numel() <= 1
+    return t.stride() == stride and layout(t)[0] == stride  # dense, not overlapping
+
+
+def _copy_in(seg: _Segment, s: Staged, t: torch.Tensor) -> None:
+    """``t`` into ``seg`` where ``s`` says. One memcpy where it can be: torch's copy splits a
+    large copy over its OpenMP threads, and the kernel and the worker each have a thread per
+    core; a copy waited milliseconds for a thread the other process held (10 ms for 200 KB,
+    against 20 µs for one memcpy)."""
+    if _flat(t, s.stride):
+        ctypes.memmove(seg.base + s.offset, t.data_ptr(), s.nbytes)
     else:
-        dst.copy_(src)
+        seg.view(s).copy_(t)
+
+
+def _copy_out(seg: _Segment, s: Staged, out: torch.Tensor) -> None:
+    """``seg``'s bytes where ``s`` says into ``out`` (made with ``s``'s layout)."""
+    if out.device.type == "cpu":
+        ctypes.memmove(out.data_ptr(), seg.base + s.offset, s.nbytes)
+    else:  # (to a GPU from pageable memory: copy_ returns once the bytes have been read)
+        out.copy_(seg.view(s))
 
 
 def _path(name: str) -> str:
@@ -120,6 +131,7 @@ class _Segment:
                 os.close(fd)
         self.size = size
         self.bytes = torch.frombuffer(self.map, dtype=torch.uint8) if size else None
+        self.base = self.bytes.data_ptr() if size else 0  # (the mapping's address)
 
     def view(self, s: Staged) -> torch.Tensor:
         """The tensor ``s`` describes, over this segment's memory (valid while it is open)."""
@@ -170,7 +182,7 @@ class Writer:
             seg = self._segment(n)
             try:
                 s = Staged(seg.name, 0, n, t.dtype, tuple(t.shape), stride, -1)
-                _copy(seg.view(s), t)
+                _copy_in(seg, s, t)
             finally:
                 seg.close()
             return s
@@ -183,7 +195,7 @@ class Writer:
         offset, end = self._place(size)
         s = Staged(self.ring.name, _HEADER + offset, n, t.dtype, tuple(t.shape), stride, end)
         if n:
-            _copy(self.ring.view(s), t)
+            _copy_in(self.ring, s, t)
         return s
 
     def _place(self, size: int) -> tuple[int, int]:
@@ -265,10 +277,9 @@ class Reader:
 
     @staticmethod
     def _copy(seg: _Segment, s: Staged, device: torch.device) -> torch.Tensor:
-        # (to a GPU from pageable memory: copy_ returns once the bytes have been read)
         out = torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device)
         if s.nbytes:
-            _copy(out, seg.view(s))
+            _copy_out(seg, s, out)
         return out
 
     def close(self) -> None:
