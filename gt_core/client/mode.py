@@ -11,8 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.proxy import Proxy
-from gt_core.client.record import record
-from gt_core.client.session import LOCK
+from gt_core.client.record import has_proxy, in_forked_child, record
+from gt_core.client.session import FORKED, LOCK
 
 __all__ = ["CaptureMode"]
 
@@ -23,10 +23,12 @@ class CaptureMode(TorchDispatchMode):
 
 def _capture_dispatch(self, func, types, args=(), kwargs=None):
     kwargs = kwargs or {}
+    if FORKED[0]:  # a fork of the kernel (a DataLoader's worker): its tensors are plain
+        return in_forked_child(func, args, kwargs)
     if (
         (args and type(args[0]) is Proxy)
-        or _has_proxy(args)
-        or _has_proxy(kwargs.values())
+        or has_proxy(args)
+        or has_proxy(kwargs.values())
         or func in _LIFTS
         or (_makes_tensors(func) and not _has_tensor(args) and not _has_tensor(kwargs.values()))
     ):  # an op on worker tensors, or a factory: the new tensor lives on the worker
@@ -60,13 +62,6 @@ def _makes_tensors(func) -> bool:
     if r is None:
         r = _tensor_returns[func] = any("Tensor" in str(x.type) for x in func._schema.returns)
     return r
-
-
-def _has_proxy(xs) -> bool:
-    for x in xs:
-        if isinstance(x, Proxy) or (type(x) in (list, tuple) and _has_proxy(x)):
-            return True
-    return False
 
 
 def _has_tensor(xs) -> bool:

@@ -31,13 +31,13 @@ from gt_core.client.meta import (
     _scalar_result,
 )
 from gt_core.client.proxy import Proxy, _meta_id, _rebind, upload
-from gt_core.client.session import LOCK, live_session
+from gt_core.client.session import FORKED, LOCK, live_session
 from gt_core.client.shadows import _on_shadows, _shadow
-from gt_core.errors import WorkerLost
+from gt_core.errors import UnsupportedOperation, WorkerLost
 from gt_core.stream.instructions import OP, Op, Ref
 from gt_core.stream.meta import Made, TensorMeta
 
-__all__ = ["record"]
+__all__ = ["record", "has_proxy", "in_forked_child"]
 
 # An instruction per recorded op is built by tuple.__new__, skipping the NamedTuple's Python
 # __new__ (a call that costs several times the tuple itself).
@@ -321,7 +321,30 @@ def set_host_storage(func, args, kwargs) -> Proxy:
     return p
 
 
+def in_forked_child(func, args, kwargs):
+    """An op in a fork of the kernel (a DataLoader's worker process): run plainly; a worker
+    tensor cannot be used there (its worker answers the kernel alone)."""
+    if has_proxy((*args, *kwargs.values())):
+        raise UnsupportedOperation(
+            f"{func}: a gt worker tensor was used in a forked process (a DataLoader worker "
+            "process with num_workers > 0?). Its value lives on the kernel's gt worker, which "
+            "only the kernel can reach. Give the DataLoader host tensors (made outside the "
+            "capture, or fetched with .cpu()), or use num_workers=0 to index worker tensors."
+        )
+    return func(*args, **kwargs)
+
+
+def has_proxy(xs) -> bool:
+    """Whether a worker tensor is among ``xs`` (or in a list or tuple there)."""
+    for x in xs:
+        if isinstance(x, Proxy) or (type(x) in (list, tuple) and has_proxy(x)):
+            return True
+    return False
+
+
 def _dispatch(cls, func, types, args=(), kwargs=None):
+    if FORKED[0]:
+        return in_forked_child(func, args, kwargs or {})
     with LOCK:
         if HELD["pending"]:
             check_interrupt()  # a Ctrl-C held during gt's last op: raised here, between ops

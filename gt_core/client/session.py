@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import itertools
 import linecache
+import os
 import statistics
 import threading
 import time
+import weakref
 from collections import deque
 
 from gt_core.client.interrupt import check as check_interrupt
@@ -46,6 +48,22 @@ _generations = itertools.count(1)
 # threads that use worker tensors at once take turns op by op, and the stream stays whole.
 LOCK = threading.RLock()
 _LIVE: list = []  # the accessor of the live session, set by client.capture (see live_session)
+FORKED = [False]  # this process is a fork of the kernel (a DataLoader's worker process)
+_SESSIONS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A forked child (a DataLoader's worker process) inherits the kernel's capture and its
+    sessions, pipes included: it must never write to them (the parent's worker reads those
+    pipes; a factory the child recorded would land in the parent's stream). Its tensors are
+    its own, plain ones (see client.mode)."""
+    FORKED[0] = True
+    for s in list(_SESSIONS):
+        s.closed = True
+        s.buf, s.freed = [], deque()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def live_session() -> Session:
@@ -88,6 +106,7 @@ class Session:
         self.jits: list = []  # gt_core.jit's cache entries of this session (their stats)
         self._stats_sent: dict = {}  # hot path or jit entry -> its count last published
         self.rng = None  # the CPU generator state the worker has too (None: unknown)
+        _SESSIONS.add(self)
 
     def _on_events(self, events) -> None:
         """Events from the worker: plans go to the matcher, everything else to the log."""
