@@ -20,6 +20,7 @@ from gt_core.client.mode import CaptureMode
 from gt_core.client.patches import (
     patch_capturable,
     patch_seed,
+    patch_sharing,
     patch_threads,
     unpatch_seed,
     unpatch_threads,
@@ -229,6 +230,7 @@ def capture(**options):
             from gt_core.client.tensor_io import place_optimizer_state
 
             _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
+            patch_sharing(True)
             if opts.worker != "inprocess":
                 patch_threads()
             s.send_rng_state(torch.get_rng_state())
@@ -250,6 +252,7 @@ def capture(**options):
             if last:
                 unpatch_seed()
                 unpatch_threads()
+                patch_sharing(False)
                 patch_capturable(False)
                 _state["opt_hook"].remove()
                 _state["opt_hook"] = None

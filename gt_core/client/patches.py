@@ -1,6 +1,6 @@
 """What a capture changes in torch while it runs, and puts back when the last one ends:
-``torch.manual_seed`` (it seeds the worker too), torch.optim's capturable devices, and the
-kernel's intra-op threads.
+``torch.manual_seed`` (it seeds the worker too), torch.optim's capturable devices, the
+kernel's intra-op threads, and storage sharing (host tensors sent to other processes).
 """
 
 from __future__ import annotations
@@ -12,7 +12,14 @@ import torch.optim.optimizer as _torch_optimizer
 
 from gt_core.diagnostics.stance import in_worker
 
-__all__ = ["patch_seed", "unpatch_seed", "patch_capturable", "patch_threads", "unpatch_threads"]
+__all__ = [
+    "patch_seed",
+    "unpatch_seed",
+    "patch_capturable",
+    "patch_threads",
+    "unpatch_threads",
+    "patch_sharing",
+]
 
 # torch.manual_seed as it was before the first capture; the kernel's intra-op threads then,
 # and the count set for the capture (None: not changed)
@@ -85,3 +92,28 @@ def patch_capturable(on: bool) -> None:
 _ORIGINAL_CAPTURABLE = _torch_optimizer._get_capturable_supported_devices
 
 
+
+
+# torch.multiprocessing moves a host tensor's storage into shared memory before sending it to
+# another process (a DataLoader's spawned workers get the dataset so). Those methods make and
+# fill a new storage through aten ops (empty, set_, copy_): inside a capture the empty became a
+# worker tensor, and the dataset's storage was swapped for zeros.
+_SHARING = ("share_memory_", "_share_fd_cpu_", "_share_filename_cpu_")
+_ORIGINAL_SHARING = {name: getattr(torch.UntypedStorage, name) for name in _SHARING}
+
+
+def _plain(method):
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def run(self, *args, **kwargs):
+        with _disable_current_modes():
+            return method(self, *args, **kwargs)
+
+    run.__name__, run.__doc__ = method.__name__, method.__doc__
+    return run
+
+
+def patch_sharing(on: bool) -> None:
+    """Host storages move to shared memory as without gt (no capture mode) while ``on``."""
+    for name, method in _ORIGINAL_SHARING.items():
+        setattr(torch.UntypedStorage, name, _plain(method) if on else method)
