@@ -100,7 +100,7 @@ class Session:
         self.flush_at = options.flush_at
         # bytes moved in each direction and the client's ms copying them (see stage, fetch)
         self.counters = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0, "fetches": 0}
-        self.counters.update(bytes_up=0, up_ms=0.0, bytes_down=0, down_ms=0.0)
+        self.counters.update(bytes_up=0, up_ms=0.0, up_wait_ms=0.0, bytes_down=0, down_ms=0.0)
         self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
         self.tee: list | None = None  # while a jit call records: its instructions (see _out)
         self.jits: list = []  # gt_core.jit's cache entries of this session (their stats)
@@ -203,11 +203,13 @@ class Session:
 
     def stage(self, t):
         """What a PUT carries for the plain tensor ``t`` (a copy taken now: see Transport)."""
-        t0 = time.perf_counter()
+        t0, waited = time.perf_counter(), self.transport.room_ms
         value = self.transport.stage(t)
+        waited = self.transport.room_ms - waited  # (the worker's time, not the copy's)
         c = self.counters
         c["bytes_up"] += t.numel() * t.element_size()
-        c["up_ms"] += (time.perf_counter() - t0) * 1e3
+        c["up_ms"] += (time.perf_counter() - t0) * 1e3 - waited
+        c["up_wait_ms"] += waited
         return value
 
     def fetch(self, vid: int):

@@ -66,6 +66,7 @@ class Transport:
         return t.clone()
 
     copy_ms = 0.0  # the client's ms copying the last fetched value out (see Session.fetch)
+    room_ms = 0.0  # the client's ms waiting for the worker to read a full upload ring, in all
 
     # Called before a wait for the worker to read every upload: sends the pending batch
     # (the session's flush), so that the uploads waited for are on their way.
@@ -211,8 +212,12 @@ class ProcessTransport(Transport):
 
     def _room(self) -> None:
         """The ring is full: send what is pending and wait until the worker has read it all."""
-        self.before_wait()
-        self.wait_mark(self.post_mark())
+        t0 = time.perf_counter()
+        try:
+            self.before_wait()
+            self.wait_mark(self.post_mark())
+        finally:
+            self.room_ms += (time.perf_counter() - t0) * 1e3
 
     def send(self, batch) -> None:
         if self.cause is not None:

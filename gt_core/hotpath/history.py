@@ -11,7 +11,7 @@ import time
 
 import torch
 
-from gt_core.stream.instructions import FREE, MARK, OP, Ref, without_ids
+from gt_core.stream.instructions import FREE, MARK, OP, PUT, RNG, Ref, without_ids
 from gt_core.stream.meta import ValueMeta
 
 __all__ = ["History", "local_key", "exact_key", "out_paths", "value_ids"]
@@ -50,6 +50,12 @@ class History:
         """Record an instruction run eagerly; how many old ones were dropped to make room."""
         if not self.instrs:
             self.started = time.time()
+        # An upload's value is the worker's now; kept here, every batch uploaded would stay
+        # alive for two windows of instructions (61 MB of batches after 40 small epochs).
+        if ins.code == PUT:
+            ins = ins._replace(value=None)
+        elif ins.code == RNG:
+            ins = ins._replace(state=None)
         self.instrs.append(ins)
         self.keys.append(local_key(ins))
         self.paths.append(out_paths(result) if ins.code == OP else None)
