@@ -6,7 +6,7 @@ Transfers, through a worker process:
 
   size          a host tensor of 4 KB, 200 KB, 4 MB and 64 MB
   sync ms       a one-element ``index_select`` of a worker tensor of that size and its
-                ``.item()``: a sync alone
+                ``.item()``: a sync alone (timed just before the uploads of that size)
   +upload ms    the same on a fresh host tensor (uploaded on the way) minus the sync alone
   up GB/s       size / +upload ms (the client's copy into the ring and the worker's out of it)
   .cpu() ms     fetching a worker tensor of that size (a sync and the copies)
@@ -69,13 +69,12 @@ def transfers(repeats: int) -> list[tuple]:
 
             times = max(5, repeats * (3 if nbytes < 1 << 20 else 1))
             sync_alone()
-            alone, up = [], []
-            for _ in range(times):  # paired, so both see the machine in the same state
+            sync_ms = _median_ms(sync_alone, times)
+            up = []
+            for _ in range(times):
                 k[0] += 1
                 host[k[0] % 2].add_(0)  # a new version: the upload cache does not hold it
-                alone.append(_median_ms(sync_alone, 1))
                 up.append(_median_ms(upload_and_sync, 1))
-            sync_ms = statistics.median(alone)
             up_ms = max(statistics.median(up) - sync_ms, 1e-3)
             resident.cpu()
             down_ms = _median_ms(resident.cpu, times)
