@@ -19,6 +19,7 @@ from gt_core.client.interrupt import held
 from gt_core.client.mode import CaptureMode
 from gt_core.client.patches import (
     patch_capturable,
+    patch_loader,
     patch_seed,
     patch_sharing,
     patch_threads,
@@ -231,6 +232,7 @@ def capture(**options):
 
             _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
             patch_sharing(True)
+            patch_loader(True)
             if opts.worker != "inprocess":
                 patch_threads()
             s.send_rng_state(torch.get_rng_state())
@@ -253,6 +255,7 @@ def capture(**options):
                 unpatch_seed()
                 unpatch_threads()
                 patch_sharing(False)
+                patch_loader(False)
                 patch_capturable(False)
                 _state["opt_hook"].remove()
                 _state["opt_hook"] = None

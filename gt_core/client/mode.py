@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.proxy import Proxy
-from gt_core.client.record import has_proxy, in_forked_child, record
+from gt_core.client.record import in_forked_child, record
 from gt_core.client.session import FORKED, LOCK
 
 __all__ = ["CaptureMode"]
@@ -25,20 +25,34 @@ def _capture_dispatch(self, func, types, args=(), kwargs=None):
     kwargs = kwargs or {}
     if FORKED[0]:  # a fork of the kernel (a DataLoader's worker): its tensors are plain
         return in_forked_child(func, args, kwargs)
-    if (
-        (args and type(args[0]) is Proxy)
-        or has_proxy(args)
-        or has_proxy(kwargs.values())
-        or func in _LIFTS
-        or (_makes_tensors(func) and not _has_tensor(args) and not _has_tensor(kwargs.values()))
-    ):  # an op on worker tensors, or a factory: the new tensor lives on the worker
+    # ``types``: the tensor subclasses among the arguments (lists and out= included), found
+    # by torch in C; the scans below run only for ops that may make a tensor from nothing.
+    if Proxy in types or _made_here(func, args, kwargs):
+        # an op on worker tensors, or a factory: the new tensor lives on the worker
         with LOCK:
             if HELD["pending"]:
                 check_interrupt()
             return record(func, args, kwargs)
-    # Plain tensors from outside stay plain (numpy(), printing and torch internals use
-    # them), and so do bookkeeping ops such as profiler ranges.
+    # Plain tensors from outside stay plain (numpy(), printing, torch internals and a
+    # DataLoader's indexing and collate use them), and so do bookkeeping ops such as
+    # profiler ranges.
     return func(*args, **kwargs)
+
+
+_PLAIN, _LIFT, _FACTORY = range(3)
+_kinds: dict[int, int] = {}  # id(op) -> what it does without a worker tensor (ops live forever)
+
+
+def _made_here(func, args, kwargs) -> bool:
+    """Whether an op without worker tensors makes a new tensor of the capture: a lift
+    (torch.tensor(data)) or a factory (tensor outputs, no tensor inputs)."""
+    kind = _kinds.get(id(func))
+    if kind is None:
+        kind = _LIFT if func in _LIFTS else _FACTORY if _makes_tensors(func) else _PLAIN
+        _kinds[id(func)] = kind
+    if kind == _FACTORY:
+        return not _has_tensor(args) and not _has_tensor(kwargs.values())
+    return kind == _LIFT
 
 
 # Assigned after the class is made: TorchDispatchMode.__init_subclass__ would wrap it in
