@@ -718,6 +718,65 @@ def test_a_worker_killed_while_the_client_waits_for_room_in_the_ring(process, ca
     _fresh_worker_equals_eager(capfd, pid, x)
 
 
+# -- what a batch costs, and where it lives ---------------------------------------------------
+def test_each_batch_is_uploaded_once_per_step_backward_included(process):
+    """Autograd's backward reads the batch again (as x.t() for the first layer's weight
+    gradient): a view of the uploaded batch, never a second upload of its bytes."""
+    x_all = torch.randn(96, N_FEATURES)
+    y_all = torch.randint(N_CLASSES, (96,))
+    with gt_core.capture():
+        s = _capture._state["session"]
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(N_FEATURES, 64), nn.ReLU(), nn.Linear(64, N_CLASSES))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        sent = []
+        for x, y in DataLoader(TensorDataset(x_all, y_all), batch_size=32):
+            before = s.counters["bytes_up"], s.counters["uploads"]
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+            sent.append((s.counters["bytes_up"] - before[0], s.counters["uploads"] - before[1]))
+    batch = 32 * N_FEATURES * 4 + 32 * 8
+    assert sent == [(batch, 2)] * 3
+
+
+def test_a_tensor_dataset_of_host_tensors_gives_host_batches(process):
+    """Made as without gt (no capture mode on the indexing): host batches, uploaded by the
+    step that uses them; a dataset of worker tensors gives worker batches."""
+    host = TensorDataset(torch.arange(12.0).view(6, 2))
+    with gt_core.capture():
+        (hb,) = next(iter(DataLoader(host, batch_size=3)))
+        worker = TensorDataset(torch.arange(12.0).view(6, 2))
+        (wb,) = next(iter(_shuffled(worker)))
+        got = wb.cpu()
+    assert not gt_core.is_remote(hb) and gt_core.is_remote(wb)
+    assert torch.equal(hb, torch.arange(6.0).view(3, 2))
+    (want,) = next(iter(_shuffled(TensorDataset(torch.arange(12.0).view(6, 2)))))
+    assert torch.equal(got, want)
+
+
+def _shuffled(data):
+    return DataLoader(data, batch_size=3, shuffle=True, generator=torch.Generator().manual_seed(0))
+
+
+def test_worker_tensors_in_forked_loader_processes_are_a_clear_error(process):
+    with _hang_guard(), gt_core.capture():
+        data = TensorDataset(torch.randn(8, 3))  # worker tensors: only the kernel reaches them
+        loader = DataLoader(data, batch_size=4, num_workers=1, multiprocessing_context="fork")
+        with pytest.raises(RuntimeError, match="forked process") as info:
+            next(iter(loader))
+        assert "num_workers=0" in str(info.value)
+        assert torch.equal(data.tensors[0].cpu(), data.tensors[0].cpu())  # the worker is fine
+
+
+def test_the_kernel_computes_on_one_thread_while_a_worker_process_does(process):
+    threads = torch.get_num_threads()
+    with gt_core.capture():
+        inside = torch.get_num_threads()
+    assert torch.get_num_threads() == threads
+    assert inside == (1 if threads > 1 else threads)
+
+
 # -- memory (last: a worker of its own) -------------------------------------------------------
 @pytest.fixture
 def fresh_one_thread_worker(process):
