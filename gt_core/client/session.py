@@ -72,6 +72,10 @@ def live_session() -> Session:
     return _LIVE[0]()
 
 
+# What the client counts: ops recorded, frees, syncs; uploads and fetches, the bytes each moved,
+# the client's ms copying them, and its ms waiting for the worker to read a full upload ring.
+_COUNTERS = ("ops", "frees", "syncs", "uploads", "fetches")
+_COUNTERS += ("bytes_up", "up_ms", "up_wait_ms", "bytes_down", "down_ms")
 _SITES = 4096  # values whose recording line is remembered for errors (the newest)
 _FOR_CLIENT = frozenset((ev.PLAN,))  # the client's own: never logged
 
@@ -98,9 +102,7 @@ class Session:
         self.closed = False
         self.dead: str | None = None  # why the worker died, once a send or a sync found out
         self.flush_at = options.flush_at
-        # bytes moved in each direction and the client's ms copying them (see stage, fetch)
-        self.counters = {"ops": 0, "frees": 0, "syncs": 0, "uploads": 0, "fetches": 0}
-        self.counters.update(bytes_up=0, up_ms=0.0, up_wait_ms=0.0, bytes_down=0, down_ms=0.0)
+        self.counters = dict.fromkeys(_COUNTERS, 0)
         self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
         self.tee: list | None = None  # while a jit call records: its instructions (see _out)
         self.jits: list = []  # gt_core.jit's cache entries of this session (their stats)
