@@ -50,39 +50,29 @@ def _median_ms(fn, n: int) -> float:
 
 def transfers(repeats: int) -> list[tuple]:
     """(size, sync ms, +upload ms, up GB/s, .cpu() ms, down GB/s) per size."""
-    rows = []
     hosts = {name: [torch.ones(nbytes // 4) for _ in range(2)] for name, nbytes in SIZES.items()}
     with gt_core.capture(auto_compile=False):
         idx = torch.zeros(1, dtype=torch.long)  # a worker tensor: the op runs there
         idx.item()
-        for name, nbytes in SIZES.items():
-            n = nbytes // 4
-            resident = torch.zeros(n)  # a worker tensor of the same size
-            host = hosts.pop(name)  # host tensors, made outside the capture: each is uploaded
-            k = [0]
+        # host tensors, made outside the capture: each is uploaded
+        return [_transfer(name, hosts.pop(name), idx, repeats) for name in SIZES]
 
-            def sync_alone():
-                torch.index_select(resident, 0, idx).item()
 
-            def upload_and_sync():
-                torch.index_select(host[k[0] % 2], 0, idx).item()
-
-            times = max(5, repeats * (3 if nbytes < 1 << 20 else 1))
-            sync_alone()
-            sync_ms = _median_ms(sync_alone, times)
-            up = []
-            for _ in range(times):
-                k[0] += 1
-                host[k[0] % 2].add_(0)  # a new version: the upload cache does not hold it
-                up.append(_median_ms(upload_and_sync, 1))
-            up_ms = max(statistics.median(up) - sync_ms, 1e-3)
-            resident.cpu()
-            down_ms = _median_ms(resident.cpu, times)
-            rows.append(
-                (name, sync_ms, up_ms, nbytes / up_ms / 1e6, down_ms, nbytes / down_ms / 1e6)
-            )
-            del resident, host
-    return rows
+def _transfer(name: str, host: list, idx, repeats: int) -> tuple:
+    nbytes = SIZES[name]
+    resident = torch.zeros(nbytes // 4)  # a worker tensor of the same size
+    times = max(5, repeats * (3 if nbytes < 1 << 20 else 1))
+    torch.index_select(resident, 0, idx).item()
+    sync_ms = _median_ms(lambda: torch.index_select(resident, 0, idx).item(), times)
+    up = []
+    for k in range(times):
+        fresh = host[k % 2]
+        fresh.add_(0)  # a new version: the upload cache does not hold it
+        up.append(_median_ms(lambda t=fresh: torch.index_select(t, 0, idx).item(), 1))
+    up_ms = max(statistics.median(up) - sync_ms, 1e-3)
+    resident.cpu()
+    down_ms = _median_ms(resident.cpu, times)
+    return name, sync_ms, up_ms, nbytes / up_ms / 1e6, down_ms, nbytes / down_ms / 1e6
 
 
 def loop(variant: str, batch: int, steps: int, backend: str) -> tuple[float, list, dict]:
@@ -180,10 +170,12 @@ def main(argv=None) -> None:
     print(f"{'way':>14} {'ms/step':>8} {'vs eager':>9} {'max |param - eager|':>20}")
     for v in VARIANTS:
         m = statistics.median(ms[v])
-        diff = max((p - e).abs().max().item() for p, e in zip(params[v], params["eager"]))
+        diff = max(
+            (p - e).abs().max().item() for p, e in zip(params[v], params["eager"], strict=True)
+        )
         print(f"{v:>14} {m:>8.3f} {eager / m:>8.2f}x {diff:>20.2e}")
     ref = rounding_reference(a.batch, a.steps)
-    diff = max((p - e).abs().max().item() for p, e in zip(ref, params["eager"]))
+    diff = max((p - e).abs().max().item() for p, e in zip(ref, params["eager"], strict=True))
     print(f"{'eager 1t/2t':>14} {'-':>8} {'-':>9} {diff:>20.2e}")
     print(
         "eager 1t/2t: eager with its threads alternating 1 and 2 per step, the size of "

@@ -107,3 +107,15 @@ def pytest_runtest_makereport(item, call):
     rep = yield
     setattr(item, f"rep_{rep.when}", rep)
     return rep
+
+
+def until(cond, timeout: float = 30.0) -> bool:
+    """Poll ``cond`` until it holds (a bound on waiting for another process, not a timing)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False

@@ -16,12 +16,12 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 
 import psutil
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import until
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -33,16 +33,6 @@ from gt_core.client import interrupt as _interrupt
 from gt_core.stream import staging
 
 SHM = "/dev/shm"
-
-
-def _until(cond, timeout: float = 30.0) -> bool:
-    """Poll ``cond`` until it holds (a bound on waiting for another process, not a timing)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def _files(pid: int) -> dict[str, int]:
@@ -649,7 +639,7 @@ def _gone(pid: int) -> bool:
 
 def _kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
-    assert _until(lambda: _gone(pid))
+    assert until(lambda: _gone(pid))
 
 
 def _assert_died(exc: gt_core.WorkerDied, pid: int) -> None:
@@ -698,7 +688,7 @@ def test_a_worker_killed_while_the_client_waits_for_room_in_the_ring(process, ca
     waiting = []
 
     def killer():
-        _until(lambda: transport.waiting is not None, 60)
+        until(lambda: transport.waiting is not None, 60)
         waiting.append(transport.waiting)
         os.kill(pid, signal.SIGKILL)
 

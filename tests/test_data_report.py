@@ -58,8 +58,9 @@ def test_the_data_entry_is_the_counters_per_run_of_the_step():
         _stats(0.0),
         *_loop(8),  # 2 occurrences at detection + 8 runs: 10 iterations
         *_loop(3, sig="other", t0=20.0),  # a second, smaller hot path: not the step
-        _stats(30.0, uploads=20, bytes_up=2_007_040, up_ms=3.0, fetches=10, bytes_down=40,
-               down_ms=1.0),  # fmt: skip
+        _stats(
+            30.0, uploads=20, bytes_up=2_007_040, up_ms=3.0, fetches=10, bytes_down=40, down_ms=1.0
+        ),  # fmt: skip
     ]
     d = summarize(events)["data"]
     assert KEYS <= set(d)
@@ -82,8 +83,15 @@ def test_a_cell_counts_from_the_counters_before_it_and_only_its_own_runs():
     before = [_stats(0.0), *_loop(6), _stats(10.0, bytes_up=1000, up_ms=1.0, uploads=5)]
     cell = [
         *_loop(4, t0=11.0)[1:],  # the same hot path, not detected again: 4 runs
-        _stats(20.0, bytes_up=1000 + 4 * 512, up_ms=1.5, uploads=9, bytes_down=80,
-               down_ms=0.25, fetches=4),  # fmt: skip
+        _stats(
+            20.0,
+            bytes_up=1000 + 4 * 512,
+            up_ms=1.5,
+            uploads=9,
+            bytes_down=80,
+            down_ms=0.25,
+            fetches=4,
+        ),  # fmt: skip
     ]
     d = summarize(before + cell, since=len(before))["data"]
     assert (d["iterations"], d["bytes_up"], d["uploads"], d["fetches"]) == (4, 2048, 4, 4)

@@ -12,26 +12,16 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 
 import pytest
 import torch
+from conftest import until
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing.globalipapp import start_ipython
 
 import gt_core
 from gt_core.client import capture as _capture
 from gt_core.observe.report import summarize
-
-
-def _until(cond, timeout: float = 30.0) -> bool:
-    """Poll ``cond`` until it holds (a bound on waiting for another process, not a timing)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.02)
-    return False
 
 
 class _Interrupter:
@@ -50,7 +40,7 @@ class _Interrupter:
 
     def _run(self):
         if self.when is not None:
-            if not _until(lambda: self.when() or self.cancelled.is_set()):
+            if not until(lambda: self.when() or self.cancelled.is_set()):
                 return
         elif self.cancelled.wait(self.delay):
             return
@@ -313,7 +303,7 @@ def test_after_the_worker_dies_the_next_capture_starts_a_fresh_one(process, capf
         old = torch.ones(3)
     pid = gt_core.worker().pid
     os.kill(pid, signal.SIGKILL)
-    assert _until(lambda: not gt_core.worker().alive)
+    assert until(lambda: not gt_core.worker().alive)
     with gt_core.capture():
         fresh = torch.ones(3) + 1
     assert fresh.tolist() == [2.0, 2.0, 2.0]
@@ -375,8 +365,8 @@ def test_no_compile_process_or_temp_folder_outlives_the_worker(tmp_path, end):
     )
     assert r.returncode == 0, r.stderr
     leftover = lambda: [p.name for p in tmp_path.iterdir() if p.name.startswith("gt-compile-")]  # noqa: E731
-    assert _until(lambda: not leftover(), 30), leftover()
-    assert _until(lambda: not _compile_procs(tmp_path), 30), _compile_procs(tmp_path)
+    assert until(lambda: not leftover(), 30), leftover()
+    assert until(lambda: not _compile_procs(tmp_path), 30), _compile_procs(tmp_path)
 
 
 def _compile_procs(tmp_path) -> list[str]:

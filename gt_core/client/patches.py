@@ -94,8 +94,6 @@ def patch_capturable(on: bool) -> None:
 _ORIGINAL_CAPTURABLE = _torch_optimizer._get_capturable_supported_devices
 
 
-
-
 # torch.multiprocessing moves a host tensor's storage into shared memory before sending it to
 # another process (a DataLoader's spawned workers get the dataset so). Those methods make and
 # fill a new storage through aten ops (empty, set_, copy_): inside a capture the empty became a

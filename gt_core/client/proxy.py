@@ -197,9 +197,7 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
             # value that changes is lifted into an input of the compiled block like any float.
             data = data.clone()  # its shadow: must not change when the user's tensor does
             idx = session.op(_SCALAR_TENSOR)
-            session.emit(
-                Op(OP, idx, (data.item(),), {"dtype": data.dtype, "device": _CPU}, (vid,))
-            )
+            session.emit(Op(OP, idx, (data.item(),), {"dtype": data.dtype, "device": _CPU}, (vid,)))
             p = Proxy(session, vid, tensor_meta(data))
             p._gt_v = data
         else:

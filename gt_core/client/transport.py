@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import multiprocessing as mp
-import os
 import pickle
 import signal
 import sys
