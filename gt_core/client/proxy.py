@@ -180,7 +180,7 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
         return p
     try:
         _uploads[key] = (
-            weakref.ref(t, lambda _r, k=key: _uploads.pop(k, None)),
+            weakref.ref(t, lambda _r, k=key, d=_uploads: d.pop(k, None)),  # (d: at exit too)
             t._version,
             session.gen,
             weakref.ref(p),
