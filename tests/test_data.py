@@ -774,6 +774,16 @@ def test_the_kernel_computes_on_one_thread_while_a_worker_process_does(process):
     assert inside == (1 if threads > 1 else threads)
 
 
+def test_an_item_counts_as_a_fetch_of_its_bytes(process):
+    with gt_core.capture():
+        s = _capture._state["session"]
+        x = torch.ones(3, dtype=torch.float64)
+        before = s.counters["fetches"], s.counters["bytes_down"]
+        assert x.sum().item() == 3.0
+        after = s.counters["fetches"], s.counters["bytes_down"]
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 8)
+
+
 # -- memory (last: a worker of its own) -------------------------------------------------------
 @pytest.fixture
 def fresh_one_thread_worker(process):
@@ -834,3 +844,4 @@ def test_memory_and_staging_segments_stay_flat_over_20_epochs(fresh_one_thread_w
     assert late["worker_rss"] - early["worker_rss"] < 8 * mb, (early, late)
     for key in ("values", "files", "mapped"):
         assert late[key] == early[key], (early, late)
+

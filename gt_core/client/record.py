@@ -297,6 +297,9 @@ def _run_now(session, func, args, kwargs, proxies):
     base = session.next_id
     described, end = session.request("call", (idx, args, kwargs, base))
     session.next_id = max(session.next_id, end)
+    if type(described) in (int, float, bool, complex) and proxies:  # .item(): a value fetched
+        session.counters["fetches"] += 1
+        session.counters["bytes_down"] += proxies[0].element_size()
     return _described(described, session, {p._gt_id: p for p in proxies})
 
 
