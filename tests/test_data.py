@@ -844,4 +844,3 @@ def test_memory_and_staging_segments_stay_flat_over_20_epochs(fresh_one_thread_w
     assert late["worker_rss"] - early["worker_rss"] < 8 * mb, (early, late)
     for key in ("values", "files", "mapped"):
         assert late[key] == early[key], (early, late)
-
