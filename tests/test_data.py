@@ -737,6 +737,49 @@ def test_a_dataloader_loop_run_by_compiled_blocks_equals_eager(process):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
 
 
+@pytest.mark.inductor
+def test_compiled_blocks_of_a_float64_dataloader_loop_equal_eager_to_rounding(process):
+    """In float64 no rounding difference can flip a ReLU: compiled blocks that end more than
+    1e-12 from eager compute something else. (With an upload's proxy kept alive while its
+    host tensor lived, they ended 1.1e-3 away after 20 compiled steps, an epoch boundary
+    among them, and exactly equal after 5.)"""
+    g = torch.Generator().manual_seed(0)
+    x_all = torch.randn(640, N_FEATURES, generator=g, dtype=torch.float64)
+    y_all = torch.randint(N_CLASSES, (640,), generator=g)
+
+    def run(on_worker: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(N_FEATURES, 256), nn.ReLU(), nn.Linear(256, N_CLASSES))
+        model = model.double()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        loader = _shuffled_by(TensorDataset(x_all, y_all), 64)
+        batches = (b for _ in range(10) for b in loader)
+        for _ in range(30):
+            _sgd_step(model, opt, *next(batches))
+        if on_worker:
+            gt_core.wait(compiles=True, timeout=600)
+        for _ in range(20):
+            _sgd_step(model, opt, *next(batches))
+        return [p.detach().cpu() for p in model.parameters()]
+
+    want = run(False)
+    with gt_core.capture(backend="inductor", auto_compile=True):
+        got = run(True)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+
+
+def _shuffled_by(data, batch: int) -> DataLoader:
+    g = torch.Generator().manual_seed(0)
+    return DataLoader(data, batch_size=batch, shuffle=True, generator=g)
+
+
+def _sgd_step(model, opt, x, y):
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
 def test_a_tensor_dataset_of_host_tensors_gives_host_batches(process):
     """Made as without gt (no capture mode on the indexing): host batches, uploaded by the
     step that uses them; a dataset of worker tensors gives worker batches."""
