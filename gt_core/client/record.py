@@ -37,7 +37,7 @@ from gt_core.errors import UnsupportedOperation, WorkerLost
 from gt_core.stream.instructions import OP, Op, Ref
 from gt_core.stream.meta import Made, TensorMeta
 
-__all__ = ["record", "has_proxy", "in_forked_child"]
+__all__ = ["record", "in_forked_child"]
 
 # An instruction per recorded op is built by tuple.__new__, skipping the NamedTuple's Python
 # __new__ (a call that costs several times the tuple itself).
@@ -327,7 +327,7 @@ def set_host_storage(func, args, kwargs) -> Proxy:
 def in_forked_child(func, args, kwargs):
     """An op in a fork of the kernel (a DataLoader's worker process): run plainly; a worker
     tensor cannot be used there (its worker answers the kernel alone)."""
-    if has_proxy((*args, *kwargs.values())):
+    if _has_proxy((*args, *kwargs.values())):
         raise UnsupportedOperation(
             f"{func}: a gt worker tensor was used in a forked process (a DataLoader worker "
             "process with num_workers > 0?). Its value lives on the kernel's gt worker, which "
@@ -337,10 +337,10 @@ def in_forked_child(func, args, kwargs):
     return func(*args, **kwargs)
 
 
-def has_proxy(xs) -> bool:
+def _has_proxy(xs) -> bool:
     """Whether a worker tensor is among ``xs`` (or in a list or tuple there)."""
     for x in xs:
-        if isinstance(x, Proxy) or (type(x) in (list, tuple) and has_proxy(x)):
+        if isinstance(x, Proxy) or (type(x) in (list, tuple) and _has_proxy(x)):
             return True
     return False
 

@@ -76,13 +76,11 @@ def layout(t: torch.Tensor) -> tuple[tuple, int]:
 
 
 def _flat(t: torch.Tensor, stride: tuple) -> bool:
-    """Whether ``t``'s elements are the bytes from its data pointer on, in the order a dense
-    tensor of ``stride`` lays them out (one memcpy moves it)."""
+    """Whether ``t``'s elements are the bytes from its data pointer on, laid out as a dense
+    tensor of ``stride`` (``layout(t)``'s: where they equal ``t``'s own, ``t`` is dense)."""
     if t.device.type != "cpu" or t.is_conj() or t.is_neg():
         return False
-    if t.is_contiguous():
-        return stride == t.stride() or t.numel() <= 1
-    return t.stride() == stride and layout(t)[0] == stride  # dense, not overlapping
+    return t.stride() == stride
 
 
 def _copy_in(seg: _Segment, s: Staged, t: torch.Tensor) -> None:
@@ -173,11 +171,9 @@ class Writer:
         self.ring: _Segment | None = None
         self.head = 0  # bytes staged in the current ring since it was made
         self.made: set[str] = set()  # names made here that a reader may not have unlinked
-        self.staged = 0  # bytes staged in all (counters: what the client reports)
 
     def stage(self, t: torch.Tensor) -> Staged:
         stride, n = layout(t)
-        self.staged += n
         if n > ONE_OFF:
             seg = self._segment(n)
             try:
@@ -253,12 +249,10 @@ class Reader:
     def __init__(self, device: torch.device | str = "cpu"):
         self.device = torch.device(device)
         self.ring: _Segment | None = None
-        self.taken = 0  # bytes read in all
 
     def take(self, s: Staged, device: torch.device | None = None) -> torch.Tensor:
         """A tensor holding ``s``'s bytes, on ``device`` (default: the reader's); its place in
         the area is free again once this returns."""
-        self.taken += s.nbytes
         device = self.device if device is None else device
         if s.end < 0:
             seg = _Segment(s.segment)
