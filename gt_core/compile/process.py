@@ -106,14 +106,18 @@ class CompileProcess:
         metas = [value_meta(t) for t in examples]
         return self._compile(("graph", pickle.dumps(gm)), metas, mode)
 
-    def compile_block(self, canon, ops: dict, out_paths, scalar_dtypes, device, mode):
-        """Compile a hot block (as ``build_graph`` takes it, for inductor): (callable, seconds).
+    def compile_block(self, canon, ops: dict, out_paths, scalar_dtypes, device, mode, shared=None):
+        """Compile a hot block (as ``build_graph`` takes it, for inductor, its inputs sharing
+        memory as ``shared`` says: see aliases): (callable, seconds).
 
         The graph is built in the compile process, so not even that Python runs here.
         """
+        from gt_core.compile import aliases
+
         names = {name: qualified_name(op) for name, op in ops.items()}
-        metas = list(canon.input_meta) + [ValueMeta((), (), dt, device) for dt in scalar_dtypes]
-        job = ("block", canon, names, out_paths, len(scalar_dtypes))
+        scalars = [ValueMeta((), (), dt, device) for dt in scalar_dtypes]
+        metas = aliases.metas(list(canon.input_meta), shared, scalars)
+        job = ("block", canon, names, out_paths, len(scalar_dtypes), shared)
         return self._compile(job, metas, mode)
 
     def _compile(self, job: tuple, metas: list, mode: str | None):
@@ -152,7 +156,9 @@ class CompileProcess:
     def _ensure_running(self) -> None:
         """Start the process unless it runs (the caller holds the lock)."""
         if self._closed:
-            raise RuntimeError("gt's compile process was closed (the worker stops or no longer needs it)")
+            raise RuntimeError(
+                "gt's compile process was closed (the worker stops or no longer needs it)"
+            )
         if self._proc is not None and self._proc.poll() is None:
             return
         if self._dir is None or not os.path.isdir(self._dir):
@@ -215,12 +221,14 @@ def _load(path: str):
         os.remove(path)
 
 
-def _build(canon, names, out_paths, n_scalars):
+def _build(canon, names, out_paths, n_scalars, shared):
+    from gt_core.compile import aliases
     from gt_core.compile.lower import build_graph
     from gt_core.stream.instructions import resolve_op
 
     ops = {name: resolve_op(q) for name, q in names.items()}
-    return build_graph(canon, ops, out_paths, True, n_scalars)  # alpha rewritten for inductor
+    gm = build_graph(canon, ops, out_paths, True, n_scalars)  # alpha rewritten for inductor
+    return aliases.unalias(gm, shared)
 
 
 def _end_with(parent: int, folder: str) -> None:

@@ -55,6 +55,12 @@ class Block:
         # (kind, the worker's CPU condition) -> ms: what a regression check compares
         self.samples: dict[tuple, deque[float]] = {}
         self.judged = False  # regression check done
+        self.checked = False  # its first compiled run was compared with eager (numerics)
+        self.aliases = None  # how its inputs share storages (gt_core.compile.aliases), if they do
+        self.aliases_unknown = False  # its inputs were gone when it was found
+        self.compile_due = False  # to compile at its next run, its inputs seen
+        self.realiased = False  # compiled again for how a run's inputs shared memory
+        self.alias_miss = False  # a run's inputs shared memory otherwise again (said once)
         # Any in-place op: a failure mid-run may have written some inputs already.
         self.mutates = any(ops[name]._schema.is_mutable for name in set(canon.ops))
         self.signal = signal

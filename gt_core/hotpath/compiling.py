@@ -10,6 +10,7 @@ import traceback
 
 import torch
 
+from gt_core.compile import aliases
 from gt_core.compile.lower import (
     build_graph,
     compile_block,
@@ -167,16 +168,27 @@ class Compiler:
         n_scalars = len(block.scalar_dtypes)
         if cp is not None:
             return cp.compile_block(
-                block.canon, block.ops, block.out_paths, block.scalar_dtypes, self.device, o.mode
+                block.canon,
+                block.ops,
+                block.out_paths,
+                block.scalar_dtypes,
+                self.device,
+                o.mode,
+                block.aliases,
             )
         gm = build_graph(
             block.canon, block.ops, block.out_paths, o.backend == "inductor", n_scalars
         )
+        gm = aliases.unalias(gm, block.aliases)
+        scalars = [((), (), dt, self.device) for dt in block.scalar_dtypes]
         examples = [
-            torch.empty_strided(shape, stride, dtype=dtype, device=device)
-            for shape, stride, dtype, device in block.canon.input_meta
+            torch.zeros(shape, dtype=dtype, device=device)
+            if not shape
+            else torch.empty_strided(shape, stride, dtype=dtype, device=device)
+            for shape, stride, dtype, device in aliases.metas(
+                list(block.canon.input_meta), block.aliases, scalars
+            )
         ]
-        examples += [torch.zeros((), dtype=dt, device=self.device) for dt in block.scalar_dtypes]
         with _DYNAMO:
             return compile_block(gm, examples, o.backend, o.mode, o.dynamic)
 

@@ -68,7 +68,11 @@ class Judge:
         """Judge the block once enough compiled runs are timed; ask for probes if needed."""
         if block.judged:
             return
-        if self.share is not None and self.compiler.compiling and len(block.compiled_ms) < _PATIENCE:
+        if (
+            self.share is not None
+            and self.compiler.compiling
+            and len(block.compiled_ms) < _PATIENCE
+        ):
             # Runs beside a compile (another block's, or the compile process warming up) are
             # slowed by it unevenly, eager and compiled alike: a verdict there was a coin
             # toss. Judge once it ends, unless compiles keep the CPU busy for long.

@@ -17,7 +17,15 @@ __all__ = ["Outbox", "reason"]
 # GT_DEBUG_COMPILE=1: one line per detection, compile, fallback, revert (2: every event
 # but iterations: also compile starts, signals and mismatches).
 _DEBUG_LINES = frozenset(
-    (ev.DETECTED, ev.COMPILE_FINISHED, ev.COMPILE_FAILED, ev.RECOMPILE, ev.FALLBACK, ev.REVERT)
+    (
+        ev.DETECTED,
+        ev.COMPILE_FINISHED,
+        ev.COMPILE_FAILED,
+        ev.RECOMPILE,
+        ev.FALLBACK,
+        ev.REVERT,
+        ev.CHECK_FAILED,
+    )
 )
 _EVENTS_EVERY_S = 0.05
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import traceback
 
+from gt_core.compile import aliases
 from gt_core.compile.lower import build_graph
 from gt_core.hotpath.blocks import Block, Blocks
 from gt_core.observe import events as ev
@@ -49,9 +50,14 @@ class Registry:
 
     def form(self, canon, namer, paths: list, period: int, **kw) -> Block:
         """The block of a canonicalized segment (``kw``: Block's signal, lift, scalar_dtypes)."""
-        return Block(
+        block = Block(
             canon, paths, self._ops_by_name(), period, value_meta=self._value_meta(namer), **kw
         )
+        try:  # (how the inputs of the occurrence just seen share memory, if all still alive)
+            block.aliases = aliases.of(self.ex.lookup(namer.inputs))
+        except (KeyError, TypeError):  # unknown: found at its next run (Runner.run)
+            block.aliases_unknown = True
+        return block
 
     def adopt(self, block: Block, occurrences: int = 2, recording_t: float | None = None) -> None:
         """Register a new block and make it hot: announced, compiled where the options say.
@@ -122,7 +128,10 @@ class Registry:
                 break
         o = self.options
         if block.signal or o.compile_all or (o.auto_compile and o.background):
-            self.compiler.schedule(block)
+            if block.aliases_unknown:
+                block.compile_due = True  # at its next run, its inputs seen (Runner.run)
+            else:
+                self.compiler.schedule(block)
         # Else it compiles on the critical path after a couple of eager occurrences, the
         # baseline that regression detection and the speedup compare against (Runner.run).
 

@@ -9,7 +9,9 @@ import time
 
 import torch
 
+from gt_core.compile import aliases
 from gt_core.errors import CompiledRunFailed
+from gt_core.hotpath import numerics
 from gt_core.hotpath.blocks import Block, Occurrence
 from gt_core.hotpath.outbox import reason
 from gt_core.observe import events as ev
@@ -45,8 +47,21 @@ class Runner:
 
     def run(self, block: Block, occ: Occurrence) -> None:
         """Run an occurrence compiled if we can, else eagerly; compile the block when due."""
+        if block.status == Status.HOT:  # (to compile soon: for how its inputs share memory)
+            self._see_aliases(block, occ)
+            if block.compile_due and block.status == Status.HOT:
+                block.compile_due = False
+                self.compiler.schedule(block)  # (done now where compiles are inline)
         fn = block.fn
-        if fn is not None and block.status == Status.COMPILED and not block.probe:
+        if (
+            fn is not None
+            and block.status == Status.COMPILED
+            and not block.probe
+            and self._fits(block, occ)
+        ):
+            if not block.checked:
+                self.run_checked(block, occ, fn)
+                return
             try:
                 self.run_compiled(block, occ, fn)
             except Exception as exc:
@@ -67,19 +82,131 @@ class Runner:
             # baseline that regression detection and the speedup compare against.
             self.compiler.schedule(block)
 
-    def run_compiled(self, block: Block, occ: Occurrence, fn) -> None:
-        inputs = self.ex.lookup(occ.inputs)
-        if block.scalar_dtypes:
-            dev = self.ex.device
-            inputs += [
-                torch.tensor(v, dtype=dt, device=dev)
-                for v, dt in zip(occ.scalars, block.scalar_dtypes, strict=True)
-            ]
+    def run_compiled(self, block: Block, occ: Occurrence, fn, inputs=None) -> None:
+        if inputs is None:
+            inputs = self.ex.lookup(occ.inputs)
         share = self.judge.share
         threads = share.choose(block.sig) if share is not None else None
-        outs, ms = self.timer("compiled", fn, *inputs)
+        args = aliases.call_args(inputs, block.aliases, self._scalars(block, occ))
+        outs, ms = self.timer("compiled", fn, *args)
         self._bind(block, occ, outs)
         self.judge.compiled_ran(block, ms, threads)
+
+    def run_checked(self, block: Block, occ: Occurrence, fn) -> None:
+        """A compiled block's first run: checked against its eager graph (see numerics).
+
+        The eager graph runs first on copies of the inputs (and in float64 on others, the
+        oracle), the generators set back after each; then the compiled block on the inputs.
+        Where the compiled values fail the check, or the compiled run raises, the inputs take
+        the eager run's values, its outputs are bound, and the block runs eagerly from then on.
+        """
+        block.checked = True
+        inputs = self.ex.lookup(occ.inputs)
+        eager = block.eager_fn
+        if eager is None:
+            self.outbox.emit(
+                ev.CHECKED, signature=block.sig, skipped="the block has no eager graph"
+            )
+            self.run_compiled(block, occ, fn, inputs)
+            return
+        dev = self.ex.device
+        rng = numerics.rng_state(dev)
+        saved = numerics.Copies(inputs)
+        try:
+            want = eager(*saved.tensors, *occ.scalars)
+        except Exception:  # the eager run proper says what failed, op by op
+            numerics.set_rng_state(dev, rng)
+            block.status, block.fn, block.eager_fn = Status.FAILED, None, None
+            why = "its eager graph raised on copies of its inputs: its instructions run it"
+            self.outbox.emit(ev.FALLBACK, signature=block.sig, reason=why)
+            self.run_instructions(occ.instructions)
+            return
+        after = numerics.rng_state(dev)
+        oracle = self._oracle(eager, inputs, occ, rng)
+        numerics.set_rng_state(dev, rng)
+        verdict = None
+        share = self.judge.share
+        threads = share.choose(block.sig) if share is not None else None
+        try:
+            args = aliases.call_args(inputs, block.aliases, self._scalars(block, occ))
+            got, ms = self.timer("compiled", fn, *args)
+            pairs = _pairs(block, [*got, *inputs], [*want, *saved.tensors], oracle)
+            verdict = numerics.compare(pairs)
+            why = verdict.words()
+        except Exception as exc:  # the compiled run (or the comparison) raised
+            why = f"its first compiled run raised: {reason(exc)}"
+        if verdict is None or not verdict.ok:
+            saved.restore()  # (the compiled run's writes undone: eager's values are kept)
+            numerics.set_rng_state(dev, after)
+            block.status, block.fn = Status.REVERTED, None
+            fields = {} if verdict is None else verdict._asdict()
+            fields.pop("ok", None)
+            self.outbox.emit(ev.CHECK_FAILED, signature=block.sig, reason=why, **fields)
+            self._bind(block, occ, want)
+            return
+        fields = verdict._asdict()
+        fields.pop("ok")
+        self.outbox.emit(ev.CHECKED, signature=block.sig, **fields)
+        self._bind(block, occ, got)
+        self.judge.compiled_ran(block, ms, threads)
+
+    def _oracle(self, eager, inputs, occ: Occurrence, rng) -> list | None:
+        """The eager graph's outputs and inputs after a run in float64, or None where it
+        cannot run so (see numerics)."""
+        numerics.set_rng_state(self.ex.device, rng)
+        try:
+            wide = numerics.Copies(inputs, upcast=True)
+            return [*eager(*wide.tensors, *occ.scalars), *wide.tensors]
+        except Exception:
+            return None
+
+    def _see_aliases(self, block: Block, occ: Occurrence) -> None:
+        """Take how this occurrence's inputs share memory as what the block compiles for."""
+        try:
+            block.aliases = aliases.of(self.ex.lookup(occ.inputs))
+        except KeyError:
+            pass  # (an input missing: the run reports it)
+        except TypeError as exc:
+            block.status = Status.FAILED
+            self.outbox.emit(ev.COMPILE_FAILED, signature=block.sig, reason=reason(exc))
+
+    def _fits(self, block: Block, occ: Occurrence) -> bool:
+        """Whether the occurrence's inputs share memory as the compiled block's did (see
+        gt_core.compile.aliases). The first time they do not, the block compiles again for
+        what they do; after that, such a run runs eagerly (said once)."""
+        try:
+            now = aliases.key(self.ex.lookup(occ.inputs))
+        except KeyError:
+            return True  # (an input missing: the run reports it as it would have)
+        want = block.aliases.key if block.aliases is not None else None
+        if (want is None and all(type(k) is int for k in now)) or now == want:
+            return True
+        if not block.realiased:
+            block.realiased = True
+            block.fn, block.checked = None, False
+            self._see_aliases(block, occ)
+            if block.status == Status.COMPILED:
+                self.compiler.schedule(block)
+            why = "its inputs share memory otherwise than it was compiled for: compiled again"
+        elif block.alias_miss:
+            return False
+        else:
+            block.alias_miss = True
+            why = (
+                "its inputs share memory otherwise than it was compiled for: such runs run eagerly"
+            )
+        self.outbox.emit(ev.NOTE, signature=block.sig, reason=why)
+        return False
+
+    def _scalars(self, block: Block, occ: Occurrence) -> list:
+        """The occurrence's lifted scalars as the compiled block takes them (0-d tensors)."""
+        if not block.scalar_dtypes:
+            return []
+        dev = self.ex.device
+        return [
+            torch.tensor(v, dtype=dt, device=dev)
+            for v, dt in zip(occ.scalars, block.scalar_dtypes, strict=True)
+        ]
 
     def run_eager(self, block: Block, occ: Occurrence) -> float | None:
         """Run an occurrence eagerly; its milliseconds, or None if it failed midway.
@@ -149,3 +276,29 @@ class Runner:
         self.ex.bind_outputs(occ.out_ids, outs)
         self.ex.drop(occ.free_ids)
         self.ex.count(len(block.canon.entries))
+
+
+def _pairs(block: Block, got: list, want: list, oracle: list | None):
+    """(what, compiled, eager, float64 oracle) of every output, then of every input."""
+    makers = _makers(block)
+    n = len(block.canon.outputs)
+    for k, (g, w) in enumerate(zip(got, want, strict=True)):
+        what = (
+            f"output {k} ({makers.get(block.canon.outputs[k], 'an op')})"
+            if k < n
+            else f"input in{k - n}, written in place"
+        )
+        yield what, g, w, None if oracle is None else oracle[k]
+
+
+def _makers(block: Block) -> dict:
+    """Each value name of the block -> the op that made it, as words."""
+    out, k = {}, 0
+    for e in block.canon.entries:
+        if e.kind != "op":
+            continue
+        for name in e.outs:
+            if name is not None:
+                out[name] = f"{e.op}, op {k} of the block"
+        k += 1
+    return out

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from gt_core.observe import events as ev
 from gt_core.observe import feeding, metrics
 from gt_core.observe.causes import explain
+from gt_core.observe.rows import NUMERIC, STATUS_COLUMNS, status_rows
 from gt_core.observe.status import Status, enter
 
 __all__ = ["Report", "summarize", "status_rows", "Status", "STATUS_COLUMNS", "NUMERIC", "COUNTERS"]
@@ -39,6 +40,10 @@ def _new_path(signature: str) -> dict:
         "cudagraph_explanations": [],  # each reason's {"id", "cause", "fix"} (gt_core.causes)
         "recompile_reasons": [],
         "fallback_reason": None,
+        # Its first compiled run against its eager graph: {"ok", "what", "diff", "tolerance"}
+        # (or {"skipped": why}); None until a compiled run (gt_core.hotpath.numerics).
+        "checked": None,
+        "notes": [],  # what some runs did, said once (e.g. run eagerly: inputs shared memory)
         # eager_ms: the baseline; client_ms: the client's ms per occurrence (its Python and
         # recording; for a gt_core.jit step, a replayed call)
         "timings": {"eager_ms": [], "compiled_ms": [], "client_ms": None},
@@ -57,6 +62,16 @@ def _new_path(signature: str) -> dict:
 
 
 _SYNC_CUTS = frozenset({"sync point", "end of stream"})
+
+
+def _check(e: dict) -> dict:
+    """A numerical check's outcome as the report keeps it."""
+    if e.get("skipped"):
+        return {"skipped": e["skipped"]}
+    keep = ("what", "diff", "bound")
+    return {"ok": e["type"] == ev.CHECKED, **{k: e.get(k) for k in keep}}
+
+
 _CLIENT = frozenset({ev.JIT, ev.JIT_STATS, ev.CLIENT_STATS})
 
 
@@ -170,6 +185,14 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             if t == ev.REVERT:
                 p.update(status=Status.REVERTED, fallback_reason=e.get("reason"))
                 enter(p["states"], Status.REVERTED, e.get("t"))
+        elif t == ev.CHECK_FAILED:
+            p = path(sig)
+            p.update(status=Status.REVERTED, fallback_reason=e.get("reason"), checked=_check(e))
+            enter(p["states"], Status.REVERTED, e.get("t"))
+        elif t == ev.CHECKED:
+            path(sig)["checked"] = _check(e)
+        elif t == ev.NOTE:
+            path(sig)["notes"].append(e.get("reason", ""))
         elif t == ev.RECOMPILE:
             path(sig)["recompile_reasons"].append(e.get("reason", ""))
         elif t == ev.MISMATCH:
@@ -335,51 +358,6 @@ class Report:
             f"<table><tr>{head}</tr>{body}</table>"
             f"<pre>{html.escape(str(self))}</pre></div>"
         )
-
-
-# The status table, one row per hot path: (row key, header), here and in gt_jupyter's tables.
-STATUS_COLUMNS = (
-    ("signature", "signature"),
-    ("status", "status"),
-    ("ops", "ops"),
-    ("runs", "runs"),
-    ("compile_s", "compile s"),
-    ("recompiles", "recompiles"),
-    ("eager_ms", "eager ms"),
-    ("compiled_ms", "compiled ms"),
-    ("speedup", "speedup"),
-)
-# Columns of numbers (right-aligned where shown; text columns are left-aligned).
-NUMERIC = frozenset(
-    {"ops", "runs", "compile_s", "recompiles", "eager_ms", "compiled_ms", "speedup"}
-    | {"client_ms", "replayed", "break_even", "compiles", "graph breaks", "cudagraph skips"}
-)
-
-
-def status_rows(data: dict) -> list[dict]:
-    """One row per hot path: its status, size, runs, compile time, recompiles and timings."""
-    return [
-        {
-            "signature": p["signature"],
-            "status": p["status"],
-            "ops": p.get("n_ops", 0),
-            "runs": p.get("occurrences", 0),
-            "compile_s": p.get("compile_seconds"),
-            "recompiles": len(p.get("recompile_reasons", [])),
-            "eager_ms": p.get("eager_median_ms"),
-            # Only runs slowed by a compile were timed eagerly: the speedup is flattered.
-            "eager_note": " (while compiling)" if p.get("baseline_while_compiling") else "",
-            "compiled_ms": p.get("compiled_median_ms"),
-            "speedup": p.get("speedup"),
-            "break_even": p.get("break_even"),
-            "saved_ms": p.get("saved_ms"),
-            "states": p.get("states", []),
-            "cudagraphs": p.get("cudagraphs"),  # None unless asked for on a GPU
-            "replayed": p.get("replayed_runs", 0),  # gt_core.jit calls replayed
-            "client_ms": (p.get("timings") or {}).get("client_ms"),
-        }
-        for p in data.get("hot_paths", [])
-    ]
 
 
 def _fmt(x: float | None, unit: str) -> str:

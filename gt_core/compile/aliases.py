@@ -1,0 +1,120 @@
+"""Inputs of a block that share memory: one base input per storage, views made in the graph.
+
+A training step's block reads a parameter and a view of it saved for the backward (``W.t()``)
+as two inputs, and writes the parameter in place at the optimizer step. A compiled graph
+assumes its inputs are distinct memory: it may write the parameter before the read of the
+view it scheduled later, and the result differs from eager without an error. So where inputs
+share a storage, the graph takes that storage once, as a 1-d base, and makes each of those
+inputs inside it with ``as_strided``; AOTAutograd then sees the aliasing and keeps eager's
+order. The sharing is part of what a compiled block fits: a run whose inputs share memory
+otherwise (``key``) runs eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.fx as fx
+
+__all__ = ["Aliases", "of", "key", "unalias", "call_args", "metas"]
+
+_aten = torch.ops.aten
+
+
+class Aliases(NamedTuple):
+    """How a block's inputs share storages: ``key`` per input (see :func:`key`), and per
+    shared storage (numel, dtype, members: ((input, size, stride, offset), ...))."""
+
+    key: tuple
+    groups: tuple
+
+    @property
+    def members(self) -> frozenset:
+        return frozenset(m[0] for g in self.groups for m in g[2])
+
+
+def key(inputs) -> tuple:
+    """Per input: the index of the first input sharing its storage, with its offset where
+    another input shares it (an empty storage shares nothing)."""
+    first: dict = {}
+    owner = []
+    for k, x in enumerate(inputs):
+        st = x.untyped_storage()
+        p = st.data_ptr() if st.nbytes() else None
+        owner.append(k if p is None else first.setdefault(p, k))
+    shared = {j for k, j in enumerate(owner) if j != k}
+    return tuple((j, inputs[k].storage_offset()) if j in shared else j for k, j in enumerate(owner))
+
+
+def of(inputs) -> Aliases | None:
+    """The sharing among ``inputs`` (None where none shares a storage with another)."""
+    k = key(inputs)
+    groups: dict = {}
+    for i, entry in enumerate(k):
+        if type(entry) is tuple:
+            groups.setdefault(entry[0], []).append(i)
+    if not groups:
+        return None
+    out = []
+    for members in groups.values():
+        x = inputs[members[0]]
+        if any(inputs[i].dtype != x.dtype for i in members):
+            raise TypeError("inputs of several dtypes share one storage: not compiled")
+        numel = x.untyped_storage().nbytes() // x.dtype.itemsize
+        views = tuple(
+            (i, tuple(inputs[i].shape), tuple(inputs[i].stride()), inputs[i].storage_offset())
+            for i in members
+        )
+        out.append((numel, x.dtype, views))
+    return Aliases(k, tuple(out))
+
+
+def unalias(gm: fx.GraphModule, aliases: Aliases | None) -> fx.GraphModule:
+    """The graph taking one base per shared storage (placed after every other input) instead
+    of the inputs that share it, which it makes with ``as_strided``."""
+    if aliases is None:
+        return gm
+    g = gm.graph
+    holders = list(g.find_nodes(op="placeholder"))
+    last = holders[-1]
+    bases = []
+    for n in range(len(aliases.groups)):
+        with g.inserting_after(last):
+            last = g.placeholder(f"base{n}")
+        bases.append(last)
+    for base, (_, _, views) in zip(bases, aliases.groups, strict=True):
+        for i, size, stride, offset in views:
+            with g.inserting_after(last):
+                last = g.call_function(_aten.as_strided.default, (base, size, stride, offset))
+            holders[i].replace_all_uses_with(last)
+            g.erase_node(holders[i])
+    gm.recompile()
+    return gm
+
+
+def call_args(inputs: list, aliases: Aliases | None, scalars: list) -> list:
+    """The compiled graph's arguments: the inputs that share nothing, the scalars, the bases."""
+    if aliases is None:
+        return [*inputs, *scalars]
+    gone = aliases.members
+    out = [x for k, x in enumerate(inputs) if k not in gone]
+    out += scalars
+    for numel, dtype, views in aliases.groups:
+        x = inputs[views[0][0]]
+        base = torch.empty(0, dtype=dtype, device=x.device)
+        out.append(base.set_(x.untyped_storage(), 0, (numel,), (1,)))
+    return out
+
+
+def metas(input_metas: list, aliases: Aliases | None, scalar_metas: list) -> list:
+    """The example inputs' (shape, stride, dtype, device) in ``call_args``'s order."""
+    if aliases is None:
+        return [*input_metas, *scalar_metas]
+    gone = aliases.members
+    out = [m for k, m in enumerate(input_metas) if k not in gone]
+    out += scalar_metas
+    for numel, dtype, views in aliases.groups:
+        device = input_metas[views[0][0]][3]
+        out.append(((numel,), (1,), dtype, device))
+    return out

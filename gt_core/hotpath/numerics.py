@@ -1,0 +1,148 @@
+"""The numerical check of a compiled block: its first compiled run against its eager graph.
+
+A compiler can be wrong without an error (a layout it picked, a rewrite that drops an
+argument). gt's rule is that a plan can make a step faster, never wrong, so before a compiled
+block's results are used, its eager graph runs on copies of the same inputs (every distinct
+storage copied once, so inputs that alias stay aliased), the random generators set back
+before each run, and every output and every input (a block writes some in place) are
+compared. A difference beyond the rule below reverts the block, naming the value and the
+difference; the eager run's values are the ones kept.
+
+The rule. Two float32 programs that order a sum differently differ, and an ill-conditioned
+step (a near-zero gradient, Adam's division by its root) can make that difference large, so
+"close to eager" alone cannot tell rounding from a wrong computation. Where the eager graph
+also runs in float64 on the same inputs (the oracle), the compiled value fails only if it is
+further from the oracle than ``MULTIPLIER`` times eager's own distance to it, plus a floor
+of ``FLOOR`` (relative to the oracle's largest magnitude, and one unit in the last place of
+1.0 absolute). Where float64 cannot run the graph (an op that needs one dtype), the compiled
+value is compared with eager's directly, with ``TOLERANCE``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["TOLERANCE", "MULTIPLIER", "Verdict", "Copies", "compare", "rng_state", "set_rng_state"]
+
+# Max-norm relative difference per dtype allowed without a float64 oracle.
+TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 4e-2, torch.float16: 4e-3}
+_DEFAULT = 1e-4
+MULTIPLIER = 3.0  # compiled's distance to the float64 oracle over eager's, at most
+FLOOR = 1e-5  # relative to the oracle's largest magnitude: differences below it pass
+_UPCAST = frozenset((torch.float32, torch.bfloat16, torch.float16))
+
+
+class Verdict(NamedTuple):
+    """The worst value found: where (``what``), its difference, and the bound it met."""
+
+    ok: bool
+    what: str | None
+    diff: float  # compiled's max |difference| (to the oracle where there is one, else to eager)
+    bound: float  # the largest difference the rule allowed there
+
+    def words(self) -> str:
+        return (
+            f"compiled result differs from eager at {self.what}: max |difference| "
+            f"{self.diff:.3g}, where rounding explains at most {self.bound:.3g}"
+        )
+
+
+class Copies:
+    """Copies of a block's inputs that alias each other as the inputs do: every distinct
+    storage copied once, each input a view of its storage's copy (in float64 with
+    ``upcast``: floating storages converted). ``restore()`` writes the copies' values back
+    into the inputs' storages (not after ``upcast``)."""
+
+    def __init__(self, inputs: list, upcast: bool = False):
+        storages: dict = {}
+        self.tensors = []
+        for x in inputs:
+            if not isinstance(x, torch.Tensor):
+                self.tensors.append(x)
+                continue
+            st = x.untyped_storage()
+            key = (st.data_ptr(), x.device, st.nbytes())
+            if key not in storages:
+                storages[key] = (st, _whole(st, x.dtype, upcast))
+            base = storages[key][1]
+            if base.dtype != (torch.float64 if upcast and x.dtype in _UPCAST else x.dtype):
+                raise TypeError("inputs of several dtypes share one storage")
+            self.tensors.append(base.as_strided(x.size(), x.stride(), x.storage_offset()))
+        self._storages = [(real, copy.untyped_storage()) for real, copy in storages.values()]
+
+    def restore(self) -> None:
+        for real, copy in self._storages:
+            real.copy_(copy)
+
+
+def _whole(storage, dtype, upcast: bool) -> torch.Tensor:
+    """A 1-d tensor over a copy of the whole ``storage`` read as ``dtype``."""
+    n = storage.nbytes() // dtype.itemsize if dtype.itemsize else 0
+    t = torch.empty(0, dtype=dtype, device=storage.device).set_(storage.clone(), 0, (n,), (1,))
+    return t.double() if upcast and dtype in _UPCAST else t
+
+
+def compare(pairs) -> Verdict:
+    """The verdict over ``(what, compiled, eager, float64 oracle or None)``: the first value
+    that fails, else the one nearest its bound (non-tensors skipped)."""
+    worst = Verdict(True, None, 0.0, 0.0)
+    for what, got, want, ref in pairs:
+        if not isinstance(want, torch.Tensor) or not isinstance(got, torch.Tensor):
+            continue
+        v = _one(what, got, want, ref)
+        if not v.ok:
+            return v
+        if _ratio(v) > _ratio(worst):
+            worst = v
+    return worst
+
+
+def _ratio(v: Verdict) -> float:
+    return v.diff / v.bound if v.bound > 0 else 0.0
+
+
+@torch.no_grad()
+def _one(what: str, got: torch.Tensor, want: torch.Tensor, ref) -> Verdict:
+    inf = float("inf")
+    if got.shape != want.shape or got.dtype != want.dtype:
+        where = f"{what} ({tuple(got.shape)} {got.dtype}, eager {tuple(want.shape)} {want.dtype})"
+        return Verdict(False, where, inf, 0.0)
+    if want.numel() == 0:
+        return Verdict(True, what, 0.0, 0.0)
+    if not (want.is_floating_point() or want.is_complex()):
+        same = bool(torch.equal(got, want))
+        return Verdict(same, f"{what} ({want.dtype}, compared exactly)", 0.0 if same else inf, 0.0)
+    g, w = got.detach().double(), want.detach().double()
+    nan = w.isnan()
+    if not torch.equal(g.isnan(), nan):
+        return Verdict(False, f"{what} (NaN where eager has none, or the reverse)", inf, 0.0)
+    special = nan | w.isinf()
+    if not torch.equal(g[special].nan_to_num(), w[special].nan_to_num()):
+        return Verdict(False, f"{what} (an infinity differs)", inf, 0.0)
+    g, w = g.masked_fill(special, 0), w.masked_fill(special, 0)
+    ulp = torch.finfo(want.dtype).eps
+    if ref is not None and isinstance(ref, torch.Tensor) and ref.shape == want.shape:
+        r = ref.detach().double().masked_fill(special, 0)
+        scale = r.abs().max().item()
+        bound = MULTIPLIER * (w - r).abs().max().item() + FLOOR * scale + ulp
+        diff = (g - r).abs().max().item()
+    else:
+        scale = w.abs().max().item()
+        bound = TOLERANCE.get(want.dtype, _DEFAULT) * scale + ulp
+        diff = (g - w).abs().max().item()
+    return Verdict(diff <= bound, what, diff, bound)
+
+
+def rng_state(device: torch.device):
+    """The random generators' state a block run may draw from (CPU, and ``device``'s)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+def set_rng_state(device: torch.device, state) -> None:
+    cpu, cuda = state
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state(cuda, device)
