@@ -10,7 +10,7 @@ from torch import nn
 
 from gt_core.workloads import fed, make, make_opt
 
-__all__ = ["WORKLOADS"]
+__all__ = ["WORKLOADS", "MODELS", "model_workload"]
 
 
 # -- workloads: make() -> (step, state). step() runs one iteration and returns a scalar tensor;
@@ -105,3 +105,30 @@ WORKLOADS: dict[str, Callable] = {
     "mixed operations": mixed_ops,
     "DataLoader MLP": dataloader_training,
 }
+
+
+def model_workload(name: str) -> Callable:
+    """A ``transformers`` model of gt_core.zoo as a workload: its training step on its batch
+    (SGD momentum), the parameters and buffers its state."""
+
+    def make():
+        from gt_core import zoo
+
+        z = zoo.build(name)
+
+        def step():
+            return z.step(*z.batch)
+
+        return step, z.state
+
+    return make
+
+
+def _model_names() -> list[str]:
+    from gt_core import zoo
+
+    return zoo.names()
+
+
+# ``python -m gt_core.bench --models``: the zoo's models (transformers, the ``models`` extra).
+MODELS: dict[str, Callable] = {name: model_workload(name) for name in _model_names()}

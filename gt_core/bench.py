@@ -24,7 +24,7 @@ import torch
 
 import gt_core
 from gt_core._bench_results import RTOL, Result, table
-from gt_core._bench_workloads import WORKLOADS
+from gt_core._bench_workloads import MODELS, WORKLOADS
 from gt_core.observe import metrics
 
 __all__ = ["WORKLOADS", "RTOL", "run", "Result", "table", "main"]
@@ -105,7 +105,7 @@ def _rel_diff(got: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
 def run(name: str, iters: int, backend: str, progress: _Progress | None = None) -> Result:
     """Run one workload eagerly, through gt and as torch.compile of its step; its figures."""
     progress = progress or _Progress()
-    make = WORKLOADS[name]
+    make = WORKLOADS.get(name) or MODELS[name]
     torch.manual_seed(0)
     step, state = make()
     eager, eager_value = _time_loop(step, iters, progress.phase(name, "eager", iters))
@@ -225,15 +225,21 @@ def main(argv=None) -> list[Result]:
     )
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     ap.add_argument(
+        "--models",
+        action="store_true",
+        help="the transformers models of gt_core.zoo (BERT, Llama, GPT-2, T5, ViT, ResNet)",
+    )
+    ap.add_argument(
         "--only", metavar="NAME", action="append", help="run only this workload (repeatable)"
     )
     args = ap.parse_args(argv)
     iters = args.iters or (30 if args.quick else 200)
     backend = args.backend or ("aot_eager" if args.quick else "inductor")
-    names = args.only or list(WORKLOADS)
-    unknown = [n for n in names if n not in WORKLOADS]
+    known = MODELS if args.models else WORKLOADS
+    names = args.only or list(known)
+    unknown = [n for n in names if n not in known]
     if unknown:
-        ap.error(f"unknown workload {unknown[0]!r}; expected one of {', '.join(WORKLOADS)}")
+        ap.error(f"unknown workload {unknown[0]!r}; expected one of {', '.join(known)}")
 
     print(
         f"gt benchmark: {iters} iterations, backend {backend}, torch {torch.__version__}, "

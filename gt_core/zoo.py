@@ -1,11 +1,12 @@
 """Library models as users bring them: ``transformers`` models from tiny random configs.
 
 Nothing is downloaded: every model is built from a config small enough to train on a CPU in
-milliseconds a step, with random weights from the seed. Each entry of ``ZOO`` makes a
-:class:`Zoo`: the model, its optimizer (as people create them: default arguments), the batch
-and the step, so that eager, ``%%gt``, ``gt_core.jit`` and ``torch.compile`` all run the same
-function and eager is the oracle of every comparison. ``transformers`` is an optional
-dependency (the ``models`` extra): importing this module does not import it.
+milliseconds a step, with random weights from the seed. ``build(name)`` makes a :class:`Zoo`:
+the model, its optimizer (as people create them: default arguments), a fixed batch, the
+training step and an inference forward, so that eager, ``%%gt``, ``gt_core.jit`` and
+``torch.compile`` all run the same function and eager is the oracle of every comparison.
+``transformers`` is an optional dependency (the ``models`` extra): importing this module does
+not import it.
 """
 
 from __future__ import annotations
@@ -15,89 +16,154 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Zoo", "ZOO", "build", "names"]
+__all__ = ["Zoo", "build", "names", "OPTIMIZERS"]
 
-_VOCAB, _SEQ, _BATCH = 64, 16, 4
+_VOCAB, _SEQ, _BATCH, _IMAGE, _LABELS = 64, 16, 4, 32, 10
 
 
 class Zoo(NamedTuple):
     """One model of the zoo, ready to step.
 
-    ``step(*batch)`` runs one call (a training step returns its loss; an inference step its
-    output) and ``state`` lists what the step updates in place (compared with eager's).
-    ``train`` says whether ``step`` trains (a backward and an optimizer step).
+    ``step(x, labels)`` trains one step and returns the loss; ``infer(x)`` is the model's
+    forward under ``torch.no_grad()``, returning its logits (put the model in eval mode
+    first). ``state`` lists what training updates in place (compared with eager's).
     """
 
     name: str
     model: torch.nn.Module
     step: Callable
+    infer: Callable
     batch: tuple
     state: list
-    train: bool
+    optimizer: torch.optim.Optimizer
+    scheduler: object
 
 
-def _lm_batch(g):
+def _text(g):
     ids = torch.randint(0, _VOCAB, (_BATCH, _SEQ), generator=g)
     return ids, ids.clone()
 
 
-def _text(cls_name: str, config_name: str, **config):
-    def model():
-        import transformers
-
-        cfg = getattr(transformers, config_name)(**config)
-        return getattr(transformers, cls_name)(cfg)
-
-    return model
+def _image(g):
+    pixels = torch.randn(_BATCH, 3, _IMAGE, _IMAGE, generator=g)
+    return pixels, torch.randint(0, _LABELS, (_BATCH,), generator=g)
 
 
 _TEXT = dict(vocab_size=_VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
-_BUILDERS: dict[str, tuple] = {
-    # name: (make the model, make the batch from a generator, optimizer, {options})
-    "bert": (
-        _text("BertForMaskedLM", "BertConfig", intermediate_size=64, **_TEXT),
-        _lm_batch,
-        "sgd",
-        {},
-    ),
+_VISION = dict(num_labels=_LABELS)
+# name: (model class, config class, config, batch maker, input name, train-mode modules)
+_MODELS: dict[str, tuple] = {
+    # an encoder with dropout on (p=0.1 in training), tied input and output embeddings
+    "bert": ("BertForMaskedLM", "BertConfig", dict(intermediate_size=64, **_TEXT), _text),
+    # a decoder: RMSNorm, rotary embeddings, grouped-query attention, a cache made per call
     "llama": (
-        _text(
-            "LlamaForCausalLM",
-            "LlamaConfig",
-            intermediate_size=64,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            **_TEXT,
+        "LlamaForCausalLM",
+        "LlamaConfig",
+        dict(intermediate_size=64, num_key_value_heads=2, max_position_embeddings=64, **_TEXT),
+        _text,
+    ),
+    # GPT-2: tied embeddings, Conv1D layers, dropout on
+    "gpt2": (
+        "GPT2LMHeadModel",
+        "GPT2Config",
+        dict(
+            vocab_size=_VOCAB,
+            n_positions=_SEQ * 2,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            bos_token_id=0,
+            eos_token_id=0,
         ),
-        _lm_batch,
-        "sgd",
-        {},
+        _text,
+    ),
+    # an encoder-decoder (relative position buckets, the decoder's input shifted right)
+    "t5": (
+        "T5ForConditionalGeneration",
+        "T5Config",
+        dict(
+            vocab_size=_VOCAB,
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=2,
+            num_heads=4,
+            decoder_start_token_id=0,
+            pad_token_id=0,
+        ),  # fmt: skip
+        _text,
+    ),
+    "vit": (
+        "ViTForImageClassification",
+        "ViTConfig",
+        dict(
+            image_size=_IMAGE,
+            patch_size=8,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=64,
+            **_VISION,
+        ),  # fmt: skip
+        _image,
+    ),
+    # BatchNorm in train mode (running statistics updated in place every step)
+    "resnet": (
+        "ResNetForImageClassification",
+        "ResNetConfig",
+        dict(
+            embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic", **_VISION
+        ),
+        _image,
     ),
 }
+# The same ResNet fine-tuned with BatchNorm in eval mode (running statistics frozen).
+_FROZEN_BN = {"resnet-frozen-bn": "resnet"}
+
+OPTIMIZERS = ("sgd", "adamw", "adam", "rmsprop")
 
 
 def names() -> list[str]:
-    return list(_BUILDERS)
+    return [*_MODELS, *_FROZEN_BN]
 
 
-def build(name: str, seed: int = 0, optimizer: str | None = None) -> Zoo:
-    """The model ``name`` built from ``seed``, with its optimizer and a fixed batch."""
-    make_model, make_batch, opt_name, _ = _BUILDERS[name]
+def build(name: str, seed: int = 0, optimizer: str = "sgd", scheduler: bool = False) -> Zoo:
+    """The model ``name`` built from ``seed``, its optimizer (``OPTIMIZERS``, default
+    arguments but the learning rate; with ``scheduler``, a StepLR the caller steps outside
+    the training step) and a fixed batch from the same seed."""
+    import transformers
+
+    base = _FROZEN_BN.get(name, name)
+    if base not in _MODELS:
+        raise ValueError(f"unknown model {name!r}: expected one of {', '.join(names())}")
+    model_cls, config_cls, config, make_batch = _MODELS[base]
     torch.manual_seed(seed)
-    model = make_model()
+    model = getattr(transformers, model_cls)(getattr(transformers, config_cls)(**config))
     model.train()
-    g = torch.Generator().manual_seed(seed)
-    batch = make_batch(g)
-    opt = _optimizer(optimizer or opt_name, model)
+    if name in _FROZEN_BN:
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.eval()
+    batch = make_batch(torch.Generator().manual_seed(seed))
+    key = "pixel_values" if make_batch is _image else "input_ids"
+    opt = _optimizer(optimizer, model)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9) if scheduler else None
 
     def step(x, labels):
-        loss = model(input_ids=x, labels=labels).loss
+        loss = model(**{key: x}, labels=labels).loss
         loss.backward()
         opt.step()
         opt.zero_grad()
         return loss
 
-    return Zoo(name, model, step, batch, list(model.parameters()), True)
+    def infer(x):
+        with torch.no_grad():
+            if base == "t5":
+                return model(input_ids=x, decoder_input_ids=x).logits
+            return model(**{key: x}).logits
+
+    state = [*model.parameters(), *model.buffers()]
+    return Zoo(name, model, step, infer, batch, state, opt, sched)
 
 
 def _optimizer(name: str, model):
@@ -108,7 +174,6 @@ def _optimizer(name: str, model):
         return torch.optim.AdamW(params, lr=1e-3)
     if name == "adam":
         return torch.optim.Adam(params, lr=1e-3)
-    raise ValueError(f"unknown optimizer {name!r}")
-
-
-ZOO = _BUILDERS
+    if name == "rmsprop":
+        return torch.optim.RMSprop(params, lr=1e-3)
+    raise ValueError(f"unknown optimizer {name!r}: expected one of {', '.join(OPTIMIZERS)}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 
 from gt_core.observe import feeding
+from gt_core.observe.jit_summary import counts as jit_counts
 from gt_core.observe.status import Status, sequence
 
 from . import _bundles, _figures, _graphs
@@ -86,6 +87,8 @@ def headline(data: dict) -> str:
         )
     if s["user_compiles"]:
         parts.append(f"{s['user_compiles']} torch.compile function(s)")
+    if data.get("jit"):  # a refusal may come before any hot path: said here all the same
+        parts.append(jit_counts(data["jit"]))
     return "gt: " + ", ".join(parts)
 
 

@@ -81,7 +81,7 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
         rows.append(
             {"where": sig, "kind": "cudagraphs skipped", "reason": r, "what to do": why["fix"]}
         )
-    rows += _jit_rows(p)
+    rows += _would_save_rows(p)
     cuts = p.get("sync_cuts", 0)
     diverged = p.get("mismatches", 0) - cuts
     if diverged:
@@ -105,34 +105,38 @@ def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
     return rows
 
 
-def _jit_rows(p: dict) -> list[dict]:
-    """gt_core.jit: why a step is not replayed, what a replay keeps frozen, and for a plain
-    hot path, what wrapping its step would save."""
+def _jit_rows(j: dict) -> list[dict]:
+    """gt_core.jit, per call key (the report's ``jit``): why it is not replayed, with the
+    catalogue's fix for that reason, or what a replay keeps frozen."""
+    where = f"{j.get('function')} ({j['signature']})" if j.get("signature") else j.get("function")
+    if j.get("reason") and j.get("state") in ("refused", "ran"):
+        x = j.get("explanation") or {}
+        return [
+            {
+                "where": where,
+                "kind": f"jit {j['state']}",
+                "reason": j["reason"],
+                "what to do": x.get("fix") or _advice(f"jit_{j['state']}"),
+            }
+        ]
+    frozen = j.get("frozen") or []
+    if j.get("state") != "replaying" or not frozen:
+        return []
+    kept = ", ".join(f"{f['value']!r} at {f['op']} {f['arg']}" for f in frozen[:6])
+    more = f" and {len(frozen) - 6} more" if len(frozen) > 6 else ""
+    return [
+        {
+            "where": where,
+            "kind": "jit frozen",
+            "reason": f"replayed with these Python numbers as recorded: {kept}{more}",
+            "what to do": _advice("jit_frozen"),
+        }
+    ]
+
+
+def _would_save_rows(p: dict) -> list[dict]:
+    """A plain hot path whose step's Python costs more than its block: what jit would save."""
     sig, rows = p["signature"], []
-    if p.get("replay_refused"):
-        rows.append(
-            {
-                "where": f"{p.get('jit')} ({sig})",
-                "kind": "jit refused",
-                "reason": p["replay_refused"],
-                "what to do": _advice("jit_refused"),
-            }
-        )
-    elif p.get("frozen_scalars"):
-        frozen = ", ".join(
-            f"{f['value']!r} at {f['op']} {f['arg']}" for f in p["frozen_scalars"][:6]
-        )
-        more = len(p["frozen_scalars"]) - 6
-        rows.append(
-            {
-                "where": f"{p.get('jit')} ({sig})",
-                "kind": "jit frozen",
-                "reason": "replayed with these Python numbers as recorded: "
-                + frozen
-                + (f" and {more} more" if more > 0 else ""),
-                "what to do": _advice("jit_frozen"),
-            }
-        )
     client = (p.get("timings") or {}).get("client_ms")
     block = p.get("compiled_median_ms") or p.get("eager_median_ms")
     if p.get("jit") is None and client and block and client > block:
@@ -205,7 +209,8 @@ def _user_reason_rows(u: dict) -> list[dict]:
 
 
 def reason_rows(data: dict) -> list[dict]:
-    """Recompiles, fallbacks, reverts, mismatches and the user's compile diagnostics, each with a fix."""
+    """Recompiles, fallbacks, reverts, mismatches, jit refusals and the user's compile
+    diagnostics, each with a fix."""
     failure = {
         e.get("signature"): (
             "compiled run failed" if e.get("type") == ev.FALLBACK else "compile failed"
@@ -214,6 +219,7 @@ def reason_rows(data: dict) -> list[dict]:
         if e.get("type") in (ev.FALLBACK, ev.COMPILE_FAILED)
     }
     rows = [r for p in data.get("hot_paths", []) for r in _path_reason_rows(p, failure)]
+    rows += [r for j in data.get("jit", []) for r in _jit_rows(j)]
     rows += _data_rows(data.get("data"))
     rows += [r for u in data.get("user_compiles", []) for r in _user_reason_rows(u)]
     return rows + [_error_row(e) for e in data.get("events", []) if e.get("type") == ev.ERROR]

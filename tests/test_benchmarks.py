@@ -28,6 +28,10 @@ QUICK = {
         ["benchmarks/data.py", "--quick"],
         ["+upload ms", "up GB/s", "down GB/s", "vs eager", "max |param - eager|", "torch.compile"],
     ),
+    "models": (
+        ["benchmarks/models.py", "--quick", "--iters", "6", "--only", "bert", "--only", "resnet"],
+        ["ms per iteration", "bert", "resnet", "torch.compile", "vs eager"],
+    ),
     "bench": (
         ["-m", "gt_core.bench", "--quick"],
         ["ms per iteration", "speedup", "torch.compile", "total s", "break-even it", "vs eager"],

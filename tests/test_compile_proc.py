@@ -2,18 +2,20 @@
 
 import os
 import pickle
+import shutil
 import signal
 
 import pytest
 import torch
 import torch.fx as fx
 import torch.nn.functional as F
-from conftest import assert_close
+from conftest import assert_close, until
 from models import mlp
 
 import gt_core
 from gt_core import events as ev
 from gt_core.compile.process import CompileProcess, CompileProcessDied
+from gt_core.compile.repair import evictions, retrying, whole_elf
 from gt_core.config import from_env
 
 
@@ -85,6 +87,129 @@ def test_spawned_worker_warms_the_compile_process_and_its_blocks_equal_eager(pro
     finally:
         gt_core.configure(auto_compile=False, backend="eager", regression_samples=5)
         gt_core.worker().restart()
+
+
+# g++ as it is, except the first link of an inductor kernel (a ``*.main.so``) while
+# GT_TEST_STOP_LINK names a folder not made yet: that link makes the folder, creates its output
+# empty (what the linker does first, and all a link killed early leaves), says so, and stops
+# there until its process group is killed.
+_STOPPING_GXX = """#!/bin/sh
+out=""
+prev=""
+for a in "$@"; do
+    if [ "$prev" = "-o" ]; then out="$a"; fi
+    prev="$a"
+done
+case "$out" in
+    *.main.so)
+        if [ -n "$GT_TEST_STOP_LINK" ] && mkdir "$GT_TEST_STOP_LINK" 2>/dev/null; then
+            : > "$out"
+            : > "$GT_TEST_STOP_LINK/linking"
+            kill -STOP $$
+        fi
+        ;;
+esac
+exec {gxx} "$@"
+"""
+
+
+def _sgd(steps: int, wait_at: int | None = None):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 8), torch.randn(16, 4)
+    for i in range(steps):
+        if i == wait_at:
+            gt_core.wait(compiles=True)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    return model
+
+
+@pytest.mark.inductor
+def test_a_compile_cut_short_never_poisons_a_later_one(inductor_background, tmp_path, monkeypatch):
+    """A block's compile killed while it links a kernel (the worker stopped, the kernel
+    restarted: the compile process's group is killed) leaves that kernel's ``.so`` empty in
+    inductor's cache, where every later compile of it would load it. The same block compiled
+    in a fresh compile process removes it, says so in an event, and compiles, equal to eager."""
+    gxx = shutil.which("g++")
+    if gxx is None:
+        pytest.skip("needs g++ (inductor's C++ compiler here)")
+    bin_dir, cache, stop = tmp_path / "bin", tmp_path / "inductor", tmp_path / "stop"
+    bin_dir.mkdir()
+    (bin_dir / "g++").write_text(_STOPPING_GXX.format(gxx=gxx))
+    (bin_dir / "g++").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))  # a cache of the test's own
+    monkeypatch.setenv("GT_TEST_STOP_LINK", str(stop))
+
+    with gt_core.capture():
+        _sgd(6)
+        gt_core.wait()  # the steps reach the worker: the block is hot, its compile starts
+        assert until((stop / "linking").exists, timeout=300), "the block's compile never linked"
+    gt_core.worker().stop()  # kills the compile process's group mid-link
+    damaged = sorted(str(p) for p in cache.rglob("*.main.so") if not whole_elf(str(p)))
+    assert damaged, "the compile cut short left no damaged kernel"
+
+    monkeypatch.delenv("GT_TEST_STOP_LINK")
+    gt_core.reset()
+    ref = _sgd(10)
+    with gt_core.capture():
+        got = _sgd(10, wait_at=6)
+        for a, b in zip(got.parameters(), ref.parameters(), strict=True):
+            assert_close(a, b, atol=1e-5)
+    assert [e["reason"] for e in _events(ev.COMPILE_FAILED)] == []
+    assert len(_events(ev.COMPILE_FINISHED)) == 1
+    evicted = _events(ev.CACHE_EVICTED)
+    assert set(damaged) <= {f for e in evicted for f in e["files"]}
+    assert all("file too short" in e["reason"] for e in evicted)
+    assert all(whole_elf(f) for f in damaged)  # built again, whole
+    (p,) = gt_core.report().to_data()["hot_paths"]
+    assert p["status"] == "compiled" and p["compiled_runs"] > 0
+
+
+def test_only_damaged_files_in_inductors_cache_are_evicted(tmp_path, monkeypatch):
+    """A failure naming damaged files of the cache evicts them and runs again, one retry per
+    file it meets; one naming whole files, or files outside the cache, is raised as it was."""
+    import _ctypes  # an extension module: a whole ELF shared object
+
+    cache = tmp_path / "inductor"
+    (cache / "ab").mkdir(parents=True)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(cache))
+    data = open(_ctypes.__file__, "rb").read()
+    whole, cut, empty = (cache / "ab" / f"c{name}.main.so" for name in ("whole", "cut", "empty"))
+    whole.write_bytes(data)
+    cut.write_bytes(data[: len(data) // 2])
+    empty.write_bytes(b"")
+    outside = tmp_path / "cempty.main.so"
+    outside.write_bytes(b"")
+    assert whole_elf(str(whole)) and not whole_elf(str(cut)) and not whole_elf(str(empty))
+
+    calls = []
+
+    def compile_():
+        calls.append(1)
+        if empty.exists():
+            raise ImportError(f"{empty}: file too short")
+        if cut.exists():
+            raise RuntimeError("InductorError") from OSError(f"{cut}: invalid ELF header")
+        return "compiled"
+
+    with evictions() as evicted:
+        assert retrying(compile_) == "compiled"
+    assert len(calls) == 3
+    assert [e["files"] for e in evicted] == [[str(empty)], [str(cut)]]
+    assert whole.exists()
+
+    for named in (whole, outside):
+
+        def fails(named=named):
+            raise ImportError(f"{named}: file too short")
+
+        with evictions() as evicted, pytest.raises(ImportError):
+            retrying(fails)
+        assert named.exists() and evicted == []
 
 
 def test_a_closed_compile_process_is_never_started_again():

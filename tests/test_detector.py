@@ -8,6 +8,7 @@ from gt_core.hotpath.detector import (
     changes,
     cut,
     longest_segment,
+    periodic_since,
     repeating_period,
 )
 from gt_core.hotpath.history import local_key
@@ -110,6 +111,31 @@ def test_a_loop_is_cut_where_no_value_crosses_the_boundary():
     assert c.occurrences == [c.occurrences[0] + i * p for i in range(3)]
     assert c.occurrences[-1] + p <= len(instrs)
     assert (len(instrs) + c.gap - c.start) % p == 0  # the next occurrence starts a period on
+
+
+@given(st.integers(2, 6), st.integers(0, 6), st.integers(0, 6))
+def test_a_loop_is_found_whole_at_every_threshold_wherever_the_history_ends(threshold, head, tail):
+    """A step run ``threshold`` + 2 times is a block with ``threshold`` occurrences at any
+    threshold, also when the history starts and ends mid-step (a block cut off the period's
+    boundary has one complete occurrence fewer than the periods the threshold counts: the
+    period before them holds it; at threshold 2 it was no block at all)."""
+    instrs = _stream(threshold + 2)
+    instrs = instrs[head : len(instrs) - tail]
+    keys = [local_key(i) for i in instrs]
+    p = repeating_period(keys, threshold, MIN_SEQ)
+    assert p == 7
+    lifts, barriers = changes(instrs, p, threshold)
+    c = cut(instrs, p, threshold, MIN_SEQ, lifts, barriers, periodic_since(keys, p, threshold))
+    assert c is not None and c.length == p and instrs[c.start][:2] == (OP, 0)
+    assert len(c.occurrences) == threshold
+    assert all(instrs[b][:2] == (OP, 0) and b + p <= len(instrs) for b in c.occurrences)
+
+
+def test_periodic_since_looks_back_one_period_at_most():
+    keys = [-1, -2] + [1, 2, 3, 4] * 5
+    assert periodic_since(keys, 4, 2) == len(keys) - 3 * 4  # one period before the two
+    assert periodic_since(keys, 4, 4) == 2  # where the repeats begin
+    assert periodic_since(keys[2:], 4, 5) == 0
 
 
 def test_best_cut_is_in_the_last_period():

@@ -85,6 +85,41 @@ def test_training_step_is_detected_compiled_once_and_equal(hot, sync_every):
     assert any(op.startswith("aten.add_") for op in p["ops"])
 
 
+def _gelu_norm_net():
+    return torch.nn.Sequential(
+        torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32), torch.nn.Linear(32, 4)
+    )
+
+
+@pytest.mark.parametrize("offset", range(2))
+@pytest.mark.parametrize("threshold", range(2, 7))
+def test_every_accepted_threshold_finds_the_whole_step_at_once(hot, threshold, offset):
+    """Whatever the threshold, and wherever the loop's steps fall among the points where
+    detection searches (``offset`` ops before it shift them), the step is found as soon as it
+    has repeated and compiled whole: every occurrence but the first step (it makes the
+    momentum buffers) and the one in flight at detection."""
+    steps = 12
+
+    def data():
+        for _ in range(offset):
+            torch.zeros(1)
+        return torch.randn(8, 16), torch.randn(8, 4)
+
+    kw = dict(
+        make_model=_gelu_norm_net, make_opt=SGD, make_data=data, loss_fn=F.mse_loss, steps=steps
+    )
+    ref, ref_losses = train(on_worker=False, **kw)
+    got, got_losses = train(on_worker=True, threshold=threshold, **kw)
+    assert got_losses == pytest.approx(ref_losses, abs=1e-5)
+    for a, b in zip(got.parameters(), ref.parameters(), strict=True):
+        assert_close(a, b, atol=1e-5)
+    (p,) = _paths()
+    assert p["status"] == "compiled" and len(COMPILES) == 1
+    assert p["occurrences"] >= steps - 2
+    backward = {"aten.native_layer_norm_backward.default", "aten.gelu_backward.default"}
+    assert backward <= set(p["ops"])  # the forward, backward and update in one block
+
+
 def test_adam_step_compiled_and_equal(hot):
     _check_against_eager(steps=14, make_opt=functools.partial(torch.optim.Adam, lr=1e-2))
     assert any(p["status"] == "compiled" and p["compiled_runs"] > 0 for p in _paths())

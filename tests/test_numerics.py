@@ -216,3 +216,53 @@ def test_a_graph_whose_inputs_share_memory_equals_eager_once_unaliased(backend):
     got = fn(*aliases.call_args([x, w, w.t()], shared, []))[0]
     assert_close(got, want)
     assert_close(w, want_w)
+
+
+# -- background compiles and the worker's random generator --------------------------------
+def _draw_while_a_thread_preserves(thread_name):
+    """The worker's thread draws while another thread is inside preserve_rng_state."""
+    import threading
+
+    from torch._dynamo import utils
+
+    inside, drawn = threading.Event(), threading.Event()
+
+    def compile_like():
+        with utils.preserve_rng_state():
+            inside.set()
+            drawn.wait(10)
+
+    torch.manual_seed(0)
+    t = threading.Thread(target=compile_like, name=thread_name)
+    t.start()
+    inside.wait(10)
+    first = torch.rand(3)  # (dropout in an eager run beside the compile)
+    drawn.set()
+    t.join()
+    return first, torch.rand(3)
+
+
+def test_a_compile_thread_never_rewinds_the_worker_s_generator():
+    from gt_core.compile.rng import keep_rng_in_threads
+
+    keep_rng_in_threads("gt-compile-")
+    torch.manual_seed(0)
+    want = torch.rand(6)
+    first, second = _draw_while_a_thread_preserves("gt-compile-abc")
+    assert torch.equal(torch.cat([first, second]), want)  # not the same numbers twice
+    # elsewhere torch's own save-and-restore is kept (its CUDA graph warm-ups rely on it)
+    first, second = _draw_while_a_thread_preserves("another-thread")
+    assert torch.equal(first, second)
+
+
+def test_a_dropout_loop_beside_a_background_compile_equals_eager(inprocess):
+    gt_core.configure(auto_compile=True, background=True, backend="aot_eager", threshold=3)
+
+    def model():
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Dropout(0.3), torch.nn.Linear(64, 4))
+
+    ref, ref_losses = train(model, SGD, _data, F.mse_loss, 30, False)
+    got, losses = train(model, SGD, _data, F.mse_loss, 30, True)
+    assert losses == pytest.approx(ref_losses, abs=1e-6)
+    for a, b in zip(got.parameters(), ref.parameters(), strict=True):
+        assert_close(a, b)

@@ -26,8 +26,17 @@ def _isolated():
     from gt_core.diagnostics.stance import in_worker as _in_worker
 
     was, _in_worker.active = getattr(_in_worker, "active", False), True
+    keys = torch._C.DispatchKey
     try:
-        with _disable_current_modes(), torch.no_grad():
+        # The client may reach here inside _DisableTorchDispatch (an upload flushing the
+        # stream): the worker's compiles trace with fake tensors, which need the Python
+        # dispatch keys that guard excludes.
+        with (
+            torch._C._SetExcludeDispatchKeyGuard(keys.Python, False),
+            torch._C._SetExcludeDispatchKeyGuard(keys.PythonTLSSnapshot, False),
+            _disable_current_modes(),
+            torch.no_grad(),
+        ):
             yield
     finally:
         _in_worker.active = was

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import sysconfig
 import threading
 
 import torch
 
-__all__ = ["held", "check", "interruptible", "STATE", "GT_DIR", "LIBRARY_DIRS"]
+__all__ = ["held", "check", "interruptible", "STATE", "GT_DIR", "LIBRARY_DIRS", "user_line"]
 
 GT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep  # gt_core
 LIBRARY_DIRS = tuple(
@@ -29,6 +30,21 @@ LIBRARY_DIRS = tuple(
         os.path.abspath(sysconfig.get_paths()["stdlib"]),
     }
 )
+_OURS = (GT_DIR, *LIBRARY_DIRS)
+
+
+def user_line(depth: int = 2) -> tuple[str, int] | None:
+    """(file, line) of the innermost frame, from ``depth`` up, that is neither gt's, torch's
+    nor the standard library's: the user's line (or a library's, such as transformers')."""
+    f = sys._getframe(depth)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_OURS) and not name.startswith("<frozen"):
+            return name, f.f_lineno
+        f = f.f_back
+    return None
+
+
 _SAFE: set = set()  # code objects of gt's waits: an interrupt there is raised at once
 STATE = {"pending": False, "depth": 0, "previous": None}
 _lock = threading.Lock()

@@ -9,12 +9,21 @@ arguments, parameters, their ``.grad``, optimizer state), sends one RUN, and put
 the block's outputs where the recorded call left them (its result, ``.grad``, optimizer
 state). The worker runs the block compiled (eagerly until its compile is done).
 
+Recorded calls run library code as torch.compile traces it: ``torch.compiler.is_compiling()``
+is true (optimizers compute Adam's bias corrections as tensor ops; ``transformers`` skips
+its data-dependent checks), and the step's optimizers are ``capturable`` while it records
+(restored after): the block then reads the step count, not a new Python number per call.
+
 Contract (what a replayed call does not repeat)
-  * Only tensors flow. Python values the step reads (a float learning rate, Adam's bias
-    corrections) are frozen as the recorded calls had them; where they differ between
-    recorded calls, replay is refused with the op and the values, and the function keeps
-    running (compiled as any hot path). Use tensors for values that change (``lr`` as a
-    tensor that a scheduler updates outside the step; ``capturable=True`` optimizers).
+  * Only tensors flow. Python values the step reads (a float learning rate) are frozen as
+    the recorded calls had them; where they differ between recorded calls, replay is
+    refused with the op and the values, and the function keeps running (compiled as any
+    hot path). The settings of the optimizers the step reaches (``lr``, betas, weight
+    decay) are compared before every replay: after a change (an LR scheduler's step) the
+    function records again, so a frozen lr is never replayed stale.
+  * Tensors the step makes from host data (``torch.tensor([...])``, a cache's empty
+    tensors) are frozen into the block when equal on the recorded calls, and listed with
+    the line that made them; one that differs is data: replay is refused naming that line.
   * Python side effects are not repeated: prints, appends to lists, attributes other than
     the tensor state above, Python's own random numbers.
   * A sync inside the step (``.item()``, printing a tensor, data-dependent shapes) refuses
@@ -31,6 +40,7 @@ RUN's inputs against the block as well.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import operator
 import statistics
@@ -42,7 +52,15 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gt_core.client import capture as _capture
 from gt_core.client.jit_places import _read, _roots, _scan, _words, _write
-from gt_core.client.jit_recipe import _OUT, _differ, _Recipe, _Recording, _Refused
+from gt_core.client.jit_recipe import (
+    _NOT_KNOBS,
+    _OUT,
+    _differ,
+    _optimizers,
+    _Recipe,
+    _Recording,
+    _Refused,
+)
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
 from gt_core.observe import events as ev
@@ -150,6 +168,8 @@ class _Entry:
     def call(self, leaves, spec):
         if self.refused is None and self.recipe is None and len(self.recorded) >= 2:
             self._prepare()
+        if self.recipe is not None and self.recipe.knobs != _knobs(self.recipe.optimizers):
+            self._retune()
         if self.recipe is not None:
             t0 = time.perf_counter()
             out = self._replay(leaves)
@@ -173,15 +193,16 @@ class _Entry:
             before = _scan(roots)
             syncs = s.counters["syncs"]
             s.emit(Mark(MARK, self.name, "enter"))
-            s.tee = tee = []
+            s.tee, s.tee_puts = tee, puts = [], []
         try:
-            result = self.owner.fn(*args, **kwargs)
+            with _as_traced(_optimizers(obj for _, obj in roots)):
+                result = self.owner.fn(*args, **kwargs)
         finally:
             with LOCK:
                 s.emit(Mark(MARK, self.name, "exit"))  # the frees of the call's locals come first
-                s.tee = None
+                s.tee, s.tee_puts = None, None
                 s.flush()
-        rec = _Recording(leaves, roots, before, _scan(roots), result, tee[:-1])
+        rec = _Recording(leaves, roots, before, _scan(roots), result, tee[:-1], puts)
         rec.syncs = s.counters["syncs"] - syncs
         self.recorded = [*self.recorded[-1:], rec]
         self.calls += 1
@@ -196,7 +217,7 @@ class _Entry:
         """Turn the last two recorded calls into a recipe, once the worker sent the plan."""
         a, b = self.recorded[-2], self.recorded[-1]
         ops = {idx: op_name(op) for op, idx in self.session.op_index.items()}
-        why = b.unreplayable() or _differ(a, b, ops)
+        why = b.unreplayable() or _differ(a, b, ops) or b.written_constant(self.session.op_index)
         if why is not None:
             self._refuse(why)
             return
@@ -220,6 +241,7 @@ class _Entry:
             state="replaying",
             signature=sig,
             frozen=b.frozen(ops),
+            constants=b.constants(),
             inputs=len(self.recipe.inputs),
             outputs=len(self.recipe.outputs),
         )
@@ -311,6 +333,26 @@ class _Entry:
         while len(self.marks) > IN_FLIGHT // _MARK_EVERY:
             t.wait_mark(self.marks.popleft())
 
+    def _retune(self) -> None:
+        """An optimizer's settings (a scheduler's new lr) changed since the recipe was made:
+        its numbers are frozen in the block, so recording starts over (never a stale replay)."""
+        now = _knobs(self.recipe.optimizers)
+        changed = next(
+            (f"{k}: {a!r} -> {b!r}" for x, y in zip(self.recipe.knobs, now, strict=True)
+             for (k, a), (_, b) in zip(x, y, strict=True) if a != b),
+            "its param groups",
+        )  # fmt: skip
+        self.session.log.emit(
+            ev.JIT,
+            function=self.owner.name,
+            name=self.name,
+            state="ran",
+            signature=self.recipe.sig,
+            reason=f"an optimizer setting the step reads changed ({changed}): recorded again",
+        )
+        self.recipe, self.facts = None, None
+        self.recorded, self.calls = [], 0
+
     def _unfit(self, src, p, k) -> None:
         where = f"argument {src}" if type(src) is int else _words(src)
         if k is None:
@@ -336,6 +378,33 @@ class _Entry:
             "replayed": self.replayed,
             "client_ms": statistics.median(self.client_ms) if self.client_ms else None,
         }
+
+
+@contextlib.contextmanager
+def _as_traced(optimizers):
+    """A recorded call runs library code as torch.compile traces it: the paths behind
+    ``torch.compiler.is_compiling()`` (``transformers`` skips data-dependent checks there),
+    and the step's optimizers ``capturable`` (Adam's bias corrections are tensor ops on
+    its step count, not a new Python number each call that replay would freeze). The
+    optimizers' own setting is restored after the call."""
+    groups = [g for opt in optimizers for g in opt.param_groups if g.get("capturable") is False]
+    for g in groups:
+        g["capturable"] = True
+    try:
+        with torch.compiler._compile_session_context():
+            yield
+    finally:
+        for g in groups:
+            g["capturable"] = False
+
+
+def _knobs(optimizers) -> list:
+    """The Python settings of ``optimizers``' param groups (lr, betas, weight decay...)."""
+    return [
+        tuple((k, v) for k, v in group.items() if k not in _NOT_KNOBS)
+        for opt in optimizers
+        for group in opt.param_groups
+    ]
 
 
 _UNFIT = object()

@@ -10,12 +10,13 @@ from __future__ import annotations
 import collections
 import operator
 
+import torch
 from torch.utils._pytree import tree_flatten
 
 from gt_core.client.jit_places import _before_id, _pid, _words
-from gt_core.client.proxy import Proxy
+from gt_core.client.proxy import CONSTANT_NUMEL, Proxy
 from gt_core.client.replay import Occurrence
-from gt_core.stream.instructions import FREE, OP, without_ids
+from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
 
 _OUT = "gt-jit-output"  # a result leaf that is the block's output (_OUT, its index)
 
@@ -27,13 +28,15 @@ class _Refused(Exception):
 class _Recording:
     """One recorded call: what it read where, what it left where, its instructions."""
 
-    def __init__(self, leaves, roots, before, after, result, instrs):
+    def __init__(self, leaves, roots, before, after, result, instrs, puts=()):
         self.arg_ids = {x._gt_id: i for i, x in enumerate(leaves) if type(x) is Proxy}
         self.arg_keys = {i: x._gt_k for i, x in enumerate(leaves) if type(x) is Proxy}
         self.roots = [(place, obj) for place, obj in roots if place is not None]
+        self.all_roots = roots
         self.before, self.after = before, after
         self.result_leaves, self.result_spec = tree_flatten(result)
         self.instrs = instrs
+        self.puts = list(puts)  # (value id, proxy, host copy or None, (file, line)) per upload
         self.syncs = 0
 
     def unreplayable(self) -> str | None:
@@ -42,13 +45,50 @@ class _Recording:
                 f"a sync inside the step ({self.syncs} per call: .item(), printing a tensor, "
                 "a data-dependent shape): replay cannot answer it, the function keeps running"
             )
-        other = [ins for ins in self.instrs if ins.code not in (OP, FREE)]
+        other = [ins for ins in self.instrs if ins.code not in (OP, FREE, PUT)]
         if other:
             return (
-                "the step uploads data or seeds the generator each call (a plain tensor or "
-                "torch.manual_seed inside it): move that out of the jitted function"
+                "the step seeds or sets the random generator each call (torch.manual_seed "
+                "inside it): move that out of the jitted function"
             )
+        for _, _, host, where in self.puts:
+            if host is None:
+                return (
+                    f"the step makes a tensor of more than {CONSTANT_NUMEL} elements from host "
+                    f"data each call{_at(where)}: data belongs in the arguments"
+                )
         return None
+
+    def written_constant(self, op_index: dict) -> str | None:
+        """Why a tensor the step makes from host data cannot be a constant: a write to it."""
+        ids = {vid: where for vid, _, _, where in self.puts}
+        ops = {idx: op for op, idx in op_index.items()}
+        for ins in self.instrs:
+            if ins.code != OP or not ids:
+                continue
+            op = ops.get(ins.op)
+            schema = getattr(op, "_schema", None)
+            if schema is None:
+                continue
+            for a, v in zip(schema.arguments, ins.args):  # noqa: B905 (defaults omitted)
+                if a.alias_info is not None and a.alias_info.is_write and _refers(v, ids):
+                    return (
+                        f"the step makes a tensor from host data{_at(ids[_refers(v, ids)])} "
+                        f"and writes it in place ({op_name(op)}): replay would reuse it written"
+                    )
+        return None
+
+    def constants(self) -> list[dict]:
+        """The tensors made from host data that a replay keeps as recorded: {shape, dtype, where}."""
+        return [
+            {
+                "shape": list(h.shape),
+                "dtype": str(h.dtype).removeprefix("torch."),
+                "where": f"{w[0]}:{w[1]}" if w else None,
+            }
+            for _, _, h, w in self.puts
+            if h is not None
+        ]
 
     def shape(self) -> list:
         """The instructions without their ids (what two calls must share)."""
@@ -80,15 +120,42 @@ def _differ(a: _Recording, b: _Recording, ops: dict) -> str | None:
                 f"calls ({x!r} -> {y!r}): replay would freeze it. Make it a tensor (e.g. "
                 "lr=torch.tensor(...), capturable=True), or keep calling without jit"
             )
+    for (_, _, x, _), (_, _, y, where) in zip(a.puts, b.puts, strict=True):
+        if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
+            return (
+                f"a tensor the step makes from host data{_at(where)} changes between calls "
+                f"({_brief(x)} -> {_brief(y)}): that is data; pass it as an argument"
+            )
     for x, y in zip(a.result_leaves, b.result_leaves, strict=True):
         if type(x) is not Proxy and x != y:
             return f"the step returns a Python value that changes ({x!r} -> {y!r})"
     return None
 
 
+def _at(where) -> str:
+    return f" (at {where[0]}:{where[1]})" if where else ""
+
+
+def _brief(t) -> str:
+    if t.numel() <= 4:
+        return str(t.tolist())
+    return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+
+
+def _refers(v, ids: dict):
+    """The value id in ``ids`` that argument ``v`` refers to, or None."""
+    if type(v) is Ref:
+        return v.id if v.id in ids else None
+    if type(v) in (list, tuple):
+        return next((r for r in (_refers(x, ids) for x in v) if r is not None), None)
+    return None
+
+
 def _shape(ins) -> tuple:
     if ins.code == FREE:
         return (FREE,)
+    if ins.code == PUT:
+        return (PUT,)
     return (
         OP,
         ins.op,
@@ -119,6 +186,8 @@ class _Recipe:
     def __init__(self, plan, rec: _Recording):
         occ = Occurrence(plan)
         for ins in rec.instrs:
+            if ins.code == PUT:
+                continue  # (its value is an input of the block: a constant below)
             if not occ.match(ins):
                 raise _Refused("the worker's block does not match the recorded call")
         if occ.pos != occ.n:
@@ -131,8 +200,15 @@ class _Recipe:
             if p is not None:
                 before.setdefault(p._gt_id, (place, p))
         self.inputs = []
+        # The tensors made from host data (equal on the recorded calls): kept alive here, and
+        # read from here by every replay.
+        self.constants = [p for _, p, _, _ in rec.puts]
+        made = {vid: j for j, (vid, _, _, _) in enumerate(rec.puts)}
         for vid in occ.inputs:
-            if vid in rec.arg_ids:
+            if vid in made:
+                p = self.constants[made[vid]]
+                self.inputs.append((("item", self.constants, made[vid]), p._gt_k))
+            elif vid in rec.arg_ids:
                 i = rec.arg_ids[vid]
                 self.inputs.append((i, rec.arg_keys[i]))
             elif vid in before:
@@ -195,6 +271,38 @@ class _Recipe:
         self.keys = [k for _, k in self.inputs]
         self.root_readers = [_reader(place) for place, _ in self.roots]
         self.root_objs = [obj for _, obj in self.roots]
+        # The optimizers the step can reach, and their settings now: the block holds them as
+        # numbers, so a change (an LR scheduler's step) means recording again (jit._retune).
+        self.optimizers = _optimizers(obj for _, obj in rec.all_roots)
+        self.knobs = [
+            tuple((k, v) for k, v in g.items() if k not in _NOT_KNOBS)
+            for opt in self.optimizers
+            for g in opt.param_groups
+        ]
+
+
+_NOT_KNOBS = ("params", "capturable")  # (capturable: set while recording, see jit._as_traced)
+
+
+def _optimizers(objs) -> list:
+    """The optimizers among ``objs`` and what they hold (LR schedulers, dicts, lists), once each."""
+    found: dict = {}
+
+    def visit(x, depth):
+        if isinstance(x, torch.optim.Optimizer):
+            found.setdefault(id(x), x)
+        elif isinstance(x, torch.optim.lr_scheduler.LRScheduler):
+            found.setdefault(id(x.optimizer), x.optimizer)
+        elif depth < 2 and isinstance(x, dict):
+            for v in list(x.values()):
+                visit(v, depth + 1)
+        elif depth < 2 and isinstance(x, (list, tuple)):
+            for v in x:
+                visit(v, depth + 1)
+
+    for obj in objs:
+        visit(obj, 0)
+    return list(found.values())
 
 
 def _reader(place) -> tuple:

@@ -12,6 +12,7 @@ import weakref
 
 import torch
 
+from gt_core.client.interrupt import user_line
 from gt_core.client.session import LOCK
 from gt_core.errors import UnsupportedOperation
 from gt_core.stream.instructions import OP, PUT, Op, Put
@@ -176,6 +177,9 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
             stride, _ = layout(data)
             session.emit(Put(PUT, vid, session.stage(data)))
             p = Proxy(session, vid, TensorMeta(tuple(data.shape), stride, data.dtype, 0))
+            if session.tee_puts is not None:  # a jit call records: it may be a constant
+                keep = data.clone() if data.numel() <= CONSTANT_NUMEL else None
+                session.tee_puts.append((vid, p, keep, user_line()))
     if not cache:
         return p
     try:
@@ -190,6 +194,9 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
     return p
 
 
+# A tensor a jitted step makes from host data is frozen into its block when equal on the
+# recorded calls; one larger than this is data, never frozen (pass it as an argument).
+CONSTANT_NUMEL = 1 << 16
 _SCALAR_TENSOR = torch.ops.aten.scalar_tensor.default
 _CPU = torch.device("cpu")
 

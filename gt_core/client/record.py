@@ -9,15 +9,13 @@ kernel instead (``generators``).
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from gt_core.client.follow import Learned, _varying, follow
 from gt_core.client.generators import has_generator, run_here, takes_generator
-from gt_core.client.interrupt import GT_DIR, LIBRARY_DIRS
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
+from gt_core.client.interrupt import user_line
 from gt_core.client.meta import (
     _ANY_FLOAT,
     _SCALARS,
@@ -42,8 +40,6 @@ __all__ = ["record", "in_forked_child"]
 # An instruction per recorded op is built by tuple.__new__, skipping the NamedTuple's Python
 # __new__ (a call that costs several times the tuple itself).
 _new = tuple.__new__
-
-_OURS = (GT_DIR, *LIBRARY_DIRS)  # gt's, torch's and the standard library's files
 
 
 def _current_session():
@@ -225,7 +221,7 @@ def _record(func, args, kwargs):
         entry = _infer(func, args, kwargs)
         if key is not None:
             _meta_cache[key] = entry
-        where = _user_line()  # a first sight: worth the frame walk (errors name the line)
+        where = user_line()  # a first sight: worth the frame walk (errors name the line)
     else:
         where = None
     shadowed = any(p._gt_v is not None for p in proxies)
@@ -255,17 +251,6 @@ def _record(func, args, kwargs):
             target.copy_(out.cpu())
         return target
     return out
-
-
-def _user_line() -> tuple[str, int] | None:
-    """(file, line) of the innermost frame that is neither gt's, torch's nor the stdlib's."""
-    f = sys._getframe(2)
-    while f is not None:
-        name = f.f_code.co_filename
-        if not name.startswith(_OURS) and not name.startswith("<frozen"):
-            return name, f.f_lineno
-        f = f.f_back
-    return None
 
 
 def _build(template, session, ids, proxies):

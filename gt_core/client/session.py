@@ -104,7 +104,10 @@ class Session:
         self.flush_at = options.flush_at
         self.counters = dict.fromkeys(_COUNTERS, 0)
         self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
-        self.tee: list | None = None  # while a jit call records: its instructions (see _out)
+        # While a jit call records: its instructions (see _out), and its uploads, each
+        # (value id, proxy, host copy or None, (file, line)).
+        self.tee: list | None = None
+        self.tee_puts: list | None = None
         self.jits: list = []  # gt_core.jit's cache entries of this session (their stats)
         self._stats_sent: dict = {}  # hot path or jit entry -> its count last published
         self.rng = None  # the CPU generator state the worker has too (None: unknown)
@@ -243,10 +246,9 @@ class Session:
     def site(self, vid: int, where: tuple[str, int] | None) -> None:
         """Remember the user's line that recorded value ``vid`` (the newest _SITES kept)."""
         if where is not None:
-            sites = self.sites
-            sites[vid] = where
-            if len(sites) > _SITES:
-                del sites[next(iter(sites))]
+            self.sites[vid] = where
+            if len(self.sites) > _SITES:
+                del self.sites[next(iter(self.sites))]
 
     def _failed(self, exc: BaseException) -> None:
         """A worker error reaches the user: say the line that recorded the failing op."""
@@ -254,12 +256,9 @@ class Session:
         line = _line(next((self.sites[v] for v in outs if v in self.sites), None))
         if line is not None:
             exc.add_note(f"(recorded at {line})")
+        message, notes = str(exc).splitlines()[0] if str(exc) else "", getattr(exc, "__notes__", ())
         self.log.emit(
-            ev.ERROR,
-            error=type(exc).__name__,
-            message=str(exc).splitlines()[0] if str(exc) else "",
-            notes=list(getattr(exc, "__notes__", ())),
-            where=line,
+            ev.ERROR, error=type(exc).__name__, message=message, notes=list(notes), where=line
         )
 
     # -- the worker's random state ------------------------------------------------------
@@ -307,8 +306,8 @@ class Session:
             raise WorkerDied(self.dead)
 
     def publish_stats(self) -> None:
-        """The client's counters, and per hot path its ms and jit's replays: only what moved
-        since the last publish (a cell's view lists the hot paths active in it)."""
+        """The client's counters, per hot path its ms, per jit call key its replays (a new key
+        at 0: the report lists it while it records): only what moved since the last publish."""
         self.log.emit(ev.STATS, **self.counters)
         sent = self._stats_sent
         for sig, n in self.replay.client_runs.items():
@@ -317,7 +316,7 @@ class Session:
                 ms = statistics.median(self.replay.client_ms[sig])
                 self.log.emit(ev.CLIENT_STATS, signature=sig, runs=n, client_ms=ms)
         for entry in self.jits:
-            if entry.replayed and sent.get(entry) != entry.replayed:
+            if sent.get(entry) != entry.replayed:
                 sent[entry] = entry.replayed
                 self.log.emit(ev.JIT_STATS, **entry.stats())
 

@@ -26,6 +26,7 @@ __all__ = [
     "compile_block",
     "cudagraph_skips",
     "mutated_inputs",
+    "relax_views",
     "replay_here",
     "rewrite_alpha",
     "uses_cudagraphs",
@@ -99,7 +100,61 @@ def build_graph(
     gm = fx.GraphModule(torch.nn.Module(), g)
     if fix_alpha:
         rewrite_alpha(gm)
+    if lift:
+        relax_views(gm)
     return gm
+
+
+_VIEWS = {_aten.view.default, _aten._unsafe_view.default}
+
+
+def relax_views(gm: fx.GraphModule) -> int:
+    """Replace ``view`` by ``reshape`` where nothing writes the memory it views; how many.
+
+    A recorded ``view`` applies to the strides eager gave its input. A compiler may lay that
+    input out otherwise (an ``expand`` of a transposed key before a batched matmul, in the
+    backward of attention), and the view no longer applies: the compile failed with "Cannot
+    view a tensor ...". ``reshape`` is the same values whatever the layout; it differs from
+    ``view`` only in that it may copy, which matters only where the memory is written in
+    place (a write through the view, or to what it views, must reach the other): those
+    views are kept.
+    """
+    root: dict[fx.Node, fx.Node] = {}
+    written: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is operator.getitem:
+            base = node.args[0]
+            if isinstance(base, fx.Node):
+                root[node] = root.get(base, base)
+            continue
+        if not isinstance(node.target, torch._ops.OpOverload):
+            continue
+        schema = node.target._schema
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is None:
+                continue
+            v = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
+            items = v if isinstance(v, (list, tuple)) else (v,)
+            bases = [root.get(x, x) for x in items if isinstance(x, fx.Node)]
+            if a.alias_info.is_write:
+                written.update(bases)
+            elif bases and schema.returns and schema.returns[0].alias_info is not None:
+                root[node] = bases[0]
+    # A view the block returns keeps its strides: the next step's instructions name them.
+    (out,) = gm.graph.find_nodes(op="output")
+    returned = {a for a in out.args[0] if isinstance(a, fx.Node)}
+    n = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in _VIEWS and node not in returned:
+            base = node.args[0]
+            if root.get(base, base) not in written and root.get(node, node) not in written:
+                node.target = _aten.reshape.default
+                n += 1
+    if n:
+        gm.recompile()
+    return n
 
 
 def rewrite_alpha(gm: fx.GraphModule) -> int:
@@ -138,9 +193,13 @@ def compile_block(
     Dynamo declares a module's parameters: CUDA graph trees then keep them in place rather
     than skipping graphs for "mutated inputs". Each call then starts a new step and returns
     outputs of its own, so a value kept from an earlier step is never overwritten.
+
+    Compiled with grad mode on (the inputs require no grad, so AOTAutograd makes an inference
+    graph all the same): inductor traces its attention patterns' training forms with autograd,
+    and under no_grad that trace came back empty and failed the compile (``assert gm``).
     """
     t0 = time.perf_counter()
-    with torch.no_grad():
+    with torch.enable_grad():
         if dynamic:
             fn = torch.compile(gm, backend=backend, mode=mode, dynamic=True, fullgraph=True)
         elif backend == "inductor":

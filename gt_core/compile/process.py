@@ -10,6 +10,10 @@ the artifact; the worker only loads it (~15 ms once inductor's loading path is i
 At a worker's start, :meth:`CompileProcess.imports` imports that path (before it serves, the
 collector paused) and :meth:`CompileProcess.warm` compiles and loads a one-op graph, so the
 first load's setup does not land beside a block's eager runs.
+
+Killing the process mid-compile (its group, with its C++ builds) can leave a kernel half
+linked in inductor's cache; the next compile of it, in any process, evicts it and compiles
+again (see repair), and the files evicted come back with the reply.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
+from gt_core.compile import repair
 from gt_core.stream.instructions import qualified_name
 from gt_core.stream.meta import ValueMeta, value_meta
 
@@ -130,7 +135,7 @@ class CompileProcess:
             path = os.path.join(self._dir, f"{next(self._ids)}.bin")
             try:
                 self._conn.send((job, metas, options, path))
-                status, reason = self._conn.recv()
+                status, reason, evicted = self._conn.recv()
             except (EOFError, OSError) as exc:
                 code = self._stop()
                 raise CompileProcessDied(
@@ -138,6 +143,7 @@ class CompileProcess:
                     f"(exit code {code}; {type(exc).__name__}). It is started again for the next "
                     "block; this one runs eagerly."
                 ) from None
+        repair.record(evicted)  # for this thread's compile event (see repair.evictions)
         if status != "ok":
             raise RuntimeError(reason)
         return _load(path), time.perf_counter() - t0  # the next job compiles meanwhile
@@ -214,7 +220,7 @@ def _load(path: str):
     collecting = gc.isenabled()
     gc.disable()
     try:
-        return CompiledArtifact.load(path=path, format="binary")
+        return repair.retrying(lambda: CompiledArtifact.load(path=path, format="binary"))
     finally:
         if collecting:
             gc.enable()
@@ -284,20 +290,24 @@ def main(fd: int, folder: str, imports: tuple = (), path: list = ()) -> None:
             job, metas, options, path = conn.recv()
         except (EOFError, OSError):
             return
-        try:
+
+        def compile_job(job=job, metas=metas, options=options):
             gm = pickle.loads(job[1]) if job[0] == "graph" else _build(*job[1:])
             examples = [
                 torch.empty_strided(shape, stride, dtype=dtype, device=device)
                 for shape, stride, dtype, device in metas
             ]
-            with torch.no_grad():
-                art = standalone_compile(
+            with torch.enable_grad():  # (see compile_block: inference graphs all the same)
+                return standalone_compile(
                     gm, examples, dynamic_shapes="from_example_inputs", options=options
                 )
-            art.save(path=path, format="binary")
-            reply = ("ok", None)
-        except Exception as exc:
-            reply = ("err", f"{type(exc).__name__}: {exc}{unknown}")
+
+        with repair.evictions() as evicted:  # damaged cache files found, removed, compiled again
+            try:
+                repair.retrying(compile_job).save(path=path, format="binary")
+                reply = ("ok", None, evicted)
+            except Exception as exc:
+                reply = ("err", f"{type(exc).__name__}: {exc}{unknown}", evicted)
         try:
             conn.send(reply)
         except OSError:  # the worker went away meanwhile

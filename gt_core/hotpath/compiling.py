@@ -10,7 +10,7 @@ import traceback
 
 import torch
 
-from gt_core.compile import aliases
+from gt_core.compile import aliases, repair
 from gt_core.compile.lower import (
     build_graph,
     compile_block,
@@ -19,6 +19,7 @@ from gt_core.compile.lower import (
     uses_cudagraphs,
 )
 from gt_core.compile.process import CompileProcess
+from gt_core.compile.rng import keep_rng_in_threads
 from gt_core.config import Options
 from gt_core.hotpath.blocks import Block
 from gt_core.hotpath.outbox import reason
@@ -129,6 +130,7 @@ class Compiler:
                 self.outbox.flush()
 
         if o.background:
+            keep_rng_in_threads("gt-compile-")  # (a compile must not rewind the worker's draws)
             if self._graphs(o):
                 replay_here()  # before the compile thread imports CUDA graph trees
             block.thread = threading.Thread(
@@ -146,14 +148,20 @@ class Compiler:
     def _compile_and_report(self, block: Block, cp: CompileProcess | None, o: Options) -> None:
         """Compile, set the block's function and status, and publish the outcome."""
         graphs = self._graphs(o)
-        try:
-            with cudagraph_skips() if graphs else contextlib.nullcontext() as skips:
-                fn, seconds = self._compiled_fn(block, cp, o)
-        except Exception as exc:
+        failure = None
+        with repair.evictions() as evicted:
+            try:
+                with cudagraph_skips() if graphs else contextlib.nullcontext() as skips:
+                    fn, seconds = self._compiled_fn(block, cp, o)
+            except Exception as exc:
+                failure = exc
+        for e in evicted:  # damaged files of inductor's cache it removed first (see repair)
+            self.outbox.emit(ev.CACHE_EVICTED, signature=block.sig, **e)
+        if failure is not None:
             block.status = Status.FAILED
-            self.outbox.emit(ev.COMPILE_FAILED, signature=block.sig, reason=reason(exc))
+            self.outbox.emit(ev.COMPILE_FAILED, signature=block.sig, reason=reason(failure))
             if o.debug:
-                traceback.print_exc()
+                traceback.print_exception(failure)
         else:
             block.fn = fn
             if block.status == Status.COMPILING:
@@ -164,8 +172,8 @@ class Compiler:
             self.outbox.emit(ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds, **extra)
 
     def _compiled_fn(self, block: Block, cp: CompileProcess | None, o: Options):
-        """(compiled callable, seconds): in the compile process, or here."""
-        n_scalars = len(block.scalar_dtypes)
+        """(compiled callable, seconds): in the compile process, or here (where a compile cut
+        short left damaged files in inductor's cache, they are removed and it compiles again)."""
         if cp is not None:
             return cp.compile_block(
                 block.canon,
@@ -176,8 +184,15 @@ class Compiler:
                 o.mode,
                 block.aliases,
             )
+        return repair.retrying(lambda: self._compile_here(block, o))
+
+    def _compile_here(self, block: Block, o: Options):
         gm = build_graph(
-            block.canon, block.ops, block.out_paths, o.backend == "inductor", n_scalars
+            block.canon,
+            block.ops,
+            block.out_paths,
+            o.backend == "inductor",
+            len(block.scalar_dtypes),
         )
         gm = aliases.unalias(gm, block.aliases)
         scalars = [((), (), dt, self.device) for dt in block.scalar_dtypes]

@@ -1,7 +1,7 @@
 """Period detection: pure functions over the history's keys and instructions.
 
 ``repeating_period`` finds the shortest period whose last occurrences repeat ``threshold``
-times in a row; ``changes`` says, over the last period, which instructions differ from one
+times in a row; ``periodic_since`` says how far back the keys keep that period; ``changes`` says, over the last period, which instructions differ from one
 period to the next (only in floats that can be lifted into inputs, or otherwise: a barrier);
 ``cut`` then chooses where the block starts and ends within the period. Nothing here reads
 a worker: a test can run it on any list of keys and instructions.
@@ -14,7 +14,15 @@ from dataclasses import dataclass
 from gt_core.hotpath.history import exact_key, value_ids
 from gt_core.stream.instructions import BARRIERS, OP
 
-__all__ = ["Cut", "repeating_period", "changes", "cut", "best_cut", "longest_segment"]
+__all__ = [
+    "Cut",
+    "repeating_period",
+    "periodic_since",
+    "changes",
+    "cut",
+    "best_cut",
+    "longest_segment",
+]
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,22 @@ def repeating_period(keys: list, threshold: int, min_seq: int) -> int | None:
         if keys[n - 1 - p] == last and keys[n - t * p : n - p] == keys[n - (t - 1) * p : n]:
             return p
     return None
+
+
+def periodic_since(keys: list, p: int, threshold: int) -> int:
+    """Where the keys' run of period ``p`` begins, up to one period before its last
+    ``threshold`` repeats (which ``repeating_period`` found).
+
+    A block cut off the period's boundary has one complete occurrence fewer than the periods
+    seen; the period before them, where it repeats too, holds the occurrence missing: without
+    it, threshold 2 would leave one occurrence and no block.
+    """
+    n = len(keys)
+    since = n - threshold * p
+    floor = max(0, since - p)
+    while since > floor and keys[since - 1] == keys[since - 1 + p]:
+        since -= 1
+    return since
 
 
 def changes(instrs: list, p: int, threshold: int, is_barrier=None, lift=None):
@@ -73,12 +97,20 @@ def changes(instrs: list, p: int, threshold: int, is_barrier=None, lift=None):
 
 
 def cut(
-    instrs: list, p: int, threshold: int, min_seq: int, lifts: dict, barriers: list
+    instrs: list,
+    p: int,
+    threshold: int,
+    min_seq: int,
+    lifts: dict,
+    barriers: list,
+    since: int | None = None,
 ) -> Cut | None:
     """Where the block of period ``p`` lies, or None (too short, or seen fewer than twice).
 
     Cut at barriers (the longest stretch between them), else where the fewest values cross
-    the block's boundary.
+    the block's boundary. ``since``: where the instructions start repeating with period ``p``
+    (``periodic_since``; by default, the last ``threshold`` periods); the block's occurrences
+    are its last ``threshold`` complete ones from there.
     """
     n = len(instrs)
     if barriers:
@@ -89,7 +121,7 @@ def cut(
         return None
     # the most recent complete occurrences of [start, start + length), oldest first
     begin = start if start + length <= n else start - p
-    verified = n - threshold * p  # the keys are periodic from here on
+    verified = n - threshold * p if since is None else since  # periodic from here on
     occurrences = [begin - k * p for k in range(threshold - 1, -1, -1) if begin - k * p >= verified]
     if len(occurrences) < 2:
         return None

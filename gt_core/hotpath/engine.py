@@ -19,7 +19,7 @@ import functools
 
 from gt_core.hotpath.blocks import Blocks
 from gt_core.hotpath.compiling import Compiler
-from gt_core.hotpath.detector import changes, cut, repeating_period
+from gt_core.hotpath.detector import changes, cut, periodic_since, repeating_period
 from gt_core.hotpath.history import History
 from gt_core.hotpath.judge import Judge
 from gt_core.hotpath.matching import Matcher
@@ -200,7 +200,8 @@ class Engine:
         # Cut at sync points, and at ops whose arguments change from one period to the next,
         # unless only floats change where they can be lifted into tensor inputs.
         lifts, barriers = changes(H.instrs, p, o.threshold, unresolved, lift)
-        c = cut(H.instrs, p, o.threshold, o.min_seq, lifts, barriers)
+        since = periodic_since(H.keys, p, o.threshold)
+        c = cut(H.instrs, p, o.threshold, o.min_seq, lifts, barriers, since)
         if c is None:
             return False
         try:

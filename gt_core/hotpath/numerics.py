@@ -24,7 +24,16 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["TOLERANCE", "MULTIPLIER", "Verdict", "Copies", "compare", "rng_state", "set_rng_state"]
+__all__ = [
+    "TOLERANCE",
+    "MULTIPLIER",
+    "Verdict",
+    "Copies",
+    "compare",
+    "rng_state",
+    "set_rng_state",
+    "same_rng",
+]
 
 # Max-norm relative difference per dtype allowed without a float64 oracle.
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 4e-2, torch.float16: 4e-3}
@@ -139,6 +148,14 @@ def rng_state(device: torch.device):
     """The random generators' state a block run may draw from (CPU, and ``device``'s)."""
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return torch.get_rng_state(), cuda
+
+
+def same_rng(a, b) -> bool:
+    """Whether two ``rng_state`` results are the same state."""
+    return all(
+        (x is None and y is None) or (x is not None and y is not None and torch.equal(x, y))
+        for x, y in zip(a, b, strict=True)
+    )
 
 
 def set_rng_state(device: torch.device, state) -> None:

@@ -11,7 +11,7 @@ import torch
 
 from gt_core.compile import aliases
 from gt_core.errors import CompiledRunFailed
-from gt_core.hotpath import numerics
+from gt_core.hotpath import checking
 from gt_core.hotpath.blocks import Block, Occurrence
 from gt_core.hotpath.outbox import reason
 from gt_core.observe import events as ev
@@ -60,7 +60,7 @@ class Runner:
             and self._fits(block, occ)
         ):
             if not block.checked:
-                self.run_checked(block, occ, fn)
+                checking.run_checked(self, block, occ, fn)
                 return
             try:
                 self.run_compiled(block, occ, fn)
@@ -87,78 +87,10 @@ class Runner:
             inputs = self.ex.lookup(occ.inputs)
         share = self.judge.share
         threads = share.choose(block.sig) if share is not None else None
-        args = aliases.call_args(inputs, block.aliases, self._scalars(block, occ))
+        args = aliases.call_args(inputs, block.aliases, self.scalars(block, occ))
         outs, ms = self.timer("compiled", fn, *args)
-        self._bind(block, occ, outs)
+        self.bind(block, occ, outs)
         self.judge.compiled_ran(block, ms, threads)
-
-    def run_checked(self, block: Block, occ: Occurrence, fn) -> None:
-        """A compiled block's first run: checked against its eager graph (see numerics).
-
-        The eager graph runs first on copies of the inputs (and in float64 on others, the
-        oracle), the generators set back after each; then the compiled block on the inputs.
-        Where the compiled values fail the check, or the compiled run raises, the inputs take
-        the eager run's values, its outputs are bound, and the block runs eagerly from then on.
-        """
-        block.checked = True
-        inputs = self.ex.lookup(occ.inputs)
-        eager = block.eager_fn
-        if eager is None:
-            self.outbox.emit(
-                ev.CHECKED, signature=block.sig, skipped="the block has no eager graph"
-            )
-            self.run_compiled(block, occ, fn, inputs)
-            return
-        dev = self.ex.device
-        rng = numerics.rng_state(dev)
-        saved = numerics.Copies(inputs)
-        try:
-            want = eager(*saved.tensors, *occ.scalars)
-        except Exception:  # the eager run proper says what failed, op by op
-            numerics.set_rng_state(dev, rng)
-            block.status, block.fn, block.eager_fn = Status.FAILED, None, None
-            why = "its eager graph raised on copies of its inputs: its instructions run it"
-            self.outbox.emit(ev.FALLBACK, signature=block.sig, reason=why)
-            self.run_instructions(occ.instructions)
-            return
-        after = numerics.rng_state(dev)
-        oracle = self._oracle(eager, inputs, occ, rng)
-        numerics.set_rng_state(dev, rng)
-        verdict = None
-        share = self.judge.share
-        threads = share.choose(block.sig) if share is not None else None
-        try:
-            args = aliases.call_args(inputs, block.aliases, self._scalars(block, occ))
-            got, ms = self.timer("compiled", fn, *args)
-            pairs = _pairs(block, [*got, *inputs], [*want, *saved.tensors], oracle)
-            verdict = numerics.compare(pairs)
-            why = verdict.words()
-        except Exception as exc:  # the compiled run (or the comparison) raised
-            why = f"its first compiled run raised: {reason(exc)}"
-        if verdict is None or not verdict.ok:
-            saved.restore()  # (the compiled run's writes undone: eager's values are kept)
-            numerics.set_rng_state(dev, after)
-            block.status, block.fn = Status.REVERTED, None
-            fields = {} if verdict is None else verdict._asdict()
-            fields.pop("ok", None)
-            self.outbox.emit(ev.CHECK_FAILED, signature=block.sig, reason=why, **fields)
-            self._bind(block, occ, want)
-            return
-        fields = verdict._asdict()
-        fields.pop("ok")
-        self.outbox.emit(ev.CHECKED, signature=block.sig, **fields)
-        self._bind(block, occ, got)
-        self.judge.compiled_ran(block, ms, threads)
-
-    def _oracle(self, eager, inputs, occ: Occurrence, rng) -> list | None:
-        """The eager graph's outputs and inputs after a run in float64, or None where it
-        cannot run so (see numerics)."""
-        numerics.set_rng_state(self.ex.device, rng)
-        try:
-            wide = numerics.Copies(inputs, upcast=True)
-            return [*eager(*wide.tensors, *occ.scalars), *wide.tensors]
-        except Exception:
-            return None
 
     def _see_aliases(self, block: Block, occ: Occurrence) -> None:
         """Take how this occurrence's inputs share memory as what the block compiles for."""
@@ -198,7 +130,7 @@ class Runner:
         self.outbox.emit(ev.NOTE, signature=block.sig, reason=why)
         return False
 
-    def _scalars(self, block: Block, occ: Occurrence) -> list:
+    def scalars(self, block: Block, occ: Occurrence) -> list:
         """The occurrence's lifted scalars as the compiled block takes them (0-d tensors)."""
         if not block.scalar_dtypes:
             return []
@@ -238,7 +170,7 @@ class Runner:
                 )
             self.ex.drop(occ.free_ids)
             return None
-        self._bind(block, occ, outs)
+        self.bind(block, occ, outs)
         return ms
 
     def run_instructions(self, instrs) -> None:
@@ -271,34 +203,8 @@ class Runner:
         )
         self.ex.drop(occ.free_ids)
 
-    def _bind(self, block: Block, occ: Occurrence, outs) -> None:
+    def bind(self, block: Block, occ: Occurrence, outs) -> None:
         """An occurrence ran as one call: its outputs bound, its frees dropped."""
         self.ex.bind_outputs(occ.out_ids, outs)
         self.ex.drop(occ.free_ids)
         self.ex.count(len(block.canon.entries))
-
-
-def _pairs(block: Block, got: list, want: list, oracle: list | None):
-    """(what, compiled, eager, float64 oracle) of every output, then of every input."""
-    makers = _makers(block)
-    n = len(block.canon.outputs)
-    for k, (g, w) in enumerate(zip(got, want, strict=True)):
-        what = (
-            f"output {k} ({makers.get(block.canon.outputs[k], 'an op')})"
-            if k < n
-            else f"input in{k - n}, written in place"
-        )
-        yield what, g, w, None if oracle is None else oracle[k]
-
-
-def _makers(block: Block) -> dict:
-    """Each value name of the block -> the op that made it, as words."""
-    out, k = {}, 0
-    for e in block.canon.entries:
-        if e.kind != "op":
-            continue
-        for name in e.outs:
-            if name is not None:
-                out[name] = f"{e.op}, op {k} of the block"
-        k += 1
-    return out

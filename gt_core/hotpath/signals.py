@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from gt_core.observe import events as ev
 from gt_core.stream.canonical import Mismatch
-from gt_core.stream.instructions import BARRIERS, FREE, JIT_SIGNAL, OP
+from gt_core.stream.instructions import BARRIERS, FREE, JIT_SIGNAL, OP, PUT
 
 __all__ = ["Signals"]
 
@@ -57,7 +57,10 @@ class Signals:
         if start is None or start < 0:
             return
         seg = [i for i in range(start, n - 1) if self.history[i].code in (OP, FREE)]
-        if not seg or seg != list(range(seg[0], seg[-1] + 1)):
+        # A jit call's uploads (tensors it makes from host data) are inputs of its block: the
+        # client replays it with the values kept, where they were equal on two calls.
+        between = (OP, FREE, PUT) if jit else (OP, FREE)
+        if not seg or any(self.history[i].code not in between for i in range(seg[0], seg[-1] + 1)):
             return
         try:
             canon, namer = self.registry.canonicalize([self.history[i] for i in seg])

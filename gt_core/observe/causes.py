@@ -13,6 +13,7 @@ import re
 from gt_core.observe.cause import Cause
 from gt_core.observe.compile_causes import COMPILE_CAUSES
 from gt_core.observe.hotpath_causes import HOTPATH_CAUSES
+from gt_core.observe.jit_causes import JIT_CAUSES
 
 __all__ = [
     "CAUSES",
@@ -34,6 +35,7 @@ HOTPATH_KINDS = (
     "sync",
     "mismatch",
     "jit_refused",
+    "jit_ran",
     "jit_frozen",
     "jit_would_save",
     "worker_error",
@@ -42,7 +44,7 @@ HOTPATH_KINDS = (
 )
 
 
-CAUSES: tuple[Cause, ...] = COMPILE_CAUSES + HOTPATH_CAUSES  # the one catalogue
+CAUSES: tuple[Cause, ...] = COMPILE_CAUSES + HOTPATH_CAUSES + JIT_CAUSES  # the one catalogue
 
 # What to do when no known cause matched: the general advice for each kind.
 _BY_ID = {c.id: c for c in CAUSES}

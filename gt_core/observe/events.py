@@ -32,6 +32,7 @@ COMPILE_STARTED = (
 )
 COMPILE_FINISHED = "compile.finished"  # signature, seconds[, cudagraphs, cudagraph_skips]
 COMPILE_FAILED = "compile.failed"  # signature, reason
+CACHE_EVICTED = "compile.cache_evicted"  # signature, files, reason: damaged, removed, recompiled
 RECOMPILE = "recompile"  # signature, previous, reason
 FALLBACK = "fallback"  # signature, reason (a compiled run failed; eager from now on)
 REVERT = "revert"  # signature, reason, eager_ms, compiled_ms
@@ -42,7 +43,7 @@ NOTE = "hotpath.note"  # signature, reason: what some of its runs did (said once
 MISMATCH = "mismatch"  # signature, position, expected, got
 ITERATION = "iteration"  # signature, kind ("eager" | "compiled" | "compiling"), ms
 SIGNAL = "signal"  # name, phase ("enter" | "exit")
-JIT = "jit"  # function, name, state ("replaying" | "refused"), signature, reason, frozen, ...
+JIT = "jit"  # function, name, state ("replaying" | "refused" | "ran"), signature, reason, frozen
 JIT_STATS = "jit.stats"  # function, name, signature, replayed, client_ms (cumulative)
 CLIENT_STATS = "client.stats"  # signature, runs, client_ms: the client's ms per occurrence
 PLAN = "hotpath.plan"  # signature, plan (a gt_core.stream.plan.Plan, or None to withdraw it): for the client's matcher, never logged

@@ -119,31 +119,6 @@ HOTPATH_CAUSES: tuple[Cause, ...] = (
         "such as .item()); those occurrences ran eagerly. Keep every iteration's work the "
         "same",
     ),
-    Cause(
-        "jit_refused",
-        ("jit_refused",),
-        r"",
-        "gt_core.jit does not replay this function",
-        "the function keeps running its Python (its block still compiles); to replay it, keep "
-        "syncs out of the step and pass changing numbers as tensors (lr=torch.tensor(...), "
-        "capturable=True)",
-    ),
-    Cause(
-        "jit_frozen",
-        ("jit_frozen",),
-        r"",
-        "a replay keeps Python numbers as recorded",
-        "nothing, if these stay as they are; a number you change later (a learning rate) must "
-        "be a tensor the step reads, or replays keep the old value",
-    ),
-    Cause(
-        "jit_would_save",
-        ("jit_would_save",),
-        r"",
-        "the step's Python costs more on the client than its block on the worker",
-        "wrap the step in @gt_core.jit: once two calls recorded the same block, a call sends "
-        "one message instead of running its Python (see the 05_jit notebook and its contract)",
-    ),
     # The data a loop moves (gt_core.observe.feeding: ``what`` says how much of the loop).
     Cause(
         "feeding",

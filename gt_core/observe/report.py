@@ -14,7 +14,7 @@ import html
 from dataclasses import dataclass, field
 
 from gt_core.observe import events as ev
-from gt_core.observe import feeding, metrics
+from gt_core.observe import feeding, jit_summary, metrics
 from gt_core.observe.causes import explain
 from gt_core.observe.rows import NUMERIC, STATUS_COLUMNS, status_rows
 from gt_core.observe.status import Status, enter
@@ -108,7 +108,7 @@ _RUNS = frozenset({ev.ITERATION, ev.MISMATCH, ev.STATS, ev.FOLDED})
 
 
 def summarize(events: list[dict], since: int = 0) -> dict:
-    """Fold events into the report data: hot paths, user compiles, counters, the events.
+    """Fold events into the report data: hot paths, user compiles, jit, counters, the events.
 
     ``since``: the view of one cell, whose events start at that index. Earlier events still
     give each hot path its status, ops and graph; runs, timings, counters and the user's
@@ -249,6 +249,12 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             if (e.get("type") == ev.DETECTED or e.get("type") in ev.VERDICTS)
             and e.get("signature") in active
         ] + shown
+    jit = jit_summary.summarize_jit(events, since)
+    for j in jit:  # the block a jitted function made (its refusal may name no block)
+        if j["signature"] in paths:
+            p = paths[j["signature"]]
+            p["jit"] = j["function"]
+            p["replay_refused"] = j["reason"] if j["state"] == "refused" else None
     for p in hot_paths:
         # The baseline: for a judged hot path, the eager median its regression check compared
         # against (metrics.judged: eager runs in the compiled runs' CPU condition); else eager
@@ -272,6 +278,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
     return {
         "hot_paths": hot_paths,
         "user_compiles": summarize_user_compiles(events[since:]),
+        "jit": jit,  # per jitted call key, refused before a block too
         "stats": stats,
         "data": metrics.data(stats, hot_paths, shown),  # what crossed, per iteration
         "worker": worker,
@@ -313,6 +320,7 @@ class Report:
         lines = [
             f"gt report: {s['ops']} ops recorded, {len(d['hot_paths'])} hot path(s), "
             f"{sum(p['status'] == Status.COMPILED for p in d['hot_paths'])} compiled"
+            + (f", {jit_summary.counts(d['jit'])}" if d["jit"] else "")
         ]
         for p in d["hot_paths"]:
             lines.append("  " + _path_line(p))
@@ -322,6 +330,7 @@ class Report:
                 lines.append(f"    {p['status']}: {p['fallback_reason']}")
             for r in p["cudagraph_skips"]:
                 lines.append(f"    cudagraphs skipped: {r}")
+        lines += ["  " + x for x in jit_summary.lines(d["jit"])]
         for u in d["user_compiles"]:
             lines.append(
                 f"  torch.compile {u['function']}: {u['compiles']} compile(s), "

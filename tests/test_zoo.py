@@ -1,0 +1,130 @@
+"""The models people use (``transformers``, tiny random configs): through plain gt and
+``gt_core.jit``, compiled, equal to eager; their eval forward too."""
+
+import pytest
+import torch
+
+import gt_core
+from gt_core import zoo
+
+pytest.importorskip("transformers")
+
+STEPS = 10
+TOL = 1e-5
+
+
+def _eager(name, steps=STEPS, **build):
+    z = zoo.build(name, **build)
+    losses = []
+    for _ in range(steps):
+        losses.append(z.step(*z.batch).item())
+        if z.scheduler is not None:
+            z.scheduler.step()
+    return losses, [t.detach().clone() for t in z.state]
+
+
+def _through_gt(name, jit, steps=STEPS, **build):
+    with gt_core.capture():
+        z = zoo.build(name, **build)
+        step = gt_core.jit(z.step) if jit else z.step
+        out = []
+        for _ in range(steps):
+            out.append(step(*z.batch))
+            if z.scheduler is not None:
+                z.scheduler.step()
+        losses = [x.item() for x in out]
+        state = [t.detach().cpu() for t in z.state]
+    return losses, state, step
+
+
+def _equal(got, want, tol=TOL):
+    for a, b in zip(got, want, strict=True):
+        if a.numel():
+            assert (a.double() - b.double()).abs().max().item() <= tol
+
+
+def _paths():
+    return gt_core.report().to_data()["hot_paths"]
+
+
+@pytest.fixture
+def zooed(inprocess):
+    gt_core.configure(auto_compile=True, backend="aot_eager", background=False, threshold=3)
+    yield
+    gt_core.configure(auto_compile=False, backend="eager")
+
+
+@pytest.mark.parametrize("name", zoo.names())
+def test_plain_gt_compiles_and_jit_replays_the_training_step_both_equal_to_eager(zooed, name):
+    want_losses, want = _eager(name)
+    losses, got, _ = _through_gt(name, jit=False)
+    assert losses == pytest.approx(want_losses, abs=TOL)
+    _equal(got, want)
+    steps = [p for p in _paths() if p["n_ops"] > 50]
+    assert steps and all(p["status"] == "compiled" for p in steps), steps
+    assert sum(p["compiled_runs"] for p in steps) >= 3
+    assert all(p["checked"]["ok"] for p in steps if p["checked"])
+
+    gt_core.reset()
+    losses, got, step = _through_gt(name, jit=True)
+    assert losses == pytest.approx(want_losses, abs=TOL)
+    _equal(got, want)
+    (entry,) = step.entries.values()
+    assert entry.refused is None and entry.replayed >= STEPS - 4
+
+
+@pytest.mark.parametrize("name", ["bert", "llama", "t5", "resnet"])
+def test_the_eval_forward_equals_eager_plain_and_jitted(zooed, name):
+    z = zoo.build(name)
+    z.model.eval()
+    want = z.infer(z.batch[0])
+    for jit in (False, True):
+        with gt_core.capture():
+            g = zoo.build(name)
+            g.model.eval()
+            infer = gt_core.jit(g.infer) if jit else g.infer
+            outs = [infer(g.batch[0]) for _ in range(6)]
+            got = [o.cpu() for o in outs]
+        for o in got:
+            _equal([o], [want])
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "adam", "rmsprop"])
+def test_default_optimizers_with_an_lr_scheduler_replay_under_jit_and_equal_eager(zooed, optimizer):
+    """Default arguments (capturable=False, a float lr) and a StepLR stepping outside the
+    step: replayed (bias corrections are tensor ops), and a new lr is never replayed stale."""
+    want_losses, want = _eager("bert", steps=16, optimizer=optimizer, scheduler=True)
+    losses, got, step = _through_gt("bert", jit=True, steps=16, optimizer=optimizer, scheduler=True)
+    assert losses == pytest.approx(want_losses, abs=TOL)
+    _equal(got, want)
+    (entry,) = step.entries.values()
+    assert entry.refused is None and entry.replayed >= 4
+
+
+def test_the_user_s_optimizer_keeps_its_settings(zooed):
+    with gt_core.capture():
+        z = zoo.build("bert", optimizer="adamw")
+        step = gt_core.jit(z.step)
+        for _ in range(4):
+            step(*z.batch)
+        assert [g["capturable"] for g in z.optimizer.param_groups] == [False]
+
+
+@pytest.mark.inductor
+@pytest.mark.parametrize("name", ["gpt2", "t5", "llama"])
+def test_library_models_compile_under_inductor_and_equal_eager(process, name):
+    """GPT-2 and T5's attention (a view after an expand of a transposed key) compiled once it
+    reaches inductor; Llama's block read a parameter's transpose that it also wrote."""
+    gt_core.configure(auto_compile=True, backend="inductor", background=True, threshold=3)
+    want_losses, want = _eager(name, steps=20)
+    with gt_core.capture():
+        z = zoo.build(name)
+        for i in range(20):
+            z.step(*z.batch)
+            if i == 6:
+                gt_core.wait(compiles=True, timeout=600)
+        got = [t.detach().cpu() for t in z.state]
+    _equal(got, want)
+    steps = [p for p in _paths() if p["n_ops"] > 50]
+    assert any(p["status"] == "compiled" and p["compiled_runs"] > 0 for p in steps), steps
+    assert all(p["status"] != "failed" for p in steps), [p["fallback_reason"] for p in steps]
