@@ -2,7 +2,6 @@
 ``gt_core.jit``, compiled, equal to eager; their eval forward too."""
 
 import pytest
-import torch
 
 import gt_core
 from gt_core import zoo
