@@ -2,6 +2,7 @@
 
 import functools
 import json
+import threading
 
 import pytest
 import torch
@@ -42,6 +43,16 @@ def gt_fails_after_running(gm, example_inputs):
         return out
 
     return run
+
+
+HELD = threading.Event()
+
+
+@torch._dynamo.register_backend
+def gt_held(gm, example_inputs):
+    """Compiles once the test lets it (HELD set): a compile still running when it wants."""
+    assert HELD.wait(timeout=120), "the test never let the compile end"
+    return gm.forward
 
 
 @pytest.fixture
@@ -118,6 +129,33 @@ def test_every_accepted_threshold_finds_the_whole_step_at_once(hot, threshold, o
     assert p["occurrences"] >= steps - 2
     backward = {"aten.native_layer_norm_backward.default", "aten.gelu_backward.default"}
     assert backward <= set(p["ops"])  # the forward, backward and update in one block
+
+
+def test_a_compile_ending_after_its_worker_stopped_publishes_nothing(inprocess):
+    """A block still compiling when its worker stops belongs to a session that is over: its
+    outcome never reaches the next session's report (there it was a hot path of its own)."""
+    gt_core.configure(auto_compile=True, background=True, backend="gt_held", threshold=3)
+    HELD.clear()
+    threads: list = []
+    try:
+        with gt_core.capture():
+            model, x, y = mlp(), *_data()
+            opt = SGD(model.parameters())
+            for _ in range(8):
+                F.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+            gt_core.wait()
+            engine = gt_core.client.capture.session().transport.engine
+            threads = [b.thread for b in engine.blocks.values() if b.thread is not None]
+        assert threads and all(t.is_alive() for t in threads)
+        gt_core.worker().stop()
+        gt_core.reset()
+    finally:
+        HELD.set()
+    for t in threads:
+        t.join(timeout=120)
+    assert [e["type"] for e in gt_core.report().to_data()["events"]] == []
 
 
 def test_adam_step_compiled_and_equal(hot):

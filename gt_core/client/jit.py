@@ -40,7 +40,6 @@ RUN's inputs against the block as well.
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 import operator
 import statistics
@@ -52,15 +51,8 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gt_core.client import capture as _capture
 from gt_core.client.jit_places import _read, _roots, _scan, _words, _write
-from gt_core.client.jit_recipe import (
-    _NOT_KNOBS,
-    _OUT,
-    _differ,
-    _optimizers,
-    _Recipe,
-    _Recording,
-    _Refused,
-)
+from gt_core.client.jit_recipe import _OUT, _differ, _Recipe, _Recording, _Refused
+from gt_core.client.jit_traced import as_traced, knobs, optimizers
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
 from gt_core.observe import events as ev
@@ -168,7 +160,7 @@ class _Entry:
     def call(self, leaves, spec):
         if self.refused is None and self.recipe is None and len(self.recorded) >= 2:
             self._prepare()
-        if self.recipe is not None and self.recipe.knobs != _knobs(self.recipe.optimizers):
+        if self.recipe is not None and self.recipe.knobs != knobs(self.recipe.optimizers):
             self._retune()
         if self.recipe is not None:
             t0 = time.perf_counter()
@@ -195,7 +187,7 @@ class _Entry:
             s.emit(Mark(MARK, self.name, "enter"))
             s.tee, s.tee_puts = tee, puts = [], []
         try:
-            with _as_traced(_optimizers(obj for _, obj in roots)):
+            with as_traced(optimizers(obj for _, obj in roots)):
                 result = self.owner.fn(*args, **kwargs)
         finally:
             with LOCK:
@@ -336,7 +328,7 @@ class _Entry:
     def _retune(self) -> None:
         """An optimizer's settings (a scheduler's new lr) changed since the recipe was made:
         its numbers are frozen in the block, so recording starts over (never a stale replay)."""
-        now = _knobs(self.recipe.optimizers)
+        now = knobs(self.recipe.optimizers)
         changed = next(
             (f"{k}: {a!r} -> {b!r}" for x, y in zip(self.recipe.knobs, now, strict=True)
              for (k, a), (_, b) in zip(x, y, strict=True) if a != b),
@@ -378,33 +370,6 @@ class _Entry:
             "replayed": self.replayed,
             "client_ms": statistics.median(self.client_ms) if self.client_ms else None,
         }
-
-
-@contextlib.contextmanager
-def _as_traced(optimizers):
-    """A recorded call runs library code as torch.compile traces it: the paths behind
-    ``torch.compiler.is_compiling()`` (``transformers`` skips data-dependent checks there),
-    and the step's optimizers ``capturable`` (Adam's bias corrections are tensor ops on
-    its step count, not a new Python number each call that replay would freeze). The
-    optimizers' own setting is restored after the call."""
-    groups = [g for opt in optimizers for g in opt.param_groups if g.get("capturable") is False]
-    for g in groups:
-        g["capturable"] = True
-    try:
-        with torch.compiler._compile_session_context():
-            yield
-    finally:
-        for g in groups:
-            g["capturable"] = False
-
-
-def _knobs(optimizers) -> list:
-    """The Python settings of ``optimizers``' param groups (lr, betas, weight decay...)."""
-    return [
-        tuple((k, v) for k, v in group.items() if k not in _NOT_KNOBS)
-        for opt in optimizers
-        for group in opt.param_groups
-    ]
 
 
 _UNFIT = object()

@@ -14,6 +14,7 @@ import torch
 from torch.utils._pytree import tree_flatten
 
 from gt_core.client.jit_places import _before_id, _pid, _words
+from gt_core.client.jit_traced import knobs, optimizers
 from gt_core.client.proxy import CONSTANT_NUMEL, Proxy
 from gt_core.client.replay import Occurrence
 from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
@@ -273,36 +274,8 @@ class _Recipe:
         self.root_objs = [obj for _, obj in self.roots]
         # The optimizers the step can reach, and their settings now: the block holds them as
         # numbers, so a change (an LR scheduler's step) means recording again (jit._retune).
-        self.optimizers = _optimizers(obj for _, obj in rec.all_roots)
-        self.knobs = [
-            tuple((k, v) for k, v in g.items() if k not in _NOT_KNOBS)
-            for opt in self.optimizers
-            for g in opt.param_groups
-        ]
-
-
-_NOT_KNOBS = ("params", "capturable")  # (capturable: set while recording, see jit._as_traced)
-
-
-def _optimizers(objs) -> list:
-    """The optimizers among ``objs`` and what they hold (LR schedulers, dicts, lists), once each."""
-    found: dict = {}
-
-    def visit(x, depth):
-        if isinstance(x, torch.optim.Optimizer):
-            found.setdefault(id(x), x)
-        elif isinstance(x, torch.optim.lr_scheduler.LRScheduler):
-            found.setdefault(id(x.optimizer), x.optimizer)
-        elif depth < 2 and isinstance(x, dict):
-            for v in list(x.values()):
-                visit(v, depth + 1)
-        elif depth < 2 and isinstance(x, (list, tuple)):
-            for v in x:
-                visit(v, depth + 1)
-
-    for obj in objs:
-        visit(obj, 0)
-    return list(found.values())
+        self.optimizers = optimizers(obj for _, obj in rec.all_roots)
+        self.knobs = knobs(self.optimizers)
 
 
 def _reader(place) -> tuple:

@@ -120,6 +120,7 @@ class Engine:
             self.matcher.flush(mismatch=False)
             self.flush_events()
         finally:  # the compile process and its files go, even when the client has gone
+            self.outbox.close()
             self.compiler.close()
 
     # -- the stream ----------------------------------------------------------------------

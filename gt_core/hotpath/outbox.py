@@ -41,10 +41,13 @@ class Outbox:
         self._lock = threading.Lock()  # the compile threads emit too
         self._published = 0.0  # perf_counter of the last publish
         self._urgent = False  # an event other than an iteration's timing is pending
+        self.closed = False
 
     def emit(self, type: str, **fields) -> None:
         e = ev.event(type, **fields)
         with self._lock:
+            if self.closed:
+                return
             self.events.append(e)
             if type != ev.ITERATION:
                 self._urgent = True
@@ -59,6 +62,14 @@ class Outbox:
         if events:
             self._published = time.perf_counter()
             self.publish(events)
+
+    def close(self) -> None:
+        """Publish nothing more. A compile thread that ends after its engine closed (a block
+        compiling when the worker stopped) belongs to a session that is over: its outcome,
+        published, showed up in the next session's report as a hot path of its own."""
+        with self._lock:
+            self.closed = True
+            self.events = []
 
     def flush_soon(self) -> None:
         """Publish now unless only iteration timings are pending and some went out just now."""

@@ -191,7 +191,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
             enter(p["states"], Status.REVERTED, e.get("t"))
         elif t == ev.CHECKED:
             path(sig)["checked"] = _check(e)
-        elif t == ev.NOTE:
+        elif t in (ev.NOTE, ev.CACHE_EVICTED):
             path(sig)["notes"].append(e.get("reason", ""))
         elif t == ev.RECOMPILE:
             path(sig)["recompile_reasons"].append(e.get("reason", ""))
@@ -328,6 +328,7 @@ class Report:
                 lines.append(f"    recompile: {r}")
             if p["fallback_reason"]:
                 lines.append(f"    {p['status']}: {p['fallback_reason']}")
+            lines += [f"    note: {r}" for r in p.get("notes", ())]
             for r in p["cudagraph_skips"]:
                 lines.append(f"    cudagraphs skipped: {r}")
         lines += ["  " + x for x in jit_summary.lines(d["jit"])]
