@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import torch
@@ -109,16 +110,19 @@ WORKLOADS: dict[str, Callable] = {
 
 def model_workload(name: str) -> Callable:
     """A ``transformers`` model of gt_core.zoo as a workload: its training step on its batch
-    (SGD momentum), the parameters and buffers its state."""
+    (SGD momentum), the parameters and buffers its state. The batch is the step's argument
+    (``step.fed``), as a training step takes it."""
 
     def make():
         from gt_core import zoo
 
         z = zoo.build(name)
+        batches = itertools.repeat(z.batch)
 
         def step():
             return z.step(*z.batch)
 
+        step.fed = (z.step, batches)  # jit and torch.compile wrap the step of one batch
         return step, z.state
 
     return make
