@@ -334,16 +334,20 @@ class _Entry:
              for (k, a), (_, b) in zip(x, y, strict=True) if a != b),
             "its param groups",
         )  # fmt: skip
+        self._ran(f"an optimizer setting the step reads changed ({changed}): recorded again")
+
+    def _ran(self, reason: str) -> None:
+        """Replay stops: the function ran (``reason`` said), and recording starts over."""
         self.session.log.emit(
             ev.JIT,
             function=self.owner.name,
             name=self.name,
             state="ran",
             signature=self.recipe.sig,
-            reason=f"an optimizer setting the step reads changed ({changed}): recorded again",
+            reason=reason,
         )
         self.recipe, self.facts = None, None
-        self.recorded, self.calls = [], 0
+        self.recorded, self.calls = [], 0  # (its record limit too)
 
     def _unfit(self, src, p, k) -> None:
         where = f"argument {src}" if type(src) is int else _words(src)
@@ -351,16 +355,7 @@ class _Entry:
             got = "it now holds another object"
         else:
             got = "not a worker tensor" if type(p) is not Proxy else f"metadata {p._gt_m}"
-        self.session.log.emit(
-            ev.JIT,
-            function=self.owner.name,
-            name=self.name,
-            state="ran",
-            signature=self.recipe.sig,
-            reason=f"{where} no longer fits the block ({got}): the function ran instead",
-        )
-        self.recipe, self.facts = None, None
-        self.recorded, self.calls = [], 0  # recording starts over (its limit too)
+        self._ran(f"{where} no longer fits the block ({got}): the function ran instead")
 
     def stats(self) -> dict:
         return {

@@ -119,29 +119,7 @@ def relax_views(gm: fx.GraphModule) -> int:
     place (a write through the view, or to what it views, must reach the other): those
     views are kept.
     """
-    root: dict[fx.Node, fx.Node] = {}
-    written: set[fx.Node] = set()
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        if node.target is operator.getitem:
-            base = node.args[0]
-            if isinstance(base, fx.Node):
-                root[node] = root.get(base, base)
-            continue
-        if not isinstance(node.target, torch._ops.OpOverload):
-            continue
-        schema = node.target._schema
-        for i, a in enumerate(schema.arguments):
-            if a.alias_info is None:
-                continue
-            v = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
-            items = v if isinstance(v, (list, tuple)) else (v,)
-            bases = [root.get(x, x) for x in items if isinstance(x, fx.Node)]
-            if a.alias_info.is_write:
-                written.update(bases)
-            elif bases and schema.returns and schema.returns[0].alias_info is not None:
-                root[node] = bases[0]
+    root, written = _aliasing(gm)
     # A view the block returns keeps its strides: the next step's instructions name them.
     (out,) = gm.graph.find_nodes(op="output")
     returned = {a for a in out.args[0] if isinstance(a, fx.Node)}
@@ -239,19 +217,22 @@ def replay_here() -> None:
 
 def mutated_inputs(gm: fx.GraphModule) -> list[int]:
     """Positions of the graph's inputs that an op updates in place (directly or via a view)."""
-    index = {n: k for k, n in enumerate(gm.graph.find_nodes(op="placeholder"))}
-    views: dict[fx.Node, int] = {}  # a view's node -> the input it views
+    _, written = _aliasing(gm)
+    return [k for k, n in enumerate(gm.graph.find_nodes(op="placeholder")) if n in written]
 
-    def root(a):
-        return index.get(a, views.get(a)) if isinstance(a, fx.Node) else None
 
-    out: set[int] = set()
+def _aliasing(gm: fx.GraphModule) -> tuple[dict, set]:
+    """(node -> the node whose memory it views, for views; the nodes whose memory an op
+    writes in place, directly or through a view)."""
+    root: dict[fx.Node, fx.Node] = {}
+    written: set[fx.Node] = set()
     for node in gm.graph.nodes:
         if node.op != "call_function":
             continue
         if node.target is operator.getitem:  # an item of split/unbind views what they view
-            if root(node.args[0]) is not None:
-                views[node] = root(node.args[0])
+            base = node.args[0]
+            if isinstance(base, fx.Node):
+                root[node] = root.get(base, base)
             continue
         if not isinstance(node.target, torch._ops.OpOverload):
             continue
@@ -261,12 +242,12 @@ def mutated_inputs(gm: fx.GraphModule) -> list[int]:
                 continue
             v = node.args[i] if i < len(node.args) else node.kwargs.get(a.name)
             items = v if isinstance(v, (list, tuple)) else (v,)
-            bases = [b for b in map(root, items) if b is not None]
+            bases = [root.get(x, x) for x in items if isinstance(x, fx.Node)]
             if a.alias_info.is_write:
-                out.update(bases)
+                written.update(bases)
             elif bases and schema.returns and schema.returns[0].alias_info is not None:
-                views[node] = bases[0]
-    return sorted(out)
+                root[node] = bases[0]
+    return root, written
 
 
 def _declare_static(gm: fx.GraphModule, static: list[int]) -> None:
