@@ -111,16 +111,19 @@ def test_dropout_blocks_check_with_the_same_random_numbers(checked):
     """The eager graph and the compiled block draw the same numbers (the generator is set
     back between them), and the loop goes on drawing eager's."""
     gt_core.configure(backend="aot_eager")
+    _dropout_loop_equals_eager(0.5, 10)
+    assert _path()["checked"]["ok"] is True
 
+
+def _dropout_loop_equals_eager(p: float, steps: int) -> None:
     def model():
-        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Dropout(0.5), torch.nn.Linear(64, 4))
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Dropout(p), torch.nn.Linear(64, 4))
 
-    ref, ref_losses = train(model, SGD, _data, F.mse_loss, 10, False)
-    got, losses = train(model, SGD, _data, F.mse_loss, 10, True)
+    ref, ref_losses = train(model, SGD, _data, F.mse_loss, steps, False)
+    got, losses = train(model, SGD, _data, F.mse_loss, steps, True)
     assert losses == pytest.approx(ref_losses, abs=1e-6)
     for a, b in zip(got.parameters(), ref.parameters(), strict=True):
         assert_close(a, b)
-    assert _path()["checked"]["ok"] is True
 
 
 # -- the rule ----------------------------------------------------------------------------
@@ -257,12 +260,4 @@ def test_a_compile_thread_never_rewinds_the_worker_s_generator():
 
 def test_a_dropout_loop_beside_a_background_compile_equals_eager(inprocess):
     gt_core.configure(auto_compile=True, background=True, backend="aot_eager", threshold=3)
-
-    def model():
-        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Dropout(0.3), torch.nn.Linear(64, 4))
-
-    ref, ref_losses = train(model, SGD, _data, F.mse_loss, 30, False)
-    got, losses = train(model, SGD, _data, F.mse_loss, 30, True)
-    assert losses == pytest.approx(ref_losses, abs=1e-6)
-    for a, b in zip(got.parameters(), ref.parameters(), strict=True):
-        assert_close(a, b)
+    _dropout_loop_equals_eager(0.3, 30)

@@ -93,28 +93,30 @@ def unalias(gm: fx.GraphModule, aliases: Aliases | None) -> fx.GraphModule:
     return gm
 
 
+def _ordered(items: list, aliases: Aliases | None, scalars: list, base) -> list:
+    """``items`` (one per input) as the unaliased graph takes them: those that share nothing,
+    the scalars, then ``base(numel, dtype, first member's item)`` per shared storage."""
+    if aliases is None:
+        return [*items, *scalars]
+    gone = aliases.members
+    out = [x for k, x in enumerate(items) if k not in gone]
+    out += scalars
+    out += [base(numel, dtype, items[views[0][0]]) for numel, dtype, views in aliases.groups]
+    return out
+
+
 def call_args(inputs: list, aliases: Aliases | None, scalars: list) -> list:
     """The compiled graph's arguments: the inputs that share nothing, the scalars, the bases."""
-    if aliases is None:
-        return [*inputs, *scalars]
-    gone = aliases.members
-    out = [x for k, x in enumerate(inputs) if k not in gone]
-    out += scalars
-    for numel, dtype, views in aliases.groups:
-        x = inputs[views[0][0]]
-        base = torch.empty(0, dtype=dtype, device=x.device)
-        out.append(base.set_(x.untyped_storage(), 0, (numel,), (1,)))
-    return out
+
+    def base(numel, dtype, x):
+        t = torch.empty(0, dtype=dtype, device=x.device)
+        return t.set_(x.untyped_storage(), 0, (numel,), (1,))
+
+    return _ordered(inputs, aliases, scalars, base)
 
 
 def metas(input_metas: list, aliases: Aliases | None, scalar_metas: list) -> list:
     """The example inputs' (shape, stride, dtype, device) in ``call_args``'s order."""
-    if aliases is None:
-        return [*input_metas, *scalar_metas]
-    gone = aliases.members
-    out = [m for k, m in enumerate(input_metas) if k not in gone]
-    out += scalar_metas
-    for numel, dtype, views in aliases.groups:
-        device = input_metas[views[0][0]][3]
-        out.append(((numel,), (1,), dtype, device))
-    return out
+    return _ordered(
+        input_metas, aliases, scalar_metas, lambda numel, dtype, m: ((numel,), (1,), dtype, m[3])
+    )

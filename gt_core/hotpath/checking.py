@@ -14,7 +14,7 @@ from gt_core.observe.report import Status
 __all__ = ["run_checked"]
 
 
-def run_checked(runner, block: Block, occ: Occurrence, fn) -> None:
+def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None:
     """A compiled block's first run: checked against its eager graph (see numerics).
 
     The eager graph runs first on copies of the inputs (and in float64 on others, the
@@ -23,7 +23,6 @@ def run_checked(runner, block: Block, occ: Occurrence, fn) -> None:
     the eager run's values, its outputs are bound, and the block runs eagerly from then on.
     """
     block.checked = True
-    inputs = runner.ex.lookup(occ.inputs)
     eager = block.eager_fn
     if eager is None:
         runner.outbox.emit(ev.CHECKED, signature=block.sig, skipped="the block has no eager graph")

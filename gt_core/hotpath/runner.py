@@ -53,17 +53,15 @@ class Runner:
                 block.compile_due = False
                 self.compiler.schedule(block)  # (done now where compiles are inline)
         fn = block.fn
-        if (
-            fn is not None
-            and block.status == Status.COMPILED
-            and not block.probe
-            and self._fits(block, occ)
-        ):
+        inputs = None
+        if fn is not None and block.status == Status.COMPILED and not block.probe:
+            inputs = self._lookup(occ)
+        if inputs is not None and self._fits(block, occ, inputs):
             if not block.checked:
-                checking.run_checked(self, block, occ, fn)
+                checking.run_checked(self, block, occ, fn, inputs)
                 return
             try:
-                self.run_compiled(block, occ, fn)
+                self.run_compiled(block, occ, fn, inputs)
             except Exception as exc:
                 block.status, block.fn = Status.FAILED, None
                 if block.mutates:
@@ -102,14 +100,19 @@ class Runner:
             block.status = Status.FAILED
             self.outbox.emit(ev.COMPILE_FAILED, signature=block.sig, reason=reason(exc))
 
-    def _fits(self, block: Block, occ: Occurrence) -> bool:
+    def _lookup(self, occ: Occurrence) -> list | None:
+        """The occurrence's inputs, or None where one is missing (an op failed earlier: the
+        eager run reports it)."""
+        try:
+            return self.ex.lookup(occ.inputs)
+        except KeyError:
+            return None
+
+    def _fits(self, block: Block, occ: Occurrence, inputs: list) -> bool:
         """Whether the occurrence's inputs share memory as the compiled block's did (see
         gt_core.compile.aliases). The first time they do not, the block compiles again for
         what they do; after that, such a run runs eagerly (said once)."""
-        try:
-            now = aliases.key(self.ex.lookup(occ.inputs))
-        except KeyError:
-            return True  # (an input missing: the run reports it as it would have)
+        now = aliases.key(inputs)
         want = block.aliases.key if block.aliases is not None else None
         if (want is None and all(type(k) is int for k in now)) or now == want:
             return True
