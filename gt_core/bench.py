@@ -102,10 +102,21 @@ def _rel_diff(got: list[torch.Tensor], expected: list[torch.Tensor]) -> float:
     return torch.stack(diffs).max().item()
 
 
-def run(name: str, iters: int, backend: str, progress: _Progress | None = None) -> Result:
-    """Run one workload eagerly, through gt and as torch.compile of its step; its figures."""
+def run(
+    name: str,
+    iters: int,
+    backend: str,
+    progress: _Progress | None = None,
+    device: str = "cpu",
+    mode: str | None = None,
+) -> Result:
+    """Run one workload eagerly, through gt and as torch.compile of its step; its figures.
+
+    Eager and torch.compile run in this process on ``device`` (the worker's kind of device,
+    so that each way computes on the same hardware); ``mode`` is the compile mode of all three
+    compiled ways (gt's blocks, jit's, torch.compile's)."""
     progress = progress or _Progress()
-    make = WORKLOADS.get(name) or MODELS[name]
+    make = _on(device, WORKLOADS.get(name) or MODELS[name])
     torch.manual_seed(0)
     step, state = make()
     eager, eager_value = _time_loop(step, iters, progress.phase(name, "eager", iters))
@@ -114,9 +125,9 @@ def run(name: str, iters: int, backend: str, progress: _Progress | None = None) 
     progress.done(f"{name}: eager {e:.3f} ms/it")
 
     gt_core.reset()
-    with gt_core.capture(backend=backend, auto_compile=True, background=True):
+    with gt_core.capture(backend=backend, mode=mode, auto_compile=True, background=True):
         torch.manual_seed(0)
-        step, _ = make()
+        step, _ = make.plain()
         gt_times, gt_value = _time_loop(step, iters, progress.phase(name, "gt", iters))
         # A compile still running (the loop was shorter than it) would slow the next
         # workloads' timings on the same worker: let it finish, outside every timed part.
@@ -130,13 +141,13 @@ def run(name: str, iters: int, backend: str, progress: _Progress | None = None) 
     gt_diff = _rel_diff([torch.tensor(gt_value)], expected[:1])
     progress.done(f"{name}: gt {g:.3f} ms/it ({status})")
 
-    jit = _jit_ms(make, iters, backend, progress.phase(name, "jit", iters))
+    jit = _jit_ms(make.plain, iters, backend, mode, progress.phase(name, "jit", iters))
     progress.done(f"{name}: jit {jit:.3f} ms/it")
 
     # The hand-written baseline: torch.compile of the whole step function, same seed and data.
     torch.manual_seed(0)
     step, state = make()
-    compiled = _wrapped(step, lambda fn: torch.compile(fn, backend=backend))
+    compiled = _wrapped(step, lambda fn: torch.compile(fn, backend=backend, mode=mode))
     tc_times, tc_value = _time_loop(compiled, iters, progress.phase(name, "torch.compile", iters))
     torch._dynamo.reset()
     tc = _steady(tc_times)
@@ -172,11 +183,23 @@ def run(name: str, iters: int, backend: str, progress: _Progress | None = None) 
     )
 
 
-def _jit_ms(make, iters: int, backend: str, tick=None) -> float:
+def _on(device: str, make):
+    """``make`` building its model and data on ``device`` (its ``plain`` form: as written, for
+    gt, whose worker places everything on its own device)."""
+
+    def made():
+        with torch.device(device):
+            return make()
+
+    made.plain = make
+    return made
+
+
+def _jit_ms(make, iters: int, backend: str, mode: str | None = None, tick=None) -> float:
     """ms per call of the step through ``gt_core.jit`` in the steady state: warm-up calls,
     the block compiled, then ``iters`` timed calls with one sync at the end."""
     gt_core.reset()
-    with gt_core.capture(backend=backend, auto_compile=True, background=True):
+    with gt_core.capture(backend=backend, mode=mode, auto_compile=True, background=True):
         torch.manual_seed(0)
         step, _ = make()
         f = _wrapped(step, gt_core.jit)
@@ -232,6 +255,9 @@ def main(argv=None) -> list[Result]:
     ap.add_argument(
         "--only", metavar="NAME", action="append", help="run only this workload (repeatable)"
     )
+    ap.add_argument(
+        "--mode", default=None, help="compile mode of every compiled way (e.g. reduce-overhead)"
+    )
     args = ap.parse_args(argv)
     iters = args.iters or (30 if args.quick else 200)
     backend = args.backend or ("aot_eager" if args.quick else "inductor")
@@ -241,14 +267,17 @@ def main(argv=None) -> list[Result]:
     if unknown:
         ap.error(f"unknown workload {unknown[0]!r}; expected one of {', '.join(known)}")
 
+    device = torch.device(
+        gt_core.worker().device
+    ).type  # eager and torch.compile run on the same kind
     print(
-        f"gt benchmark: {iters} iterations, backend {backend}, torch {torch.__version__}, "
-        f"worker device {gt_core.worker().device}, {time.strftime('%Y-%m-%d')}",
+        f"gt benchmark: {iters} iterations, backend {backend}, mode {args.mode or 'default'}, "
+        f"torch {torch.__version__}, device {device}, {time.strftime('%Y-%m-%d')}",
         flush=True,
     )
     progress = _Progress(sys.stderr)
     try:
-        results = [run(n, iters, backend, progress) for n in names]
+        results = [run(n, iters, backend, progress, device, args.mode) for n in names]
     finally:
         progress.close()
     print(table(results))

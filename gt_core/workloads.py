@@ -186,14 +186,21 @@ def host_dataset(n: int, features: int = 784, classes: int = 10, seed: int = 0):
     return _host_data[key]
 
 
-def fed(batch: int = 64, n_batches: int = 50, seed: int = 0, **loader_options) -> Fed:
+def fed(batch: int = 64, n_batches: int = 50, seed: int = 0, device=None, **loader_options) -> Fed:
     """The MLP 784→256→10 with cross-entropy and SGD momentum, trained from a DataLoader over
-    ``n_batches * batch`` host samples, shuffled by a generator seeded with ``seed``."""
+    ``n_batches * batch`` host samples, shuffled by a generator seeded with ``seed``.
+
+    With ``device`` (eager on a GPU), the model lives there and the step moves each batch
+    there as users write it: pinned by the loader, ``.to(device, non_blocking=True)``.
+    """
     from torch.utils.data import DataLoader, TensorDataset
 
     x, y = host_dataset(n_batches * batch, seed=seed)
     torch.manual_seed(seed)
     model = mlp(784, 256, 10)
+    if device is not None:
+        model = model.to(device)
+        loader_options.setdefault("pin_memory", torch.device(device).type == "cuda")
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loader_options.setdefault("shuffle", True)
     if loader_options["shuffle"]:
@@ -201,6 +208,8 @@ def fed(batch: int = 64, n_batches: int = 50, seed: int = 0, **loader_options) -
     loader = DataLoader(TensorDataset(x, y), batch_size=batch, **loader_options)
 
     def step(x, y):
+        if device is not None:
+            x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()

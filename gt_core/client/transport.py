@@ -32,6 +32,7 @@ __all__ = ["Transport", "ProcessTransport"]
 
 _POLL_S = 0.05
 _RING = 16 << 20  # the upload ring's first size in bytes (it grows for larger tensors)
+_REUSE = 256 << 20  # bytes of fetched values' storage kept for the next fetches of the same size
 _PROTOCOL = pickle.HIGHEST_PROTOCOL  # what goes without tensors is pickled plainly (see send)
 
 
@@ -133,7 +134,7 @@ class ProcessTransport(Transport):
         self._ids = itertools.count(1)
         self._marks: dict[int, bool] = {}  # marks posted and not yet waited for: answered?
         self._up: staging.Writer | None = None  # uploads, made at the first (see stage)
-        self._down = staging.Reader("cpu")  # fetched values
+        self._down = staging.Reader("cpu", reuse=_REUSE)  # fetched values
         staging.sweep()  # segments of gt processes that were killed before cleaning up
         try:
             _, self.device = self.request("ping", timeout=start_timeout)

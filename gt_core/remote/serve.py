@@ -98,6 +98,7 @@ def serve(w: Worker, msg):
 
 _TENSOR_ANSWERS = frozenset(("fetch", "rng"))  # requests whose answers are tensors (staged)
 _DOWNLOADS = 4 << 20  # the download area's first size in bytes (it grows for larger values)
+_REUSE = 512 << 20  # bytes of uploads' storage kept for the next uploads of the same size
 _sent = [0]  # event batches this worker process has published (see the client's drain)
 
 
@@ -132,7 +133,7 @@ def worker_main(conn, event_conn, options) -> None:
     share = w.engine.cpu_share = CpuShare(w.device, options.worker_threads)
     inbox = _Inbox(conn)
     share.recheck = inbox.waited
-    uploads = staging.Reader(w.device)
+    uploads = staging.Reader(w.device, reuse=_REUSE)
     downloads = staging.Writer(_DOWNLOADS)
     try:
         while True:

@@ -35,6 +35,8 @@ from typing import NamedTuple
 
 import torch
 
+from gt_core.stream import storage_pool
+
 __all__ = ["Staged", "Writer", "Reader", "sweep", "layout", "ONE_OFF"]
 
 _DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
@@ -95,10 +97,20 @@ def _copy_in(seg: _Segment, s: Staged, t: torch.Tensor) -> None:
 
 
 def _copy_out(seg: _Segment, s: Staged, out: torch.Tensor) -> None:
-    """``seg``'s bytes where ``s`` says into ``out`` (made with ``s``'s layout)."""
+    """``seg``'s bytes where ``s`` says into ``out`` (made with ``s``'s layout).
+
+    To a GPU the bytes go through pinned host memory and on to the device asynchronously, in
+    the current stream's order (every later op on ``out`` comes after the copy): the host
+    side returns after one memcpy. The pinned block returns to torch's caching host
+    allocator, which hands it out again only once the copy's event has passed.
+    """
     if out.device.type == "cpu":
         ctypes.memmove(out.data_ptr(), seg.base + s.offset, s.nbytes)
-    else:  # (to a GPU from pageable memory: copy_ returns once the bytes have been read)
+    elif out.device.type == "cuda":
+        host = torch.empty_strided(s.shape, s.stride, dtype=s.dtype, pin_memory=True)
+        ctypes.memmove(host.data_ptr(), seg.base + s.offset, s.nbytes)
+        out.copy_(host, non_blocking=True)
+    else:
         out.copy_(seg.view(s))
 
 
@@ -246,9 +258,12 @@ class Writer:
 class Reader:
     """The reading side: copies staged tensors out, publishes the ring's tail."""
 
-    def __init__(self, device: torch.device | str = "cpu"):
+    def __init__(self, device: torch.device | str = "cpu", reuse: int = 0):
         self.device = torch.device(device)
         self.ring: _Segment | None = None
+        # CPU tensors of 1 MB and more take storage freed by earlier ones (``reuse`` bytes
+        # at most): see gt_core.stream.storage_pool.
+        self.pool = storage_pool.Pool(reuse)
 
     def take(self, s: Staged, device: torch.device | None = None) -> torch.Tensor:
         """A tensor holding ``s``'s bytes, on ``device`` (default: the reader's); its place in
@@ -269,9 +284,11 @@ class Reader:
         _TAIL.pack_into(ring.map, 0, s.end)
         return out
 
-    @staticmethod
-    def _copy(seg: _Segment, s: Staged, device: torch.device) -> torch.Tensor:
-        out = torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device)
+    def _copy(self, seg: _Segment, s: Staged, device: torch.device) -> torch.Tensor:
+        if device.type == "cpu":
+            out = self.pool.empty(s.shape, s.stride, s.dtype, s.nbytes)
+        else:
+            out = torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device)
         if s.nbytes:
             _copy_out(seg, s, out)
         return out
@@ -280,6 +297,7 @@ class Reader:
         if self.ring is not None:
             self.ring.close()
             self.ring = None
+        self.pool.clear()
 
 
 def sweep() -> int:
