@@ -144,7 +144,7 @@ def build(name: str, seed: int = 0, optimizer: str = "sgd", scheduler: bool = Fa
         for m in model.modules():
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                 m.eval()
-    batch = make_batch(torch.Generator().manual_seed(seed))
+    batch = _batch(make_batch, seed)
     key = "pixel_values" if make_batch is _image else "input_ids"
     opt = _optimizer(optimizer, model)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9) if scheduler else None
@@ -164,6 +164,17 @@ def build(name: str, seed: int = 0, optimizer: str = "sgd", scheduler: bool = Fa
 
     state = [*model.parameters(), *model.buffers()]
     return Zoo(name, model, step, infer, batch, state, opt, sched)
+
+
+def _batch(make_batch, seed: int) -> tuple:
+    """The fixed batch, drawn on the CPU from ``seed`` whatever the default device (eager on a
+    GPU builds the model under ``torch.device("cuda")``: the same batch goes there)."""
+    device = torch.get_default_device()
+    if device.type == "cpu":
+        return make_batch(torch.Generator().manual_seed(seed))
+    with torch.device("cpu"):
+        batch = make_batch(torch.Generator().manual_seed(seed))
+    return tuple(t.to(device) for t in batch)
 
 
 def _optimizer(name: str, model):

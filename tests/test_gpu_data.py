@@ -1,6 +1,8 @@
 """The data path on a GPU worker: uploads through pinned memory, copied to the device
 asynchronously in stream order; fetches back. Eager on the same GPU is the oracle."""
 
+import contextlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -42,7 +44,7 @@ def test_uploads_reach_the_gpu_and_come_back_equal(cuda_worker, make):
     with gt_core.capture():
         got = host * 2  # uploaded on the way, computed on the GPU
         back = got.cpu()
-    assert cuda_worker.device.type == "cuda"
+    assert torch.device(cuda_worker.device).type == "cuda"
     assert_close(back, host * 2, atol=0, rtol=0)
 
 
@@ -59,6 +61,12 @@ def test_many_uploads_in_flight_each_keep_their_values(cuda_worker):
     assert_close(got, torch.full((256, 1024), float(sum(range(200)))), atol=0, rtol=0)
 
 
+torch.manual_seed(0)
+_START = torch.nn.Sequential(
+    torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+).state_dict()
+
+
 def _train(on_worker: bool, steps: int = 30):
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(64 * 10, 784, generator=g), torch.randint(0, 10, (64 * 10,), generator=g)
@@ -66,12 +74,11 @@ def _train(on_worker: bool, steps: int = 30):
         TensorDataset(x, y), batch_size=64, shuffle=True,
         generator=torch.Generator().manual_seed(1), pin_memory=not on_worker,
     )  # fmt: skip
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
-    )
-    if not on_worker:
-        model = model.cuda()
+    with contextlib.nullcontext() if on_worker else torch.device("cuda"):
+        model = torch.nn.Sequential(
+            torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+        )
+    model.load_state_dict(_START)  # the same start on both (host tensors: uploaded)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     done = 0
     while done < steps:

@@ -48,11 +48,28 @@ def as_traced(opts):
     for g in groups:
         g["capturable"] = True
     try:
-        with torch.compiler._compile_session_context():
+        with _compiling():
             yield
     finally:
         for g in groups:
             g["capturable"] = False
+
+
+@contextlib.contextmanager
+def _compiling():
+    """``torch.compiler.is_compiling()`` true inside: torch.compile's own session context
+    where this torch has it (2.13), else the flag it sets (older releases)."""
+    session = getattr(torch.compiler, "_compile_session_context", None)
+    if session is not None:
+        with session():
+            yield
+        return
+    old = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
+    try:
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = old
 
 
 def knobs(opts) -> list:
