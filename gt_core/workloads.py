@@ -190,16 +190,17 @@ def fed(batch: int = 64, n_batches: int = 50, seed: int = 0, device=None, **load
     """The MLP 784→256→10 with cross-entropy and SGD momentum, trained from a DataLoader over
     ``n_batches * batch`` host samples, shuffled by a generator seeded with ``seed``.
 
-    With ``device`` (eager on a GPU), the model lives there and the step moves each batch
+    With ``device`` (eager on a GPU), the model is made there and the step moves each batch
     there as users write it: pinned by the loader, ``.to(device, non_blocking=True)``.
     """
     from torch.utils.data import DataLoader, TensorDataset
 
     x, y = host_dataset(n_batches * batch, seed=seed)
     torch.manual_seed(seed)
-    model = mlp(784, 256, 10)
+    # (on a device, initialised there from its generator, as a worker on it initialises)
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = mlp(784, 256, 10)
     if device is not None:
-        model = model.to(device)
         loader_options.setdefault("pin_memory", torch.device(device).type == "cuda")
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loader_options.setdefault("shuffle", True)
