@@ -570,7 +570,6 @@ def test_events_are_json_and_the_log_redraws_the_report(hot, tmp_path):
     assert set(p["timings"]) == {"eager_ms", "compiled_ms", "client_ms"}  # client_ms: see jit
     types = {e["type"] for e in data["events"]}
     assert {ev.DETECTED, ev.COMPILE_STARTED, ev.COMPILE_FINISHED, ev.ITERATION} <= types
-    offline = gt_core.report.__self__ if False else None  # noqa: F841
     from gt_core.observe.report import summarize
 
     again = summarize(gt_core.events.load_log(log))

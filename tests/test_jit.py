@@ -279,6 +279,12 @@ def test_a_replaced_parameter_runs_the_python_with_a_reason(inprocess):
         assert out.tolist() == [2.0] * 4
         holder["w"] = torch.full((3,), 3.0)  # same metadata, another tensor: read where it is
         assert f(x).tolist() == [3.0] * 3
+        assert not _jit_events("ran")
+        holder["w"] = torch.full((1,), 5.0)  # other metadata under the old key: the Python runs
+        assert f(x).tolist() == [5.0] * 3
+    (ran,) = _jit_events("ran")
+    why = ran["reason"]
+    assert "entry 'w'" in why and "no longer fits" in why and "shape=(1,)" in why, why
 
 
 def test_an_input_with_other_metadata_under_the_same_key_is_never_replayed(inprocess):
