@@ -1,8 +1,11 @@
 """The layout's rules: import-linter's contracts (pyproject.toml), no import cycle, small modules."""
 
 import ast
+import importlib
+import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import grimp
@@ -51,6 +54,51 @@ def test_modules_and_classes_are_small():
 
 
 def test_observe_imports_no_torch():
-    code = "import sys, gt_core.observe.report, gt_core.observe.events; print('torch' in sys.modules)"
+    code = (
+        "import sys, gt_core.observe.report, gt_core.observe.events; print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+_DOTTED = re.compile(r"\bgt_(?:core|jupyter)(?:\.[A-Za-z_]\w*)+")
+
+
+def _resolves(dotted: str) -> bool:
+    """Whether ``dotted`` names a module, or an attribute reached from the longest module."""
+    parts = dotted.split(".")
+    for n in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:n]))
+        except ImportError:
+            continue
+        for name in parts[n:]:
+            if not hasattr(obj, name):
+                return False
+            obj = getattr(obj, name)
+        return True
+    return False
+
+
+def test_dotted_names_in_comments_and_docstrings_resolve():
+    """A comment or docstring that names a module or attribute of gt_core by its dotted path
+    names one that exists (a renamed or removed name leaves no stale reference)."""
+    stale = []
+    for path in [
+        *_sources(),
+        *sorted((ROOT / "tests").glob("*.py")),
+        *sorted((ROOT / "benchmarks").glob("*.py")),
+    ]:
+        with tokenize.open(path) as f:
+            tokens = list(tokenize.generate_tokens(f.readline))
+        for tok in tokens:
+            if tok.type not in (tokenize.COMMENT, tokenize.STRING):
+                continue
+            for name in set(_DOTTED.findall(tok.string)):
+                if not _resolves(name):
+                    stale.append(f"{path.relative_to(ROOT)}:{tok.start[0]}: {name}")
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        stale += [
+            f"{path.name}: {n}" for n in set(_DOTTED.findall(path.read_text())) if not _resolves(n)
+        ]
+    assert not stale, "\n".join(stale)

@@ -11,7 +11,8 @@ from models import mlp
 import gt_core
 from gt_core import events as ev
 from gt_core.client.replay import Replay
-from gt_core.hotpath.judge import _BASELINE_RUNS, _MAX_PROBES, _WARM_UP
+from gt_core.hotpath.judge import _MAX_PROBES, _WARM_UP
+from gt_core.observe.metrics import MIN_BASELINE
 from gt_core.observe.status import Status
 from gt_core.remote.cpu_share import CpuShare as _CpuShare
 from gt_core.stream.canonical import FreeEntry, OpEntry
@@ -552,7 +553,7 @@ def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
     # the client waited, comparable only if it still does.
     # (the two eager runs before the compile count where the client still waits; the first
     # probe warms the eager graph up)
-    assert block.probed == _WARM_UP + _BASELINE_RUNS - (2 if client_waits_later else 0), kinds
+    assert block.probed == _WARM_UP + MIN_BASELINE - (2 if client_waits_later else 0), kinds
     (revert,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
     runs = "the client waiting for each" if client_waits_later else "each beside the client's recording"
     assert revert["reason"].endswith(f"over 5 runs ({runs})"), revert["reason"]
@@ -573,9 +574,9 @@ def test_a_regression_check_judges_compiled_runs_against_eager_ones_in_their_con
     fixed_times(eager=lambda: 1.0 if share.waits else 4.0, compiled=2.0)
     _train(30, True)
     (block,) = _engine().blocks.values()
-    assert block.judged and block.probed == _WARM_UP + _BASELINE_RUNS  # beside the recording
+    assert block.judged and block.probed == _WARM_UP + MIN_BASELINE  # beside the recording
     assert list(block.samples[("eager", (True, False))]) == [1.0, 1.0]  # never compared
-    assert list(block.samples[("eager", (False, False))]) == [4.0] * _BASELINE_RUNS
+    assert list(block.samples[("eager", (False, False))]) == [4.0] * MIN_BASELINE
     assert block.status == Status.COMPILED
     assert not [e for e in gt_core.report().events if e["type"] == ev.REVERT]
 

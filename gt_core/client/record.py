@@ -32,14 +32,10 @@ from gt_core.client.proxy import Proxy, _meta_id, _rebind, upload
 from gt_core.client.session import FORKED, LOCK, live_session
 from gt_core.client.shadows import _on_shadows, _shadow
 from gt_core.errors import UnsupportedOperation, WorkerLost
-from gt_core.stream.instructions import OP, Op, Ref
+from gt_core.stream.instructions import OP, Op, Ref, new
 from gt_core.stream.meta import Made, TensorMeta
 
 __all__ = ["record", "in_forked_child"]
-
-# An instruction per recorded op is built by tuple.__new__, skipping the NamedTuple's Python
-# __new__ (a call that costs several times the tuple itself).
-_new = tuple.__new__
 
 
 def _current_session():
@@ -178,7 +174,7 @@ def record(func, args, kwargs):
                     cands = session.replay.cands
                     c = cands[0] if len(cands) == 1 else None
                     pos = c.pos if c is not None else -1
-                    session.emit(_new(Op, (OP, idx, tuple(sent), kwargs, outs)))
+                    session.emit(new(Op, (OP, idx, tuple(sent), kwargs, outs)))
                     if c is not None and c.pos == pos + 1:
                         # matched as the plan's entry pos: what the next occurrences reuse
                         want = _varying(c.entries[pos], args, kwargs, func)
@@ -238,7 +234,7 @@ def _record(func, args, kwargs):
         it = iter(ids)
         outs = tuple(next(it) if new else None for new in mask)
     session.counters["ops"] += 1
-    session.emit(_new(Op, (OP, idx, sent_args, sent_kwargs, outs)))
+    session.emit(new(Op, (OP, idx, sent_args, sent_kwargs, outs)))
     if where is not None and ids:
         session.site(ids[0], where)
     out = _build(template, session, iter(ids), proxies)

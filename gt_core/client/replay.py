@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from gt_core.observe import metrics
 from gt_core.stream.instructions import FREE, OP, RUN, Free, Ref, Run
 from gt_core.stream.lift import Scalar
 from gt_core.stream.plan import Plan, Slot, instruction
@@ -221,7 +222,9 @@ class Replay:
         now, sig = time.perf_counter(), c.plan.sig
         last_sig, last_at = self._last
         if last_sig == sig:
-            self.client_ms.setdefault(sig, deque(maxlen=256)).append((now - last_at) * 1e3)
+            self.client_ms.setdefault(sig, deque(maxlen=metrics.CLIENT_SAMPLES)).append(
+                (now - last_at) * 1e3
+            )
             self.client_runs[sig] = self.client_runs.get(sig, 0) + 1
         self._last = (sig, now)
         self._sink(Run(RUN, c.plan.sig, c.inputs, c.produced, c.scalars))

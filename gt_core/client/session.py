@@ -4,7 +4,7 @@ A session lives as long as its worker. Restarting the worker starts a new sessio
 proxy can tell whether the worker that holds its value still exists.
 
 Every instruction goes through :meth:`Session.emit`. Once the worker has sent plans of its
-hot blocks, emit hands instructions to the :class:`~gt_core.stream.plan.Replay`, which turns each
+hot blocks, emit hands instructions to the :class:`~gt_core.client.replay.Replay`, which turns each
 complete occurrence into one RUN and sends it at once (the worker runs step i while the
 client records step i+1). Proxies that die only queue their id (``freed``): a free never
 re-enters the matcher from a destructor; it joins the stream before the next instruction.
@@ -36,12 +36,12 @@ from gt_core.stream.instructions import (
     Rng,
     Seed,
     defining_module,
+    new,
     qualified_name,
 )
 
 __all__ = ["Session", "LOCK", "live_session"]
 
-_new = tuple.__new__  # a Free per freed value, built without the NamedTuple's Python __new__
 
 _generations = itertools.count(1)
 # Every change to a session's stream (an op recorded, a request, a flush) holds this lock:
@@ -163,8 +163,8 @@ class Session:
             self.tee.append(ins)
         if len(buf) >= self.flush_at:
             # Inside _frees, only the full batch goes: the loop there goes on with the frees
-            # left (a flush would drain them, nested once per batch: with many thousands
-            # freed at once that recursion overflowed the stack).
+            # left (a flush would drain them, nested once per batch: a recursion as deep as
+            # the frees are many, past Python's stack).
             if self._freeing:
                 self._send()
             else:
@@ -179,7 +179,7 @@ class Session:
                 if replay.live and self.tee is None:
                     replay.free(vid)
                 else:
-                    self._out(_new(Free, (FREE, vid)))
+                    self._out(new(Free, (FREE, vid)))
         finally:
             self._freeing = False
 

@@ -326,7 +326,7 @@ class ProcessTransport(Transport):
                 )
 
     def kill(self) -> None:
-        """End the process now (SIGKILL); its compile process follows it (see _compile_proc)."""
+        """End the process now (SIGKILL); its compile process follows it (gt_core.compile.process watches its parent)."""
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(timeout=2)

@@ -3,7 +3,7 @@
 ``summarize(events)`` is a pure function of the event list, so a live session, a saved
 instruction log and the dashboard all read the same data. No torch import here.
 
-Over long runs the client's log folds per-step events (``folded``, see gt_core.events): run
+Over long runs the client's log folds per-step events (``folded``, see gt_core.observe.events): run
 counts, mismatch counts and the time saved still count every run; the medians (eager,
 compiled, speedup: gt_core.observe.metrics) are over the runs kept, the first and the last of each hot path.
 """
@@ -37,7 +37,7 @@ def _new_path(signature: str) -> dict:
         "compile_seconds": None,
         "cudagraphs": None,  # on a GPU with a CUDA-graph mode: "used" or "skipped"
         "cudagraph_skips": [],  # inductor's reasons when skipped
-        "cudagraph_explanations": [],  # each reason's {"id", "cause", "fix"} (gt_core.causes)
+        "cudagraph_explanations": [],  # each reason's {"id", "cause", "fix"} (gt_core.observe.causes)
         "recompile_reasons": [],
         "fallback_reason": None,
         # Its first compiled run against its eager graph: {"ok", "what", "diff", "tolerance"}
