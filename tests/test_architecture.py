@@ -102,3 +102,12 @@ def test_dotted_names_in_comments_and_docstrings_resolve():
             f"{path.name}: {n}" for n in set(_DOTTED.findall(path.read_text())) if not _resolves(n)
         ]
     assert not stale, "\n".join(stale)
+
+
+def test_no_module_is_named_like_a_lazy_public_name():
+    """gt_core's client names load on first use: a submodule of the same name would bind the
+    module over the name when imported first (``gt_core.config`` is a function)."""
+    import gt_core
+
+    modules = {p.stem for p in (ROOT / "gt_core").iterdir() if p.suffix == ".py" or p.is_dir()}
+    assert not modules & set(gt_core._CLIENT), modules & set(gt_core._CLIENT)

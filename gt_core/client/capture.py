@@ -28,7 +28,7 @@ from gt_core.client.patches import (
 )
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
-from gt_core.config import Options, from_env
+from gt_core.options import Options, from_env
 from gt_core.diagnostics.stance import in_worker as _in_worker
 from gt_core.diagnostics.stance import routing
 from gt_core.errors import CaptureError, ConfigError
