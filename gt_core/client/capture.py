@@ -28,12 +28,12 @@ from gt_core.client.patches import (
 )
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
-from gt_core.options import Options, from_env
 from gt_core.diagnostics.stance import in_worker as _in_worker
 from gt_core.diagnostics.stance import routing
 from gt_core.errors import CaptureError, ConfigError
 from gt_core.observe import events as ev
 from gt_core.observe.report import Report
+from gt_core.options import Options, from_env
 
 __all__ = [
     "capture",

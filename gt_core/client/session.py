@@ -23,9 +23,9 @@ from collections import deque
 
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.replay import Replay
-from gt_core.options import Options
 from gt_core.errors import WorkerDied, WorkerLost
 from gt_core.observe import events as ev
+from gt_core.options import Options
 from gt_core.stream.instructions import (
     DEFOP,
     FREE,
