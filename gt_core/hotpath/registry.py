@@ -13,8 +13,9 @@ from gt_core.compile import aliases
 from gt_core.compile.lower import build_graph
 from gt_core.hotpath.blocks import Block, Blocks
 from gt_core.observe import events as ev
+from gt_core.observe.graph import diff
 from gt_core.observe.report import Status
-from gt_core.stream.canonical import Mismatch, _finish, _name, canonicalize, diff
+from gt_core.stream.canonical import Mismatch, _finish, _name, canonicalize
 from gt_core.stream.instructions import JIT_SIGNAL
 from gt_core.stream.lift import LiftNamer
 from gt_core.stream.plan import make_plan
