@@ -1,4 +1,5 @@
-"""The layout's rules: import-linter's contracts (pyproject.toml), no import cycle, small modules."""
+"""The layout's rules: import-linter's contracts (pyproject.toml: layers, no arrow that skips one),
+no import cycle, small modules, names that resolve."""
 
 import ast
 import importlib
