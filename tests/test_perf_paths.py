@@ -245,7 +245,7 @@ def test_changing_floats_reuse_cached_metadata_where_values_cannot_matter(inproc
             opt.step()
             opt.zero_grad()
             sched.step()
-            sizes.append(len(meta._meta_cache))
+            sizes.append(len(meta.meta_cache))
         assert sizes[-1] == sizes[2], "new bias corrections every step, no new cache entries"
         # where a float's value decides the shape, it stays in the key
         assert torch.arange(0, 5.5, 0.5).shape == (11,)

@@ -91,7 +91,7 @@ class Jit:
         return self if obj is None else types.MethodType(self, obj)
 
     def __call__(self, *args, **kwargs):
-        s = _capture._here.session
+        s = _capture.current_session()
         if s is None:  # outside a capture: an ordinary call
             return self.fn(*args, **kwargs)
         if not kwargs and all(type(a) is Proxy for a in args):
@@ -263,11 +263,11 @@ class _Entry:
             produced = s.new_ids(r.n_produced)  # (sent as its first id: consecutive ids)
             if s.replay.kept:
                 s.replay.release()
-            out, freed = s._out, s.freed  # (_out: a jit call being recorded sees them too)
+            out, freed = s.out, s.freed  # (out: a jit call being recorded sees them too)
             while freed:  # straight out: the RUN after them ends any occurrence they start
                 out(Free(FREE, freed.popleft()))
             out(Run(RUN, r.sig, ids, produced.start, ()))
-            s._send()
+            s.send_now()
             self.replayed += 1
             outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]
             for place in r.cleared:

@@ -40,7 +40,7 @@ from gt_core.stream.instructions import (
     qualified_name,
 )
 
-__all__ = ["Session", "LOCK", "live_session"]
+__all__ = ["Session", "LOCK", "live_session", "set_live_session"]
 
 
 _generations = itertools.count(1)
@@ -64,6 +64,11 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def set_live_session(accessor) -> None:
+    """Where live_session finds the session: ``accessor()`` (client.capture's session())."""
+    _LIVE[:] = [accessor]
 
 
 def live_session() -> Session:
@@ -92,8 +97,8 @@ class Session:
         self.log = log
         self.buf: list = []
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
-        self._freeing = False  # in _frees: a full batch is sent, not flushed (see _out)
-        self.replay = Replay(self._out, self._send)
+        self._freeing = False  # in drain_frees: a full batch is sent, not flushed (see out)
+        self.replay = Replay(self.out, self.send_now)
         cls = InProcessTransport if options.worker == "inprocess" else ProcessTransport
         self.transport = cls(options, self._on_events)
         self.transport.before_wait = self.flush  # (a full upload ring: see Transport)
@@ -104,7 +109,7 @@ class Session:
         self.flush_at = options.flush_at
         self.counters = dict.fromkeys(_COUNTERS, 0)
         self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
-        # While a jit call records: its instructions (see _out), and its uploads, each
+        # While a jit call records: its instructions (see out), and its uploads, each
         # (value id, proxy, host copy or None, (file, line)).
         self.tee: list | None = None
         self.tee_puts: list | None = None
@@ -149,28 +154,30 @@ class Session:
     def emit(self, ins) -> None:
         """Add one instruction to the stream."""
         if self.freed:
-            self._frees()
+            self.drain_frees()
         if self.replay.live and self.tee is None:
             self.replay.feed(ins)
         else:
-            self._out(ins)
+            self.out(ins)
 
-    def _out(self, ins) -> None:
+    def out(self, ins) -> None:
         """Into the batch that goes out next (what the matcher lets through, too)."""
         buf = self.buf
         buf.append(ins)
         if self.tee is not None:
             self.tee.append(ins)
         if len(buf) >= self.flush_at:
-            # Inside _frees, only the full batch goes: the loop there goes on with the frees
+            # Inside drain_frees, only the full batch goes: the loop there goes on with the frees
             # left (a flush would drain them, nested once per batch: a recursion as deep as
             # the frees are many, past Python's stack).
             if self._freeing:
-                self._send()
+                self.send_now()
             else:
                 self.flush()
 
-    def _frees(self) -> None:
+    def drain_frees(self) -> None:
+        """The values freed since the last instruction join the stream (the matcher's, while
+        it follows a plan), before the next instruction."""
         freed, replay = self.freed, self.replay
         self._freeing = True
         try:
@@ -179,7 +186,7 @@ class Session:
                 if replay.live and self.tee is None:
                     replay.free(vid)
                 else:
-                    self._out(new(Free, (FREE, vid)))
+                    self.out(new(Free, (FREE, vid)))
         finally:
             self._freeing = False
 
@@ -187,12 +194,12 @@ class Session:
         """Send what is pending (an occurrence being matched goes out as instructions)."""
         with LOCK:
             if self.freed:
-                self._frees()
+                self.drain_frees()
             if self.replay.kept:
                 self.replay.release()
-            self._send()
+            self.send_now()
 
-    def _send(self) -> None:
+    def send_now(self) -> None:
         """Send the batch as it is: after a RUN, so the worker starts on it at once.
 
         (Not a flush: frees still pending are fed to the matcher later, in their order, and

@@ -131,7 +131,7 @@ class Canonical:
                 for k, m in enumerate(self.input_meta)
             ],
             "entries": [_entry_data(e) for e in self.entries],
-            "outputs": [_name(n) for n in self.outputs],
+            "outputs": [value_name(n) for n in self.outputs],
         }
 
 
@@ -139,10 +139,10 @@ def canonicalize(instrs, meta_of, op_name) -> tuple[Canonical, Namer]:
     """The canonical form of OP/FREE instructions; ``meta_of(id)`` gives an input's metadata."""
     namer = Namer(meta_of)
     entries = tuple(namer.entry(ins, op_name) for ins in instrs)
-    return _finish(entries, namer), namer
+    return finish(entries, namer), namer
 
 
-def _finish(entries: tuple, namer: Namer) -> Canonical:
+def finish(entries: tuple, namer: Namer) -> Canonical:
     freed = {e.value for e in entries if e.kind == "free"}
     outputs = tuple(
         n for e in entries if e.kind == "op" for n in e.outs if n is not None and n not in freed
@@ -165,14 +165,14 @@ def _dtype(d) -> str:
     return str(d).removeprefix("torch.")
 
 
-def _name(n: tuple) -> str:
+def value_name(n: tuple) -> str:
     kind, k = n
     return ("in" if kind == "i" else "t") + str(k)
 
 
 def _arg_data(a):
     if type(a) is tuple and len(a) == 2 and a[0] in ("i", "t") and type(a[1]) is int:
-        return "%" + _name(a)
+        return "%" + value_name(a)
     if type(a) is tuple and a and a[0] in ("list", "tuple"):
         return [_arg_data(x) for x in a[1:]]
     if isinstance(a, (int, float, str, bool)) or a is None:
@@ -182,11 +182,11 @@ def _arg_data(a):
 
 def _entry_data(e: OpEntry | FreeEntry) -> dict:
     if e.kind == "free":
-        return {"kind": "free", "value": _name(e.value)}
+        return {"kind": "free", "value": value_name(e.value)}
     return {
         "kind": "op",
         "op": e.op,
         "args": [_arg_data(a) for a in e.args],
         "kwargs": {k: _arg_data(v) for k, v in e.kwargs},
-        "outs": [_name(n) for n in e.outs if n is not None],
+        "outs": [value_name(n) for n in e.outs if n is not None],
     }
