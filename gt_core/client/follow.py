@@ -2,7 +2,7 @@
 
 While the client's stream matches one candidate occurrence of a plan, an op recorded there
 before (its entry's ``learned``) is bound from the plan, without building an instruction or
-looking up the metadata cache. The matcher (``replay.Occurrence``) keeps the bindings.
+looking up the metadata cache. The matcher (``plan_match.Candidate``) keeps the bindings.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def follow(session, func, args, kwargs):
     output's metadata is what the cache would give. Anything else returns None: the op is
     recorded the usual way, and matched (or not) as an instruction.
     """
-    rp = session.replay
+    rp = session.matcher
     c = rp.cands[0]
     learned, e = c.upcoming()
     if learned is None or learned.op is not func:

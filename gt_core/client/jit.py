@@ -261,8 +261,8 @@ class _Entry:
                 if ids is None:
                     return _UNFIT
             produced = s.new_ids(r.n_produced)  # (sent as its first id: consecutive ids)
-            if s.replay.kept:
-                s.replay.release()
+            if s.matcher.kept:
+                s.matcher.release()
             out, freed = s.out, s.freed  # (out: a jit call being recorded sees them too)
             while freed:  # straight out: the RUN after them ends any occurrence they start
                 out(Free(FREE, freed.popleft()))

@@ -110,10 +110,10 @@ def record(func, args, kwargs):
         a = args[0]
         if type(a) is Proxy:
             s = a._gt_s
-            if s.replay.cands and not s.closed and s.dead is None:
+            if s.matcher.cands and not s.closed and s.dead is None:
                 if s.freed:
                     s.drain_frees()  # they come first, as emit would put them
-                if len(s.replay.cands) == 1:
+                if len(s.matcher.cands) == 1:
                     out = follow(s, func, args, kwargs)
                     if out is not None:
                         return out
@@ -171,7 +171,7 @@ def record(func, args, kwargs):
                         outs = (None,)
                     if session.freed:
                         session.drain_frees()  # first, so the position below is this op's
-                    cands = session.replay.cands
+                    cands = session.matcher.cands
                     c = cands[0] if len(cands) == 1 else None
                     pos = c.pos if c is not None else -1
                     session.emit(new(Op, (OP, idx, tuple(sent), kwargs, outs)))

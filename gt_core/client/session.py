@@ -4,7 +4,7 @@ A session lives as long as its worker. Restarting the worker starts a new sessio
 proxy can tell whether the worker that holds its value still exists.
 
 Every instruction goes through :meth:`Session.emit`. Once the worker has sent plans of its
-hot blocks, emit hands instructions to the :class:`~gt_core.client.replay.Replay`, which turns each
+hot blocks, emit hands instructions to the :class:`~gt_core.client.plan_match.PlanMatcher`, which turns each
 complete occurrence into one RUN and sends it at once (the worker runs step i while the
 client records step i+1). Proxies that die only queue their id (``freed``): a free never
 re-enters the matcher from a destructor; it joins the stream before the next instruction.
@@ -22,7 +22,7 @@ import weakref
 from collections import deque
 
 from gt_core.client.interrupt import check as check_interrupt
-from gt_core.client.replay import Replay
+from gt_core.client.plan_match import PlanMatcher
 from gt_core.errors import WorkerDied, WorkerLost
 from gt_core.observe import events as ev
 from gt_core.options import Options
@@ -98,7 +98,7 @@ class Session:
         self.buf: list = []
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
         self._freeing = False  # in drain_frees: a full batch is sent, not flushed (see out)
-        self.replay = Replay(self.out, self.send_now)
+        self.matcher = PlanMatcher(self.out, self.send_now)
         cls = InProcessTransport if options.worker == "inprocess" else ProcessTransport
         self.transport = cls(options, self._on_events)
         self.transport.before_wait = self.flush  # (a full upload ring: see Transport)
@@ -123,7 +123,7 @@ class Session:
         if any(e["type"] in _FOR_CLIENT for e in events):
             for e in events:
                 if e["type"] == ev.PLAN and self.options.client_match:
-                    self.replay.offer(e["signature"], e["plan"])
+                    self.matcher.offer(e["signature"], e["plan"])
             events = [e for e in events if e["type"] not in _FOR_CLIENT]
         if events:
             self.log.extend(events)
@@ -134,7 +134,7 @@ class Session:
         self.flush_at = options.flush_at
         if not options.client_match:
             self.flush()
-            self.replay.forget()
+            self.matcher.forget()
 
     # -- ids and ops ---------------------------------------------------------------------
     def new_ids(self, n: int) -> range:
@@ -155,8 +155,8 @@ class Session:
         """Add one instruction to the stream."""
         if self.freed:
             self.drain_frees()
-        if self.replay.live and self.tee is None:
-            self.replay.feed(ins)
+        if self.matcher.live and self.tee is None:
+            self.matcher.feed(ins)
         else:
             self.out(ins)
 
@@ -178,13 +178,13 @@ class Session:
     def drain_frees(self) -> None:
         """The values freed since the last instruction join the stream (the matcher's, while
         it follows a plan), before the next instruction."""
-        freed, replay = self.freed, self.replay
+        freed, matcher = self.freed, self.matcher
         self._freeing = True
         try:
             while freed:
                 vid = freed.popleft()
-                if replay.live and self.tee is None:
-                    replay.free(vid)
+                if matcher.live and self.tee is None:
+                    matcher.free(vid)
                 else:
                     self.out(new(Free, (FREE, vid)))
         finally:
@@ -195,8 +195,8 @@ class Session:
         with LOCK:
             if self.freed:
                 self.drain_frees()
-            if self.replay.kept:
-                self.replay.release()
+            if self.matcher.kept:
+                self.matcher.release()
             self.send_now()
 
     def send_now(self) -> None:
@@ -309,7 +309,7 @@ class Session:
         if self.dead is not None:
             self.buf.clear()  # work for a dead worker: nothing will ever run it
             self.freed.clear()
-            self.replay.forget()
+            self.matcher.forget()
             raise WorkerDied(self.dead)
 
     def publish_stats(self) -> None:
@@ -317,10 +317,10 @@ class Session:
         at 0: the report lists it while it records): only what moved since the last publish."""
         self.log.emit(ev.STATS, **self.counters)
         sent = self._stats_sent
-        for sig, n in self.replay.client_runs.items():
+        for sig, n in self.matcher.client_runs.items():
             if sent.get(sig) != n:
                 sent[sig] = n
-                ms = statistics.median(self.replay.client_ms[sig])
+                ms = statistics.median(self.matcher.client_ms[sig])
                 self.log.emit(ev.CLIENT_STATS, signature=sig, runs=n, client_ms=ms)
         for entry in self.jits:
             if sent.get(entry) != entry.replayed:

@@ -12,10 +12,10 @@ from gt_core.stream.instructions import FREE, OP, RUN, Free, Ref, Run
 from gt_core.stream.lift import Scalar
 from gt_core.stream.plan import Plan, Slot, instruction
 
-__all__ = ["Occurrence", "Replay"]
+__all__ = ["Candidate", "PlanMatcher"]
 
 
-class Occurrence:
+class Candidate:
     """One candidate occurrence of a plan in the client's stream: position and bindings."""
 
     __slots__ = ("plan", "entries", "n", "pos", "inputs", "produced", "scalars", "bound")
@@ -120,7 +120,7 @@ class Occurrence:
         return type(a) is tt and a == t
 
 
-class Replay:
+class PlanMatcher:
     """The client's matcher: instructions in, the stream (with RUNs for whole occurrences) out.
 
     ``sink(ins)`` appends an instruction to the stream; ``ready()`` is called after a RUN
@@ -134,7 +134,7 @@ class Replay:
         self.live = False  # set once a plan has arrived: until then instructions go straight out
         self.plans: dict[str, Plan] = {}
         self.by_first: dict = {}
-        self.cands: list[Occurrence] = []
+        self.cands: list[Candidate] = []
         self.kept: list = []  # the instructions of the occurrence being matched
         self.runs = 0  # occurrences sent as one RUN
         self.client_ms: dict[str, deque] = {}  # signature -> the client's ms per occurrence
@@ -189,7 +189,7 @@ class Replay:
                 return
         self.feed(Free(FREE, vid))
 
-    def followed_op(self, c: Occurrence) -> None:
+    def followed_op(self, c: Candidate) -> None:
         """``c``'s next entry was recorded by following it: kept as None (see release)."""
         self.followed += 1
         c.pos += 1
@@ -203,7 +203,7 @@ class Replay:
         code = ins.code
         plans = self.by_first.get(ins.op if code == OP else "free" if code == FREE else None)
         if plans:
-            cands = [c for c in (Occurrence(p) for p in plans) if c.match(ins)]
+            cands = [c for c in (Candidate(p) for p in plans) if c.match(ins)]
             if cands:
                 self.cands = cands
                 self.kept.append(ins)
@@ -214,7 +214,7 @@ class Replay:
                 return
         self._sink(ins)
 
-    def _complete(self, c: Occurrence) -> None:
+    def _complete(self, c: Candidate) -> None:
         self.cands, self.kept = [], []
         self.runs += 1
         # The client's ms per occurrence: from one RUN of a block to the next one of it, when
