@@ -260,13 +260,13 @@ class _Entry:
                 ids = self._inputs(leaves)
                 if ids is None:
                     return _UNFIT
-            produced = s.new_ids(r.n_produced)  # (sent as its first id: consecutive ids)
+            produced = s.new_ids(r.n_produced)  # (a range: consecutive ids)
             if s.matcher.kept:
                 s.matcher.release()
             out, freed = s.out, s.freed  # (out: a jit call being recorded sees them too)
             while freed:  # straight out: the RUN after them ends any occurrence they start
                 out(Free(FREE, freed.popleft()))
-            out(Run(RUN, r.sig, ids, produced.start, ()))
+            out(Run(RUN, r.sig, ids, produced, ()))
             s.send_now()
             self.replayed += 1
             outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]

@@ -13,6 +13,7 @@ wire tuple is the NamedTuple's fields in order, so ``code`` picks the class back
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -109,14 +110,15 @@ class Sync(NamedTuple):
 class Run(NamedTuple):
     """One whole occurrence of the hot block ``sig``, bound to these ids and scalars.
 
-    ``produced``: the ids of the values it creates, a list, or an int: the first of the
-    block's consecutive ids (gt_core.jit sends that; the worker knows the block's count).
+    ``produced``: the ids of the values it creates, in order: a list from the plan matcher,
+    a range from gt_core.jit (consecutive ids: three ints on the pipe). The worker checks
+    their count against the block's.
     """
 
     code: int
     sig: str
     inputs: list
-    produced: list | int
+    produced: Sequence[int]
     scalars: list
 
 
