@@ -7,7 +7,6 @@ widget layer read plain data without importing torch; ``gt_core.capture`` import
 from __future__ import annotations
 
 from gt_core import signal
-from gt_core.config import Options
 from gt_core.diagnostics import diagnostics
 from gt_core.errors import (
     CaptureError,
@@ -19,10 +18,7 @@ from gt_core.errors import (
     WorkerLost,
 )
 from gt_core.observe import events
-
-# Importing the module gt_core.config bound its name here; the public ``config`` is the
-# client's function. Submodules bind their name only on their first import, which is done.
-del config  # noqa: F821 (bound by the import system)
+from gt_core.options import Options
 
 # The client's public names (they import torch) -> the module that defines each. No
 # subpackage may be named like one of them: its import would bind the module over the name.

@@ -1,6 +1,6 @@
 """The report as plain text and as static HTML: a headline, the tables, the figures as SVG.
 
-Input is the plain dict of ``gt_core.report.summarize``; the rows come from _tables.py, the
+Input is the plain dict of ``gt_core.observe.report.summarize``; the rows come from _tables.py, the
 figures from _figures.py and _graphs.py, drawn as inline SVG by _svg.py. No torch import here.
 """
 

@@ -1,6 +1,6 @@
 """Tables of the report as rows: compile status, reasons with what to do, a summary.
 
-Input is the plain dict of ``gt_core.report.summarize``; _render.py shows the rows as text
+Input is the plain dict of ``gt_core.observe.report.summarize``; _render.py shows the rows as text
 and static HTML. No torch import here.
 """
 

@@ -15,6 +15,7 @@ import shlex
 from IPython.core.error import UsageError
 
 from gt_core.observe import events as ev
+from gt_core.observe.graph import diff_text
 
 from .dashboard import Dashboard
 from .options import config_module, core_module, diagnostics_module
@@ -101,8 +102,6 @@ def _diff(magics, rest):
         )
     data = core_module().report().to_data()
     a, b = (_canonical(data, _find_signature(data, s)) for s in rest)
-    from gt_core.stream.canonical import diff_text  # noqa: PLC0415
-
     return Text(diff_text(a, b))
 
 

@@ -1,6 +1,6 @@
 """Dashboard: one live view per %%gt cell, updated in place, light on the wire, durable.
 
-The dashboard reads only the plain dict of ``gt_core.report.summarize`` (no torch). In a
+The dashboard reads only the plain dict of ``gt_core.observe.report.summarize`` (no torch). In a
 kernel with a display it is a few outputs, each its own display id: the headline, the
 timeline, the dependency graph, the user's compiles and the tables. Each is a MIME bundle
 (figures: plotly's JSON, drawn by the notebook's plotly renderer, which reaches the page

@@ -30,14 +30,15 @@ def diagnostics_module():
 
 
 def config_module():
-    """gt_core.config, the module (``gt_core.config`` itself is the function showing options)."""
-    return importlib.import_module("gt_core.config")
+    """gt_core.options, the module of the options' rules (``gt_core.config`` is the function
+    showing the options in use)."""
+    return importlib.import_module("gt_core.options")
 
 
 class Option(TraitType):
     """One of gt's options: accepts exactly what gt_core's Options accepts for it.
 
-    The check is gt_core's own (gt_core.config.check), made when a value is set: importing
+    The check is gt_core's own (gt_core.options.check), made when a value is set: importing
     gt_core imports torch, which loading the extension does not.
     """
 

@@ -97,11 +97,13 @@ def process(_process_worker):
     return w
 
 
-def assert_close(a, b, atol=1e-6, rtol=1e-5):
-    """Compare a worker result with the eager oracle (both brought to plain tensors)."""
+def assert_close(a, b, atol=1e-6, rtol=1e-5, name=None):
+    """Compare a worker result with the eager oracle (both brought to plain tensors); ``name``
+    says which value differed."""
     a = a.cpu() if gt_core.is_remote(a) else a
     b = b.cpu() if gt_core.is_remote(b) else b
-    torch.testing.assert_close(a.detach(), b.detach(), atol=atol, rtol=rtol)
+    msg = None if name is None else (lambda m: f"{name}: {m}")
+    torch.testing.assert_close(a.detach(), b.detach(), atol=atol, rtol=rtol, msg=msg)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

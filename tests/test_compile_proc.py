@@ -16,7 +16,7 @@ import gt_core
 from gt_core import events as ev
 from gt_core.compile.process import CompileProcess, CompileProcessDied
 from gt_core.compile.repair import evictions, retrying, whole_elf
-from gt_core.config import from_env
+from gt_core.options import from_env
 
 
 def _events(kind):

@@ -19,7 +19,7 @@ from traitlets import TraitError
 
 import gt_core
 from gt_core.client import capture as _capture
-from gt_core.config import ENV, Options, from_env, load_signals, parse
+from gt_core.options import ENV, Options, from_env, load_signals, parse
 from gt_jupyter.magics import GT
 
 FIELDS = [f for f in dataclasses.fields(Options) if f.name != "signals"]

@@ -15,7 +15,7 @@ from conftest import assert_close
 import gt_core
 from gt_core import events as ev
 from gt_core.diagnostics import recompile_limit
-from gt_core.diagnostics.watcher import _Watcher
+from gt_core.diagnostics.watcher import Watcher
 from gt_core.examples.kv_cache import generate, make_models
 from gt_core.observe.user_compiles import summarize_user_compiles
 
@@ -236,7 +236,7 @@ def test_graph_break_under_fullgraph_is_a_failure_with_its_break():
 
 
 def test_graph_break_reasons_come_from_the_metrics_without_the_log(monkeypatch):
-    monkeypatch.setattr(_Watcher, "on_break_log", lambda self, record: False)
+    monkeypatch.setattr(Watcher, "on_break_log", lambda self, record: False)
     f = torch.compile(breaks_on_print, backend="eager")
     with gt_core.diagnostics():
         f(torch.randn(3))

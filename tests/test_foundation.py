@@ -20,7 +20,7 @@ def _compare(make_model, make_opt, make_data, loss_fn, steps=6, atol=1e-6, **kw)
     assert all(gt_core.is_remote(p) for p in got.parameters())
     assert got_losses == pytest.approx(ref_losses, abs=atol)
     for (name, a), b in zip(got.state_dict().items(), ref.state_dict().values(), strict=True):
-        assert_close(a, b, atol=atol), name
+        assert_close(a, b, atol=atol, name=name)
     return got
 
 
@@ -97,7 +97,6 @@ def test_inplace_through_views_reaches_the_base(inprocess):
         d = torch.zeros(3, 4)
         d.index_add_(0, torch.tensor([0, 2]), torch.ones(2, 4))
         e = torch.ones(4).expand(3, 4).contiguous()
-        a.zero_() if False else None
         return a, b, c, d, e, a.unbind(1)[3]
 
     ref = work()

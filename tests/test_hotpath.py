@@ -512,7 +512,7 @@ def test_compile_every_flushed_block(hot):
     ],
 )
 def test_bad_config_values_name_variable_value_and_accepted(env, match):
-    from gt_core.config import from_env
+    from gt_core.options import from_env
 
     with pytest.raises(gt_core.ConfigError, match=match):
         from_env(env)
@@ -533,20 +533,20 @@ def test_the_worker_runs_on_the_device_option(inprocess):
 
 
 def test_a_backend_registered_by_the_user_is_accepted():
-    from gt_core.config import Options
+    from gt_core.options import Options
 
     assert Options().replace(backend="gt_counting").backend == "gt_counting"
 
 
 def test_env_config_is_read():
-    from gt_core.config import from_env
+    from gt_core.options import from_env
 
     o = from_env({"GT_HOTPATH_THRESHOLD": "7", "GT_BACKEND": "aot_eager", "GT_AUTO_COMPILE": "off"})
     assert (o.threshold, o.backend, o.auto_compile) == (7, "aot_eager", False)
 
 
 def test_bad_yaml_signal_is_a_clear_error(tmp_path):
-    from gt_core.config import load_signals
+    from gt_core.options import load_signals
 
     bad = tmp_path / "bad.yaml"
     bad.write_text("training_step:\n  compile: sometimes\n")
@@ -570,7 +570,6 @@ def test_events_are_json_and_the_log_redraws_the_report(hot, tmp_path):
     assert set(p["timings"]) == {"eager_ms", "compiled_ms", "client_ms"}  # client_ms: see jit
     types = {e["type"] for e in data["events"]}
     assert {ev.DETECTED, ev.COMPILE_STARTED, ev.COMPILE_FINISHED, ev.ITERATION} <= types
-    offline = gt_core.report.__self__ if False else None  # noqa: F841
     from gt_core.observe.report import summarize
 
     again = summarize(gt_core.events.load_log(log))

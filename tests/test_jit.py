@@ -279,6 +279,12 @@ def test_a_replaced_parameter_runs_the_python_with_a_reason(inprocess):
         assert out.tolist() == [2.0] * 4
         holder["w"] = torch.full((3,), 3.0)  # same metadata, another tensor: read where it is
         assert f(x).tolist() == [3.0] * 3
+        assert not _jit_events("ran")
+        holder["w"] = torch.full((1,), 5.0)  # other metadata under the old key: the Python runs
+        assert f(x).tolist() == [5.0] * 3
+    (ran,) = _jit_events("ran")
+    why = ran["reason"]
+    assert "entry 'w'" in why and "no longer fits" in why and "shape=(1,)" in why, why
 
 
 def test_an_input_with_other_metadata_under_the_same_key_is_never_replayed(inprocess):
@@ -462,3 +468,25 @@ def test_a_global_rebound_to_another_object_runs_the_python(inprocess, reader):
         want = _HELPED(x).cpu()
         assert torch.equal(f(x).cpu(), want)
         assert any("no longer fits" in (e.get("reason") or "") for e in _jit_events("ran"))
+
+
+def test_the_fast_input_lookup_agrees_with_the_checked_one(inprocess, monkeypatch):
+    """A replayed call reads its inputs in flat passes where everything is as the last calls
+    found it (_inputs_fast); each read is checked here against _inputs, which checks each."""
+    from gt_core.client import jit as _jit
+
+    fast, checked = _jit._Entry._inputs_fast, _jit._Entry._inputs
+    compared = []
+
+    def both(self, leaves):
+        ids = fast(self, leaves)
+        if ids is not None:
+            compared.append((ids, checked(self, leaves)))
+        return ids
+
+    monkeypatch.setattr(_jit._Entry, "_inputs_fast", both)
+    sgd = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
+    _run(mlp, sgd, lambda: (torch.randn(8, 32), torch.randn(8, 4)), F.mse_loss, 12, True, jit=True)
+    assert len(compared) >= 5, f"only {len(compared)} fast lookups: the check checks little"
+    assert all(a == b for a, b in compared), compared[:2]
+    assert not _jit_events("ran")

@@ -245,7 +245,7 @@ def test_changing_floats_reuse_cached_metadata_where_values_cannot_matter(inproc
             opt.step()
             opt.zero_grad()
             sched.step()
-            sizes.append(len(meta._meta_cache))
+            sizes.append(len(meta.meta_cache))
         assert sizes[-1] == sizes[2], "new bias corrections every step, no new cache entries"
         # where a float's value decides the shape, it stays in the key
         assert torch.arange(0, 5.5, 0.5).shape == (11,)
@@ -260,3 +260,49 @@ def test_changing_floats_reuse_cached_metadata_where_values_cannot_matter(inproc
             1,
             12,
         )
+
+
+def test_the_inline_cache_key_equals_the_one_the_slow_path_builds(inprocess, monkeypatch):
+    """record builds an op's metadata-cache key inline, by hand; on an op's first sight the
+    inline lookup misses and _record looks its own key up at once: both keys are logged, and
+    must be the same key (else the two paths would fill the cache twice, or disagree)."""
+    from gt_core.client import record as _recording
+
+    log = []
+
+    class Keys(dict):
+        def get(self, key, default=None):
+            log.append(("get", key))
+            return super().get(key, default)
+
+    real_slow = _recording._record
+    monkeypatch.setattr(_recording, "meta_cache", Keys())
+    monkeypatch.setattr(
+        _recording, "_record", lambda f, a, k: (log.append(("slow", f)), real_slow(f, a, k))[1]
+    )
+    with gt_core.capture():
+        torch.manual_seed(0)
+        model = mlp()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        x = torch.randn(4, 32)
+        for _ in range(2):
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        a = torch.randn(24)
+        a.view(3, 8).add_(a.view(3, 8), alpha=0.5).sum(dim=[0], keepdim=True).mul(2.5)
+    # an inline lookup (not the slow path's own: that follows its "slow" mark) that missed,
+    # then the slow path for the same op, and its lookup
+    pairs = [
+        (log[i][1], log[i + 2][1])
+        for i in range(1, len(log) - 2)
+        if log[i][0] == "get"
+        and log[i - 1][0] != "slow"
+        and log[i + 1] == ("slow", log[i][1][0])
+        and log[i + 2][0] == "get"
+    ]
+    assert len(pairs) >= 20, f"only {len(pairs)} ops took both paths: the check checks little"
+    with_kwargs = [k for k, _ in pairs if type(k[-1]) is tuple and type(k[-1][0]) is str]
+    assert with_kwargs, "no op with keyword arguments compared"
+    differ = [(fast, slow) for fast, slow in pairs if fast != slow]
+    assert not differ, differ[:3]

@@ -10,8 +10,9 @@ from models import mlp
 
 import gt_core
 from gt_core import events as ev
-from gt_core.client.replay import Replay
-from gt_core.hotpath.judge import _BASELINE_RUNS, _MAX_PROBES, _WARM_UP
+from gt_core.client.plan_match import PlanMatcher
+from gt_core.hotpath.judge import _MAX_PROBES, _WARM_UP
+from gt_core.observe.metrics import MIN_BASELINE
 from gt_core.observe.status import Status
 from gt_core.remote.cpu_share import CpuShare as _CpuShare
 from gt_core.stream.canonical import FreeEntry, OpEntry
@@ -45,7 +46,7 @@ def occurrence(a=1, b=2, base=10, scale=0.5, alpha=1):
 
 def replay():
     out, ready = [], []
-    r = Replay(out.append, lambda: ready.append(len(out)))
+    r = PlanMatcher(out.append, lambda: ready.append(len(out)))
     r.offer("sig", PLAN)
     return r, out, ready
 
@@ -127,7 +128,9 @@ def _train(steps, on_worker, batch=16, opt=None, sched=None, body=None, sync_eve
             if sync_every and i % sync_every == 0:
                 losses.append(loss.item())
         losses.append(loss.item())
-        params = [p.detach().cpu() if gt_core.is_remote(p) else p.detach() for p in model.parameters()]
+        params = [
+            p.detach().cpu() if gt_core.is_remote(p) else p.detach() for p in model.parameters()
+        ]
     return params, losses
 
 
@@ -152,7 +155,7 @@ def test_training_steps_travel_as_one_message_each_and_match_eager(hot):
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
     assert losses == pytest.approx(ref_losses)
-    runs = gt_core.client.capture.session().replay.runs
+    runs = gt_core.client.capture.session().matcher.runs
     assert runs >= 30, f"only {runs} of 40 steps were sent as one message"
     assert counts["runs"] == runs
     # before the plan arrived every op travelled on its own; after it, none did
@@ -210,10 +213,10 @@ def test_every_step_is_one_run_when_the_dropped_loss_begins_the_block(hot):
 
         for _ in range(20):
             step().item()
-        runs = s.replay.runs
+        runs = s.matcher.runs
         for _ in range(20):
             step()
-        assert s.replay.runs - runs >= 19, f"{s.replay.runs - runs} of 20 steps sent as one run"
+        assert s.matcher.runs - runs >= 19, f"{s.matcher.runs - runs} of 20 steps sent as one run"
         step().item()
 
 
@@ -229,7 +232,10 @@ def _loop(on_worker: bool, adam: bool = False, steps: int = 36):
             sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=50)
         else:
             opt, sched = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), None
-        data = {16: (torch.randn(16, 32), torch.randn(16, 4)), 8: (torch.randn(8, 32), torch.randn(8, 4))}
+        data = {
+            16: (torch.randn(16, 32), torch.randn(16, 4)),
+            8: (torch.randn(8, 32), torch.randn(8, 4)),
+        }
         losses = []
         for i in range(steps):
             x, y = data[16 if i < 28 else 8]
@@ -245,7 +251,9 @@ def _loop(on_worker: bool, adam: bool = False, steps: int = 36):
             if i % 7 == 0:
                 losses.append(loss.item())
         losses.append(loss.item())
-        params = [p.detach().cpu() if gt_core.is_remote(p) else p.detach() for p in model.parameters()]
+        params = [
+            p.detach().cpu() if gt_core.is_remote(p) else p.detach() for p in model.parameters()
+        ]
     return params, losses
 
 
@@ -261,7 +269,7 @@ def _stream(client_match: bool, adam: bool) -> tuple:
     def spying(batch):
         for ins in batch:
             if ins.code == RUN:
-                sent.extend(expand(s.replay.plans[ins.sig], ins.inputs, ins.produced, ins.scalars))
+                sent.extend(expand(s.matcher.plans[ins.sig], ins.inputs, ins.produced, ins.scalars))
             else:
                 sent.append(ins)
         send(batch)
@@ -277,7 +285,7 @@ def test_following_plans_sends_exactly_the_stream_recording_would(hot, adam):
     it midway (an op more, inputs of another size) reach the worker as the same instructions,
     in the same order, with the same ids, as without plans; the results are eager's."""
     with_plans, params, losses = _stream(True, adam)
-    r = gt_core.client.capture.session().replay
+    r = gt_core.client.capture.session().matcher
     runs, followed = r.runs, r.followed
     without, _, _ = _stream(False, adam)
     assert runs >= 10 and followed >= 10 * 30, (runs, followed)
@@ -305,7 +313,7 @@ def test_same_ops_on_other_shapes_run_correctly_and_withdraw_the_plan(hot):
         assert_close(a, b)
     assert losses == pytest.approx(ref_losses)
     s = gt_core.client.capture.session()
-    assert s.replay.runs >= 1
+    assert s.matcher.runs >= 1
     blocks = gt_core.report().to_data()["hot_paths"]
     assert len(blocks) == 2  # the new size is a block of its own, found by the worker
 
@@ -323,7 +331,7 @@ def test_a_step_that_differs_midway_runs_its_instructions_eagerly(hot):
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
     assert losses == pytest.approx(ref_losses)
-    assert gt_core.client.capture.session().replay.runs >= 5
+    assert gt_core.client.capture.session().matcher.runs >= 5
 
 
 def test_adam_with_a_schedule_sends_lifted_scalars_in_the_run(hot):
@@ -333,7 +341,7 @@ def test_adam_with_a_schedule_sends_lifted_scalars_in_the_run(hot):
     ref, ref_losses = _train(30, False, opt=adam, sched=cosine)
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b, atol=1e-5, rtol=1e-4)
-    assert gt_core.client.capture.session().replay.runs >= 15
+    assert gt_core.client.capture.session().matcher.runs >= 15
     data = gt_core.report().to_data()
     assert sum(e["type"] == ev.COMPILE_FINISHED for e in data["events"]) == 1
 
@@ -345,7 +353,7 @@ def test_client_match_off_sends_every_op(hot):
     ref, _ = _train(20, False)
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
-    assert gt_core.client.capture.session().replay.runs == 0 and counts["runs"] == 0
+    assert gt_core.client.capture.session().matcher.runs == 0 and counts["runs"] == 0
     assert gt_core.report().to_data()["hot_paths"][0]["compiled_runs"] >= 10
 
 
@@ -358,7 +366,7 @@ def test_plans_cross_to_a_worker_process(process):
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
     assert losses == pytest.approx(ref_losses)
-    assert gt_core.client.capture.session().replay.runs >= 10
+    assert gt_core.client.capture.session().matcher.runs >= 10
 
 
 @pytest.mark.parametrize("window_s", [3600.0, 0.0], ids=["an-hour", "none"])
@@ -552,9 +560,13 @@ def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
     # the client waited, comparable only if it still does.
     # (the two eager runs before the compile count where the client still waits; the first
     # probe warms the eager graph up)
-    assert block.probed == _WARM_UP + _BASELINE_RUNS - (2 if client_waits_later else 0), kinds
+    assert block.probed == _WARM_UP + MIN_BASELINE - (2 if client_waits_later else 0), kinds
     (revert,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
-    runs = "the client waiting for each" if client_waits_later else "each beside the client's recording"
+    runs = (
+        "the client waiting for each"
+        if client_waits_later
+        else "each beside the client's recording"
+    )
     assert revert["reason"].endswith(f"over 5 runs ({runs})"), revert["reason"]
 
 
@@ -573,9 +585,9 @@ def test_a_regression_check_judges_compiled_runs_against_eager_ones_in_their_con
     fixed_times(eager=lambda: 1.0 if share.waits else 4.0, compiled=2.0)
     _train(30, True)
     (block,) = _engine().blocks.values()
-    assert block.judged and block.probed == _WARM_UP + _BASELINE_RUNS  # beside the recording
+    assert block.judged and block.probed == _WARM_UP + MIN_BASELINE  # beside the recording
     assert list(block.samples[("eager", (True, False))]) == [1.0, 1.0]  # never compared
-    assert list(block.samples[("eager", (False, False))]) == [4.0] * _BASELINE_RUNS
+    assert list(block.samples[("eager", (False, False))]) == [4.0] * MIN_BASELINE
     assert block.status == Status.COMPILED
     assert not [e for e in gt_core.report().events if e["type"] == ev.REVERT]
 
@@ -636,7 +648,9 @@ def test_a_regression_check_waits_for_a_compile_beside_the_runs_to_end(hot, fixe
     assert len(block.samples[("compiled", (True, True))]) == 8  # timed, never judged
     assert block.judged and block.status == Status.REVERTED
     (revert,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
-    assert revert["compiled_ms"] == 2.0 and revert["reason"].endswith("(the client waiting for each)")
+    assert revert["compiled_ms"] == 2.0 and revert["reason"].endswith(
+        "(the client waiting for each)"
+    )
     for a, b in zip(params, _train(40, False)[0], strict=True):
         assert_close(a, b)
 
@@ -662,17 +676,16 @@ def test_runs_trying_a_thread_count_are_not_samples_of_the_compiled_block(hot, f
     assert not [e for e in gt_core.report().events if e["type"] == ev.REVERT]
 
 
-
 def test_client_match_turned_back_on_gets_the_plans_again(hot):
     gt_core.configure(client_match=False)
     _train(20, True)
-    assert gt_core.client.capture.session().replay.runs == 0
+    assert gt_core.client.capture.session().matcher.runs == 0
     gt_core.configure(client_match=True)
     params, _ = _train(20, True)
     ref, _ = _train(20, False)
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
-    assert gt_core.client.capture.session().replay.runs >= 10
+    assert gt_core.client.capture.session().matcher.runs >= 10
 
 
 def test_a_run_input_fits_only_with_every_field_of_its_metadata():
@@ -682,6 +695,11 @@ def test_a_run_input_fits_only_with_every_field_of_its_metadata():
     metas = [value_meta(t)]
     assert all_fit({1: t}, [1], metas)
     assert not all_fit({}, [1], metas)  # freed, or never computed
-    for other in (torch.randn(3, 4), t.t().contiguous().t(), t.double(), torch.randn(12)[:12].view(4, 3)[:, :2]):
+    for other in (
+        torch.randn(3, 4),
+        t.t().contiguous().t(),
+        t.double(),
+        torch.randn(12)[:12].view(4, 3)[:, :2],
+    ):
         assert not all_fit({1: other}, [1], metas), other
     assert all_fit({1: t, 2: t}, [1, 2], metas * 2)

@@ -2,8 +2,8 @@
 
 import torch
 
-from gt_core.observe.graph import to_networkx
-from gt_core.stream.canonical import canonicalize, diff, diff_text
+from gt_core.observe.graph import diff, diff_text, to_networkx
+from gt_core.stream.canonical import canonicalize
 from gt_core.stream.instructions import FREE, OP, Free, Op, Ref
 from gt_core.stream.meta import ValueMeta
 

@@ -142,7 +142,7 @@ def test_worker_imports_inprocess(inprocess):
 
 
 def test_worker_imports_option():
-    from gt_core.config import from_env
+    from gt_core.options import from_env
 
     assert from_env({"GT_WORKER_IMPORTS": "a.b, c,"}).worker_imports == ("a.b", "c")
     assert from_env({}).worker_imports == ()

@@ -13,7 +13,6 @@ import threading
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from gt_core.client import session as _session_module
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import held
 from gt_core.client.mode import CaptureMode
@@ -27,13 +26,13 @@ from gt_core.client.patches import (
     unpatch_threads,
 )
 from gt_core.client.proxy import Proxy, upload
-from gt_core.client.session import LOCK
-from gt_core.config import Options, from_env
+from gt_core.client.session import LOCK, set_live_session
 from gt_core.diagnostics.stance import in_worker as _in_worker
 from gt_core.diagnostics.stance import routing
 from gt_core.errors import CaptureError, ConfigError
 from gt_core.observe import events as ev
 from gt_core.observe.report import Report
+from gt_core.options import Options, from_env
 
 __all__ = [
     "capture",
@@ -46,6 +45,7 @@ __all__ = [
     "config",
     "events_log",
     "session",
+    "current_session",
 ]
 
 _lock = threading.RLock()
@@ -57,6 +57,13 @@ class _Here(threading.local):
 
 
 _here = _Here()
+
+
+def current_session():
+    """The session of the capture this thread is inside; None outside one (starts nothing)."""
+    return _here.session
+
+
 # "captures": threads inside a capture now; "opt_hook": the optimizer-state hook while one is
 _state = {
     "session": None,
@@ -135,7 +142,7 @@ def session(replace_dead: bool = False):
         return s
 
 
-_session_module._LIVE[:] = [session]  # where recording finds the live session
+set_live_session(session)  # where recording finds the live session
 
 
 class WorkerHandle:

@@ -2,14 +2,14 @@
 
 While the client's stream matches one candidate occurrence of a plan, an op recorded there
 before (its entry's ``learned``) is bound from the plan, without building an instruction or
-looking up the metadata cache. The matcher (``replay.Occurrence``) keeps the bindings.
+looking up the metadata cache. The matcher (``plan_match.Candidate``) keeps the bindings.
 """
 
 from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from gt_core.client.meta import _ANY_FLOAT, _SCALARS, Alias, New, _floats_free
+from gt_core.client.meta import ANY_FLOAT, SCALARS, Alias, New, floats_free
 from gt_core.client.proxy import Proxy
 from gt_core.stream.lift import Scalar
 from gt_core.stream.plan import Slot
@@ -19,7 +19,7 @@ class Learned(NamedTuple):
     """What recording a plan entry found once: what later occurrences follow it by."""
 
     op: Any  # the OpOverload
-    varying: tuple  # the cache key's parts the entry's template leaves free (see _varying)
+    varying: tuple  # the cache key's parts the entry's template leaves free (see varying)
     template: New | Alias  # its output (gt_core.client.meta)
     n_proxies: int  # its proxy arguments
 
@@ -33,7 +33,7 @@ def follow(session, func, args, kwargs):
     output's metadata is what the cache would give. Anything else returns None: the op is
     recorded the usual way, and matched (or not) as an instruction.
     """
-    rp = session.replay
+    rp = session.matcher
     c = rp.cands[0]
     learned, e = c.upcoming()
     if learned is None or learned.op is not func:
@@ -61,7 +61,7 @@ def follow(session, func, args, kwargs):
             if ta is list or ta is tuple:
                 if not all(type(x) is int for x in a):
                     return None  # (before comparing: a proxy in a list must not be compared)
-            elif ta not in _SCALARS:
+            elif ta not in SCALARS:
                 return None
             if type(tmpl) is not ta or tmpl != a:
                 return None
@@ -73,7 +73,7 @@ def follow(session, func, args, kwargs):
                 return None
             c.lift(tmpl.k, float(v))
             parts.append(_scalar_part(v, func))
-        elif tv is not type(tmpl) or tmpl != v or tv not in _SCALARS:
+        elif tv is not type(tmpl) or tmpl != v or tv not in SCALARS:
             return None
     if tuple(parts) != learned.varying or len(proxies) != learned.n_proxies:
         return None
@@ -93,10 +93,10 @@ def follow(session, func, args, kwargs):
 
 def _scalar_part(a, func):
     """A lifted scalar's part of the cache key (as record builds it)."""
-    return _ANY_FLOAT if type(a) is float and _floats_free(func) else (type(a), a)
+    return ANY_FLOAT if type(a) is float and floats_free(func) else (type(a), a)
 
 
-def _varying(e, args, kwargs, func) -> tuple:
+def varying(e, args, kwargs, func) -> tuple:
     """The parts of an op's cache key a plan entry's template leaves free: its tensors'
     metadata and its lifted scalars' (the template's literals fix the rest)."""
     parts = []

@@ -18,7 +18,7 @@ import torch
 
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import live_session
-from gt_core.client.shadows import _written
+from gt_core.client.shadows import written_args
 
 __all__ = ["takes_generator", "has_generator", "run_here"]
 
@@ -74,7 +74,7 @@ def run_here(func, args, kwargs, record):
 
     ``record`` records the write-backs (passed in: the recording module calls this one).
     """
-    written = {id(p) for p in _written(func, args, kwargs) if isinstance(p, Proxy)}
+    written = {id(p) for p in written_args(func, args, kwargs) if isinstance(p, Proxy)}
     unread = set()  # worker tensors whose old value the op does not read: not fetched
     if func in _SELF_UNREAD and not any(x is args[0] for x in (*args[1:], *kwargs.values())):
         unread.add(id(args[0]))

@@ -56,6 +56,7 @@ from gt_core.client.jit_traced import as_traced, knobs, optimizers
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
 from gt_core.observe import events as ev
+from gt_core.observe import metrics
 from gt_core.stream.instructions import FREE, JIT_SIGNAL, MARK, RUN, Free, Mark, Run, op_name
 
 __all__ = ["jit", "Jit"]
@@ -63,7 +64,6 @@ __all__ = ["jit", "Jit"]
 RECORD_LIMIT = 6  # recorded calls of one key without a repeatable block: replay refused
 IN_FLIGHT = 32  # replayed calls the worker may be behind by before a call waits for it
 _MARK_EVERY = 8  # a progress mark is posted every this many replayed calls
-_CLIENT_MS = 256  # the client's ms of the newest replayed calls kept (for the median)
 
 
 def jit(fn=None):
@@ -91,7 +91,7 @@ class Jit:
         return self if obj is None else types.MethodType(self, obj)
 
     def __call__(self, *args, **kwargs):
-        s = _capture._here.session
+        s = _capture.current_session()
         if s is None:  # outside a capture: an ordinary call
             return self.fn(*args, **kwargs)
         if not kwargs and all(type(a) is Proxy for a in args):
@@ -150,7 +150,7 @@ class _Entry:
         self.recipe: _Recipe | None = None
         self.refused: str | None = None
         self.replayed = 0
-        self.client_ms: collections.deque = collections.deque(maxlen=_CLIENT_MS)
+        self.client_ms: collections.deque = collections.deque(maxlen=metrics.CLIENT_SAMPLES)
         self.marks: collections.deque = collections.deque()
         self.calls = 0  # recorded calls
         session.jits.append(self)
@@ -260,14 +260,14 @@ class _Entry:
                 ids = self._inputs(leaves)
                 if ids is None:
                     return _UNFIT
-            produced = s.new_ids(r.n_produced)  # (sent as its first id: consecutive ids)
-            if s.replay.kept:
-                s.replay.release()
-            out, freed = s._out, s.freed  # (_out: a jit call being recorded sees them too)
+            produced = s.new_ids(r.n_produced)  # (a range: consecutive ids)
+            if s.matcher.kept:
+                s.matcher.release()
+            out, freed = s.out, s.freed  # (out: a jit call being recorded sees them too)
             while freed:  # straight out: the RUN after them ends any occurrence they start
                 out(Free(FREE, freed.popleft()))
-            out(Run(RUN, r.sig, ids, produced.start, ()))
-            s._send()
+            out(Run(RUN, r.sig, ids, produced, ()))
+            s.send_now()
             self.replayed += 1
             outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]
             for place in r.cleared:

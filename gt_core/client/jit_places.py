@@ -27,6 +27,7 @@ def _roots(fn, leaves) -> list:
 
 
 _HELPERS = 3  # levels of helper functions followed from the step
+_NESTING = 3  # levels of containers (dicts, lists, modules) searched below a root
 
 
 def _reach(f, roots: list, funcs: set, places: set, depth: int) -> None:
@@ -82,7 +83,7 @@ def _scan(roots) -> list:
 
 
 def _visit(obj, out, seen, depth) -> None:
-    if id(obj) in seen or depth > 3:
+    if id(obj) in seen or depth > _NESTING:
         return
     seen.add(id(obj))
     if isinstance(obj, torch.nn.Module):

@@ -15,8 +15,8 @@ from torch.utils._pytree import tree_flatten
 
 from gt_core.client.jit_places import _before_id, _pid, _words
 from gt_core.client.jit_traced import knobs, optimizers
+from gt_core.client.plan_match import Candidate
 from gt_core.client.proxy import CONSTANT_NUMEL, Proxy
-from gt_core.client.replay import Occurrence
 from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
 
 _OUT = "gt-jit-output"  # a result leaf that is the block's output (_OUT, its index)
@@ -185,7 +185,7 @@ class _Recipe:
     """What a replayed call does: where each input is read, where each output goes."""
 
     def __init__(self, plan, rec: _Recording):
-        occ = Occurrence(plan)
+        occ = Candidate(plan)
         for ins in rec.instrs:
             if ins.code == PUT:
                 continue  # (its value is an input of the block: a constant below)

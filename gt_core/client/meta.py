@@ -3,7 +3,7 @@
 An op's result metadata comes from running it on meta tensors once per (op, argument
 metadata, non-tensor arguments) and is cached, so the steady state records an op without
 any inference. Ops that need real data (a Python scalar result, or a shape that depends on
-values) are marked ``_SYNC``: they flush the stream and run on the worker at once.
+values) are marked ``SYNC_OP``: they flush the stream and run on the worker at once.
 
 A cache entry is an :class:`Entry`: how to build the result (a template of :class:`New`
 proxies, inputs returned as :class:`Alias`, :class:`Const` values, :class:`Nested` lists and
@@ -16,12 +16,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from gt_core.client.proxy import Proxy, _meta_id
+from gt_core.client.proxy import Proxy, meta_id
 from gt_core.errors import UnsupportedOperation
 from gt_core.stream.meta import TensorMeta, tensor_meta
 
-_meta_cache: dict = {}
-_SYNC = object()  # cache marker: this op runs on the worker at once
+meta_cache: dict = {}
+SYNC_OP = object()  # cache marker: this op runs on the worker at once
 
 
 class New(NamedTuple):
@@ -60,15 +60,15 @@ class Entry(NamedTuple):
     mask: tuple  # for each tensor output in order: True if new, False if an input
 
 
-_SCALARS = (int, float, bool, type(None))
-_ANY_FLOAT = (
+SCALARS = (int, float, bool, type(None))
+ANY_FLOAT = (
     float,
     None,
 )  # a float's cache key part where its value cannot change the result's metadata
 _float_free: dict = {}
 
 
-def _floats_free(func) -> bool:
+def floats_free(func) -> bool:
     """True when no float argument's value can change ``func``'s result metadata.
 
     Pointwise ops (shape from broadcasting, dtype from the float's type), foreach ops and
@@ -103,17 +103,17 @@ def _to_meta(a, metas: list):
     return a
 
 
-def _scalar_result(func) -> bool:
+def scalar_result(func) -> bool:
     return any(
         not isinstance(r.type, torch.TensorType) and "Tensor" not in str(r.type)
         for r in func._schema.returns
     )
 
 
-def _infer(func, args, kwargs):
-    """The output template of ``func`` from a meta run, or _SYNC if it needs real data."""
-    if _scalar_result(func):
-        return _SYNC  # a Python scalar or bool result: only the worker knows it
+def infer(func, args, kwargs):
+    """The output template of ``func`` from a meta run, or SYNC_OP if it needs real data."""
+    if scalar_result(func):
+        return SYNC_OP  # a Python scalar or bool result: only the worker knows it
     metas: list = []
     margs = _to_meta(args, metas)
     mkwargs = {k: _to_meta(v, metas) for k, v in kwargs.items()}
@@ -128,7 +128,7 @@ def _infer(func, args, kwargs):
         # masks, indices read from a tensor as tensor_split's), a project's op without a fake
         # kernel, or a meta kernel stricter than the real one (circular padding of an empty
         # tensor). The worker runs it at once; a call that is wrong raises eager's own error.
-        return _SYNC
+        return SYNC_OP
     counter = [0]
     template = _template(out, metas, before, counter)
     return Entry(template, counter[0], tuple(_mask(template)))
@@ -161,7 +161,7 @@ def _template(o, metas, before, counter):
                 return Alias(i, after if after != before[i] else None)
         counter[0] += 1
         meta = tensor_meta(o)
-        return New(meta, _meta_id(meta))
+        return New(meta, meta_id(meta))
     if type(o) in (list, tuple):
         return Nested(type(o), tuple(_template(x, metas, before, counter) for x in o))
     return Const(o)

@@ -34,7 +34,7 @@ def patch_threads() -> None:
     Inside a capture the kernel's own tensor work is the data path (a DataLoader's indexing
     and collate, copies into the upload ring) while the worker runs the steps beside it, its
     threads one per core. An intra-op parallel op in the kernel then waits for a thread the
-    worker holds: a 200 KB add_ on a plain tensor took 14 ms instead of 0.02 ms.
+    worker holds, hundreds of times longer than the op itself (README, "Benchmarks").
     """
     n = torch.get_num_threads()
     if n > 1:
@@ -121,8 +121,8 @@ def patch_sharing(on: bool) -> None:
 
 def _fetch_plainly(fetch):
     """A DataLoader's fetch over a TensorDataset with the default collate, run without the
-    capture mode: the mode's Python dispatch cost 10-20 µs on each of a batch's indexing ops
-    (a 64-row batch of two tensors took 2.6 ms to make, 0.4 ms in eager). It is only
+    capture mode: the mode's Python dispatch costs more than each of a batch's small indexing
+    ops does (README, "Benchmarks"). It is only
     indexing and stacking: host tensors give host batches (uploaded when a step uses them),
     worker tensors are still recorded (their own dispatch), and nothing draws random numbers,
     whose order on the worker must stay eager's (so no other dataset is fetched this way)."""

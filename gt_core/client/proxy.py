@@ -24,7 +24,7 @@ __all__ = ["Proxy", "upload", "is_remote"]
 _meta_ids: dict[TensorMeta, int] = {}
 
 
-def _meta_id(meta: TensorMeta) -> int:
+def meta_id(meta: TensorMeta) -> int:
     """A small int per distinct metadata: what cache keys hold for a tensor (cheap to hash)."""
     mid = _meta_ids.get(meta)
     if mid is None:
@@ -48,12 +48,12 @@ class Proxy(torch.Tensor):
             r = _wrapper(
                 cls, shape, strides=stride, storage_offset=offset, dtype=dtype, device=_CPU
             )
-        else:  # the common case: each keyword parsed costs (about 0.1 µs each here)
+        else:  # the common case: each keyword passed is parsed, at a cost
             r = _wrapper(cls, shape, strides=stride, dtype=dtype, device=_CPU)
         r._gt_id = vid
         r._gt_s = session
         r._gt_m = meta
-        r._gt_k = _meta_id(meta) if mid is None else mid
+        r._gt_k = meta_id(meta) if mid is None else mid
         return r
 
     def __del__(self):
@@ -116,10 +116,10 @@ class Proxy(torch.Tensor):
                     return
                 other = upload(self._gt_s, other)
             fresh = torch.ops.aten.alias.default(other)
-            _rebind(self, fresh)
+            rebind(self, fresh)
 
 
-def _rebind(p: Proxy, fresh: Proxy) -> None:
+def rebind(p: Proxy, fresh: Proxy) -> None:
     """Make ``p`` refer to ``fresh``'s value and metadata (``fresh`` is consumed)."""
     torch._C.TensorBase.data.__set__(p, fresh)  # shallow-copies sizes/strides into p
     old = p._gt_id

@@ -11,35 +11,31 @@ from __future__ import annotations
 
 import torch
 
-from gt_core.client.follow import Learned, _varying, follow
+from gt_core.client.follow import Learned, follow, varying
 from gt_core.client.generators import has_generator, run_here, takes_generator
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import user_line
 from gt_core.client.meta import (
-    _ANY_FLOAT,
-    _SCALARS,
-    _SYNC,
+    ANY_FLOAT,
+    SCALARS,
+    SYNC_OP,
     Alias,
     Const,
     New,
-    _floats_free,
-    _infer,
-    _meta_cache,
-    _scalar_result,
+    floats_free,
+    infer,
+    meta_cache,
+    scalar_result,
 )
-from gt_core.client.proxy import Proxy, _meta_id, _rebind, upload
+from gt_core.client.proxy import Proxy, meta_id, rebind, upload
 from gt_core.client.session import FORKED, LOCK, live_session
-from gt_core.client.shadows import _on_shadows, _shadow
+from gt_core.client.shadows import on_shadows, update_shadows
 from gt_core.errors import UnsupportedOperation, WorkerLost
-from gt_core.stream.instructions import OP, Op, Ref
+from gt_core.stream.instructions import OP, Op, Ref, new
 from gt_core.stream.meta import Made, TensorMeta
 
 __all__ = ["record", "in_forked_child"]
-
-# An instruction per recorded op is built by tuple.__new__, skipping the NamedTuple's Python
-# __new__ (a call that costs several times the tuple itself).
-_new = tuple.__new__
 
 
 def _current_session():
@@ -59,7 +55,7 @@ class _Walk:
 
     def __init__(self, func):
         self.func = func
-        self.floats_free = _floats_free(func)
+        self.floats_free = floats_free(func)
         self.session = None
         self.proxies: list[Proxy] = []
         self.plain: dict[int, torch.Tensor] = {}  # index in proxies -> plain tensor uploaded there
@@ -75,7 +71,7 @@ class _Walk:
             self.proxies.append(a)
             return a._gt_k, Ref(a._gt_id)
         if t is float and self.floats_free:
-            return _ANY_FLOAT, a
+            return ANY_FLOAT, a
         if t is int or t is float or t is bool or a is None:
             return (t, a), a
         if isinstance(a, torch.Tensor):
@@ -114,10 +110,10 @@ def record(func, args, kwargs):
         a = args[0]
         if type(a) is Proxy:
             s = a._gt_s
-            if s.replay.cands and not s.closed and s.dead is None:
+            if s.matcher.cands and not s.closed and s.dead is None:
                 if s.freed:
-                    s._frees()  # they come first, as emit would put them
-                if len(s.replay.cands) == 1:
+                    s.drain_frees()  # they come first, as emit would put them
+                if len(s.matcher.cands) == 1:
                     out = follow(s, func, args, kwargs)
                     if out is not None:
                         return out
@@ -140,8 +136,8 @@ def record(func, args, kwargs):
             proxies.append(a)
             key.append(a._gt_k)
             sent.append(Ref(a._gt_id))
-        elif t in _SCALARS:
-            key.append(_ANY_FLOAT if t is float and _floats_free(func) else (t, a))
+        elif t in SCALARS:
+            key.append(ANY_FLOAT if t is float and floats_free(func) else (t, a))
             sent.append(a)
         elif (t is list or t is tuple) and all(type(x) is int for x in a):
             key.append((t, tuple([(int, x) for x in a])))
@@ -151,13 +147,13 @@ def record(func, args, kwargs):
     else:
         for k, v in kwargs.items():
             tv = type(v)
-            if tv not in _SCALARS:
+            if tv not in SCALARS:
                 session = None
                 break
-            key.append((k, _ANY_FLOAT if tv is float and _floats_free(func) else (tv, v)))
+            key.append((k, ANY_FLOAT if tv is float and floats_free(func) else (tv, v)))
         if session is not None:
-            entry = _meta_cache.get(tuple(key))
-            if entry is not None and entry is not _SYNC:
+            entry = meta_cache.get(tuple(key))
+            if entry is not None and entry is not SYNC_OP:
                 t = entry.template
                 kind = type(t)
                 # one new tensor out, or an input returned unchanged (in place): the
@@ -174,14 +170,14 @@ def record(func, args, kwargs):
                     else:
                         outs = (None,)
                     if session.freed:
-                        session._frees()  # first, so the position below is this op's
-                    cands = session.replay.cands
+                        session.drain_frees()  # first, so the position below is this op's
+                    cands = session.matcher.cands
                     c = cands[0] if len(cands) == 1 else None
                     pos = c.pos if c is not None else -1
-                    session.emit(_new(Op, (OP, idx, tuple(sent), kwargs, outs)))
+                    session.emit(new(Op, (OP, idx, tuple(sent), kwargs, outs)))
                     if c is not None and c.pos == pos + 1:
                         # matched as the plan's entry pos: what the next occurrences reuse
-                        want = _varying(c.entries[pos], args, kwargs, func)
+                        want = varying(c.entries[pos], args, kwargs, func)
                         c.learn(pos, Learned(func, want, t, len(proxies)))
                     return Proxy(session, vid, t.meta, t.mid) if kind is New else proxies[t.index]
     return _record(func, args, kwargs)
@@ -214,20 +210,20 @@ def _record(func, args, kwargs):
         session = _current_session()
     sent_args = tuple([x for _, x in pa])
     try:
-        entry = _meta_cache.get(key)
+        entry = meta_cache.get(key)
     except TypeError:  # an unhashable argument: infer every time
         key, entry = None, None
     if entry is None:
-        entry = _infer(func, args, kwargs)
+        entry = infer(func, args, kwargs)
         if key is not None:
-            _meta_cache[key] = entry
+            meta_cache[key] = entry
         where = user_line()  # a first sight: worth the frame walk (errors name the line)
     else:
         where = None
     shadowed = any(p._gt_v is not None for p in proxies)
-    if entry is _SYNC:
-        if shadowed and all(p._gt_v is not None for p in proxies) and _scalar_result(func):
-            return _on_shadows(func, args, kwargs)  # .item() of a step counter: no round trip
+    if entry is SYNC_OP:
+        if shadowed and all(p._gt_v is not None for p in proxies) and scalar_result(func):
+            return on_shadows(func, args, kwargs)  # .item() of a step counter: no round trip
         return _run_now(session, func, sent_args, sent_kwargs, proxies)
     template, n_new, mask = entry
     idx = session.op(func)
@@ -238,12 +234,12 @@ def _record(func, args, kwargs):
         it = iter(ids)
         outs = tuple(next(it) if new else None for new in mask)
     session.counters["ops"] += 1
-    session.emit(_new(Op, (OP, idx, sent_args, sent_kwargs, outs)))
+    session.emit(new(Op, (OP, idx, sent_args, sent_kwargs, outs)))
     if where is not None and ids:
         session.site(ids[0], where)
     out = _build(template, session, iter(ids), proxies)
     if shadowed:
-        _shadow(session, func, args, kwargs, out, proxies)
+        update_shadows(session, func, args, kwargs, out, proxies)
     if plain and type(template) is Alias and template.index in plain and func._schema.is_mutable:
         # In place on a plain tensor with a worker argument: bring the result home.
         target = plain[template.index]
@@ -272,7 +268,7 @@ def _restride(p: Proxy, meta: TensorMeta) -> None:
     shape, stride, _, offset = meta
     with torch._C._DisableTorchDispatch():
         torch._C.TensorBase.as_strided_(p, shape, stride, offset)
-    p._gt_m, p._gt_k = meta, _meta_id(meta)
+    p._gt_m, p._gt_k = meta, meta_id(meta)
 
 
 def _run_now(session, func, args, kwargs, proxies):
@@ -305,7 +301,7 @@ def set_host_storage(func, args, kwargs) -> Proxy:
     with torch._C._DisableTorchDispatch():
         plain = torch.empty(0, dtype=p.dtype)
         func(plain, *args[1:], **kwargs)
-    _rebind(p, upload(p._gt_s, plain, cache=False))
+    rebind(p, upload(p._gt_s, plain, cache=False))
     return p
 
 

@@ -4,7 +4,7 @@ A session lives as long as its worker. Restarting the worker starts a new sessio
 proxy can tell whether the worker that holds its value still exists.
 
 Every instruction goes through :meth:`Session.emit`. Once the worker has sent plans of its
-hot blocks, emit hands instructions to the :class:`~gt_core.stream.plan.Replay`, which turns each
+hot blocks, emit hands instructions to the :class:`~gt_core.client.plan_match.PlanMatcher`, which turns each
 complete occurrence into one RUN and sends it at once (the worker runs step i while the
 client records step i+1). Proxies that die only queue their id (``freed``): a free never
 re-enters the matcher from a destructor; it joins the stream before the next instruction.
@@ -22,10 +22,10 @@ import weakref
 from collections import deque
 
 from gt_core.client.interrupt import check as check_interrupt
-from gt_core.client.replay import Replay
-from gt_core.config import Options
+from gt_core.client.plan_match import PlanMatcher
 from gt_core.errors import WorkerDied, WorkerLost
 from gt_core.observe import events as ev
+from gt_core.options import Options
 from gt_core.stream.instructions import (
     DEFOP,
     FREE,
@@ -36,12 +36,12 @@ from gt_core.stream.instructions import (
     Rng,
     Seed,
     defining_module,
+    new,
     qualified_name,
 )
 
-__all__ = ["Session", "LOCK", "live_session"]
+__all__ = ["Session", "LOCK", "live_session", "set_live_session"]
 
-_new = tuple.__new__  # a Free per freed value, built without the NamedTuple's Python __new__
 
 _generations = itertools.count(1)
 # Every change to a session's stream (an op recorded, a request, a flush) holds this lock:
@@ -64,6 +64,11 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def set_live_session(accessor) -> None:
+    """Where live_session finds the session: ``accessor()`` (client.capture's session())."""
+    _LIVE[:] = [accessor]
 
 
 def live_session() -> Session:
@@ -92,8 +97,8 @@ class Session:
         self.log = log
         self.buf: list = []
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
-        self._freeing = False  # in _frees: a full batch is sent, not flushed (see _out)
-        self.replay = Replay(self._out, self._send)
+        self._freeing = False  # in drain_frees: a full batch is sent, not flushed (see out)
+        self.matcher = PlanMatcher(self.out, self.send_now)
         cls = InProcessTransport if options.worker == "inprocess" else ProcessTransport
         self.transport = cls(options, self._on_events)
         self.transport.before_wait = self.flush  # (a full upload ring: see Transport)
@@ -104,7 +109,7 @@ class Session:
         self.flush_at = options.flush_at
         self.counters = dict.fromkeys(_COUNTERS, 0)
         self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
-        # While a jit call records: its instructions (see _out), and its uploads, each
+        # While a jit call records: its instructions (see out), and its uploads, each
         # (value id, proxy, host copy or None, (file, line)).
         self.tee: list | None = None
         self.tee_puts: list | None = None
@@ -118,7 +123,7 @@ class Session:
         if any(e["type"] in _FOR_CLIENT for e in events):
             for e in events:
                 if e["type"] == ev.PLAN and self.options.client_match:
-                    self.replay.offer(e["signature"], e["plan"])
+                    self.matcher.offer(e["signature"], e["plan"])
             events = [e for e in events if e["type"] not in _FOR_CLIENT]
         if events:
             self.log.extend(events)
@@ -129,7 +134,7 @@ class Session:
         self.flush_at = options.flush_at
         if not options.client_match:
             self.flush()
-            self.replay.forget()
+            self.matcher.forget()
 
     # -- ids and ops ---------------------------------------------------------------------
     def new_ids(self, n: int) -> range:
@@ -149,37 +154,39 @@ class Session:
     def emit(self, ins) -> None:
         """Add one instruction to the stream."""
         if self.freed:
-            self._frees()
-        if self.replay.live and self.tee is None:
-            self.replay.feed(ins)
+            self.drain_frees()
+        if self.matcher.live and self.tee is None:
+            self.matcher.feed(ins)
         else:
-            self._out(ins)
+            self.out(ins)
 
-    def _out(self, ins) -> None:
+    def out(self, ins) -> None:
         """Into the batch that goes out next (what the matcher lets through, too)."""
         buf = self.buf
         buf.append(ins)
         if self.tee is not None:
             self.tee.append(ins)
         if len(buf) >= self.flush_at:
-            # Inside _frees, only the full batch goes: the loop there goes on with the frees
-            # left (a flush would drain them, nested once per batch: with many thousands
-            # freed at once that recursion overflowed the stack).
+            # Inside drain_frees, only the full batch goes: the loop there goes on with the frees
+            # left (a flush would drain them, nested once per batch: a recursion as deep as
+            # the frees are many, past Python's stack).
             if self._freeing:
-                self._send()
+                self.send_now()
             else:
                 self.flush()
 
-    def _frees(self) -> None:
-        freed, replay = self.freed, self.replay
+    def drain_frees(self) -> None:
+        """The values freed since the last instruction join the stream (the matcher's, while
+        it follows a plan), before the next instruction."""
+        freed, matcher = self.freed, self.matcher
         self._freeing = True
         try:
             while freed:
                 vid = freed.popleft()
-                if replay.live and self.tee is None:
-                    replay.free(vid)
+                if matcher.live and self.tee is None:
+                    matcher.free(vid)
                 else:
-                    self._out(_new(Free, (FREE, vid)))
+                    self.out(new(Free, (FREE, vid)))
         finally:
             self._freeing = False
 
@@ -187,12 +194,12 @@ class Session:
         """Send what is pending (an occurrence being matched goes out as instructions)."""
         with LOCK:
             if self.freed:
-                self._frees()
-            if self.replay.kept:
-                self.replay.release()
-            self._send()
+                self.drain_frees()
+            if self.matcher.kept:
+                self.matcher.release()
+            self.send_now()
 
-    def _send(self) -> None:
+    def send_now(self) -> None:
         """Send the batch as it is: after a RUN, so the worker starts on it at once.
 
         (Not a flush: frees still pending are fed to the matcher later, in their order, and
@@ -302,7 +309,7 @@ class Session:
         if self.dead is not None:
             self.buf.clear()  # work for a dead worker: nothing will ever run it
             self.freed.clear()
-            self.replay.forget()
+            self.matcher.forget()
             raise WorkerDied(self.dead)
 
     def publish_stats(self) -> None:
@@ -310,10 +317,10 @@ class Session:
         at 0: the report lists it while it records): only what moved since the last publish."""
         self.log.emit(ev.STATS, **self.counters)
         sent = self._stats_sent
-        for sig, n in self.replay.client_runs.items():
+        for sig, n in self.matcher.client_runs.items():
             if sent.get(sig) != n:
                 sent[sig] = n
-                ms = statistics.median(self.replay.client_ms[sig])
+                ms = statistics.median(self.matcher.client_ms[sig])
                 self.log.emit(ev.CLIENT_STATS, signature=sig, runs=n, client_ms=ms)
         for entry in self.jits:
             if sent.get(entry) != entry.replayed:

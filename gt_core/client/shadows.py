@@ -24,19 +24,19 @@ def _plain(a):
     return a
 
 
-def _on_shadows(func, args, kwargs):
+def on_shadows(func, args, kwargs):
     with torch._C._DisableTorchDispatch():
         return func(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
 
 
-def _shadow(session, func, args, kwargs, out, proxies) -> None:
+def update_shadows(session, func, args, kwargs, out, proxies) -> None:
     """Keep shadows equal to the worker's values after ``func`` was recorded on ``proxies``."""
     if (
         all(p._gt_v is not None for p in proxies)
         and torch.Tag.nondeterministic_seeded not in func.tags
     ):
         try:
-            res, ok = _on_shadows(func, args, kwargs), True
+            res, ok = on_shadows(func, args, kwargs), True
         except Exception:
             res, ok = None, False
         if ok:
@@ -50,14 +50,14 @@ def _shadow(session, func, args, kwargs, out, proxies) -> None:
         # A shadowed value written with unshadowed inputs: refresh it from the worker (the
         # copy goes into the shadow's storage, so views sharing it follow). Only what the op
         # writes: a shadowed input it only reads (`param.mul_(1 - lr * wd)`) stays as it is.
-        for p in _written(func, args, kwargs):
+        for p in written_args(func, args, kwargs):
             if type(p) is Proxy and p._gt_v is not None:
                 fresh = session.fetch(p._gt_id)
                 with torch._C._DisableTorchDispatch():
                     p._gt_v.copy_(fresh)
 
 
-def _written(func, args, kwargs) -> list:
+def written_args(func, args, kwargs) -> list:
     """The arguments ``func`` writes in place (tensors, or items of tensor lists)."""
     out = []
     for i, a in enumerate(func._schema.arguments):

@@ -22,9 +22,9 @@ import torch
 
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import interruptible
-from gt_core.compile.process import end_group
 from gt_core.errors import WorkerDied
 from gt_core.observe import events as ev
+from gt_core.remote.cleanup import end_compile_process
 from gt_core.stream import staging
 from gt_core.stream.instructions import PUT, RNG, to_wire
 
@@ -170,7 +170,7 @@ class ProcessTransport(Transport):
     def _end_compiler(self) -> None:
         """The dead worker's compile process (and its C++ builds, its folder) end with it."""
         if self.compiler is not None:
-            end_group(*self.compiler)
+            end_compile_process(*self.compiler)
             self.compiler = None
 
     def death(self, doing: str) -> WorkerDied:
@@ -327,7 +327,7 @@ class ProcessTransport(Transport):
                 )
 
     def kill(self) -> None:
-        """End the process now (SIGKILL); its compile process follows it (see _compile_proc)."""
+        """End the process now (SIGKILL); its compile process follows it (gt_core.compile.process watches its parent)."""
         if self.proc.is_alive():
             self.proc.kill()
             self.proc.join(timeout=2)

@@ -19,7 +19,7 @@ import torch
 import torch.fx as fx
 
 from gt_core.stream.canonical import Canonical
-from gt_core.stream.lift import Scalar, _Lifted, lower
+from gt_core.stream.lift import Lifted, Scalar, lower
 
 __all__ = [
     "build_graph",
@@ -71,7 +71,7 @@ def build_graph(
 
     def arg(a):
         if type(a) is Scalar:
-            return _Lifted(scalars[a.k]) if lift else scalars[a.k]
+            return Lifted(scalars[a.k]) if lift else scalars[a.k]
         if type(a) is tuple and len(a) == 2 and a[0] in ("i", "t") and type(a[1]) is int:
             return env[a]
         if type(a) is tuple and a and a[0] in ("list", "tuple"):

@@ -38,7 +38,7 @@ import threading
 
 from gt_core.diagnostics import torch_hooks as _hooks
 from gt_core.diagnostics.torch_hooks import recompile_limit
-from gt_core.diagnostics.watcher import _Watcher
+from gt_core.diagnostics.watcher import Watcher
 from gt_core.observe import events as ev
 
 __all__ = ["diagnostics", "explain", "recompile_limit"]
@@ -62,7 +62,7 @@ def diagnostics(log: ev.EventLog | None = None):
         _state["depth"] += 1
         watcher = _state["watcher"]
         if watcher is None:  # the outermost block (of any thread) hooks in
-            watcher = _state["watcher"] = _Watcher(log)
+            watcher = _state["watcher"] = Watcher(log)
             with (
                 _hooks.disable_current_modes()
             ):  # inside a capture: torch._dynamo's import unrecorded

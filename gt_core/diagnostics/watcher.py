@@ -1,6 +1,6 @@
 """The sources of gt_core.diagnostics: Dynamo's compile records, its logs, its counters.
 
-A :class:`_Watcher` hooks into them for the length of one diagnostics block and hands what
+A :class:`Watcher` hooks into them for the length of one diagnostics block and hands what
 they say to the event makers (:mod:`.compiles`, :mod:`.breaks`, :mod:`.skips`), which turn it
 into ``user.*`` events; see :mod:`gt_core.diagnostics` for the design.
 """
@@ -38,7 +38,7 @@ class _Tap(logging.Filter):
         return self.passthrough or not used
 
 
-class _Watcher:
+class Watcher:
     """The state of one diagnostics block: hooks in place, what was seen so far."""
 
     def __init__(self, log: ev.EventLog):

@@ -20,11 +20,11 @@ from gt_core.compile.lower import (
 )
 from gt_core.compile.process import CompileProcess
 from gt_core.compile.rng import keep_rng_in_threads
-from gt_core.config import Options
 from gt_core.hotpath.blocks import Block
 from gt_core.hotpath.outbox import reason
 from gt_core.observe import events as ev
 from gt_core.observe.report import Status
+from gt_core.options import Options
 
 __all__ = ["Compiler"]
 

@@ -137,9 +137,7 @@ class Engine:
             self.ex.execute(ins)
         elif code == RUN:
             block = self.matcher.blocks[ins.sig]
-            produced = ins.produced
-            if type(produced) is int:  # its first id (a jit call: one int to send)
-                produced = range(produced, produced + block.n_produced)
+            produced = ins.produced  # (a list, or a jit call's range: counted in planned)
             occ = self.matcher.planned(block, ins.inputs, produced, ins.scalars)
             if occ is not None:
                 self._occurrence(block, occ)

@@ -17,10 +17,10 @@ from gt_core.observe.report import Status
 
 __all__ = ["Judge"]
 
-# Clean eager runs a regression check compares against: three, so that the median is not
-# moved by one slow run (the first run of a block's eager graph after a compile often is).
-_BASELINE_RUNS = 3
-_MAX_PROBES = 4 * _BASELINE_RUNS  # eager runs timed for it at most, after the compile
+# A regression check compares against metrics.MIN_BASELINE clean eager runs, so that the
+# median is not moved by one slow run (the first run of a block's eager graph after a compile
+# often is).
+_MAX_PROBES = 4 * metrics.MIN_BASELINE  # eager runs timed for it at most, after the compile
 _WARM_UP = 1  # the first probe of a block, run before those timed for it (see eager_ran)
 _SLOWER = 1.05  # a compiled median over this many times the eager one is a regression
 _PATIENCE = 50  # compiled runs a check waits for a compile beside them to end
@@ -52,7 +52,7 @@ class Judge:
             return
         block.eager_ms.append(ms)
         # The first probe warms the eager graph up and is no sample: a jit call's block runs
-        # it for the first time there (10.8 ms once, against 0.3-0.45 ms after).
+        # it for the first time there, many times slower than after (README, "Benchmarks").
         warming = block.probe > 0 and block.probed < _WARM_UP
         if not warming:
             self._sample(block, "eager", ms)
@@ -82,7 +82,7 @@ class Judge:
         if len(compiled) < self.options.regression_samples:
             return
         eager = block.samples.get(("eager", cond), ())
-        if len(eager) < _BASELINE_RUNS:
+        if len(eager) < metrics.MIN_BASELINE:
             if block.probed >= _MAX_PROBES:  # the condition keeps changing: all runs
                 self._decide(block, block.eager_ms, block.compiled_ms, "all of them")
                 return
@@ -90,7 +90,7 @@ class Judge:
             # before one was: runs beside a compile are slowed by it; or the client waited
             # for those and records beside these, which leaves the worker a core fewer):
             # time a few eager occurrences now, then judge.
-            block.probe = _BASELINE_RUNS - len(eager)
+            block.probe = metrics.MIN_BASELINE - len(eager)
             return
         self._decide(block, eager, compiled, _in_words(cond))
 

@@ -13,8 +13,9 @@ from gt_core.compile import aliases
 from gt_core.compile.lower import build_graph
 from gt_core.hotpath.blocks import Block, Blocks
 from gt_core.observe import events as ev
+from gt_core.observe.graph import diff
 from gt_core.observe.report import Status
-from gt_core.stream.canonical import Mismatch, _finish, _name, canonicalize, diff
+from gt_core.stream.canonical import Mismatch, canonicalize, finish, value_name
 from gt_core.stream.instructions import JIT_SIGNAL
 from gt_core.stream.lift import LiftNamer
 from gt_core.stream.plan import make_plan
@@ -46,7 +47,7 @@ class Registry:
             return canonicalize(instrs, self.meta_of, self.block_op_name)
         namer = LiftNamer(self.meta_of, lift)
         entries = tuple(namer.entry(ins, self.block_op_name) for ins in instrs)
-        return _finish(entries, namer), namer
+        return finish(entries, namer), namer
 
     def form(self, canon, namer, paths: list, period: int, **kw) -> Block:
         """The block of a canonicalized segment (``kw``: Block's signal, lift, scalar_dtypes)."""
@@ -141,7 +142,7 @@ class Registry:
         for vid, name in namer.names.items():
             m = self.meta_of(vid)
             if m is not None:
-                out[_name(name)] = {
+                out[value_name(name)] = {
                     "shape": list(m.shape),
                     "dtype": str(m.dtype).removeprefix("torch."),
                 }

@@ -3,14 +3,15 @@
 The worker sends the canonical form's plain data (``canonical``) and one occurrence's value
 metadata (``values``: name -> ``{"shape", "dtype"}``); the client builds the graph from
 them: :func:`to_networkx` for analysis, :func:`graph_data` as the plain nodes and edges the
-dashboard draws. No torch import; networkx is imported when a graph is built.
+dashboard draws; :func:`diff` says in words where two signatures' plain data first differ.
+No torch import; networkx is imported when a graph is built.
 """
 
 from __future__ import annotations
 
 from gt_core.observe import events as ev
 
-__all__ = ["consumed", "to_networkx", "graph_data", "graph_of"]
+__all__ = ["consumed", "to_networkx", "graph_data", "graph_of", "diff", "diff_text"]
 
 
 def _refs(x) -> list[str]:
@@ -139,3 +140,65 @@ def _graph_of_event(e: dict) -> dict:
         _BUILT.pop(next(iter(_BUILT)))
     _BUILT[id(e)] = (e, g)
     return g
+
+
+# -- two signatures compared -----------------------------------------------------------
+def diff(a: dict, b: dict) -> str | None:
+    """The first difference between two signatures' plain data, in words (None if equal)."""
+    if a["signature"] == b["signature"]:
+        return None
+    ea, eb = a["entries"], b["entries"]
+    ins_a = {i["name"]: i for i in a["inputs"]}
+    ins_b = {i["name"]: i for i in b["inputs"]}
+    k = -1
+    for pos, (x, y) in enumerate(zip(ea, eb, strict=False)):
+        if x["kind"] == "op":
+            k += 1
+        if x["kind"] != y["kind"]:
+            if "free" in (x["kind"], y["kind"]):
+                fx = x if x["kind"] == "free" else y
+                one, other = ("A", "B") if fx is x else ("B", "A")
+                return f"value {fx['value']} freed inside the block in {one}, not in {other} (instruction {pos})"
+            return f"instruction {pos}: {x['kind']} → {y['kind']}"
+        if x["kind"] == "free":
+            if x["value"] != y["value"]:
+                return f"instruction {pos}: frees {x['value']} in A, {y['value']} in B"
+            continue
+        if x["op"] != y["op"]:
+            return f"op {k}: {_short(x['op'])} → {_short(y['op'])}"
+        for j, (ra, rb) in enumerate(zip(consumed(x), consumed(y), strict=False)):
+            if ra != rb:
+                return f"op {k} ({_short(x['op'])}): input {j} is {ra} in A, {rb} in B (a different dependency)"
+            if ra in ins_a and rb in ins_b:
+                ia, ib = ins_a[ra], ins_b[rb]
+                for field in ("shape", "dtype", "device", "stride"):
+                    if ia[field] != ib[field]:
+                        return f"op {k} ({_short(x['op'])}): input {j} {field} {ia[field]} → {ib[field]}"
+        if x["args"] != y["args"] or x["kwargs"] != y["kwargs"]:
+            return f"op {k} ({_short(x['op'])}): arguments {_args(x)} → {_args(y)}"
+    if len(ea) != len(eb):
+        longer, one, other = (ea, "A", "B") if len(ea) > len(eb) else (eb, "B", "A")
+        extra = longer[min(len(ea), len(eb))]
+        if extra["kind"] == "free":
+            return f"value {extra['value']} freed inside the block in {one}, not in {other}"
+        return f"block A has {len(ea)} instructions, block B {len(eb)}"
+    for ia, ib in zip(a["inputs"], b["inputs"], strict=False):
+        for field in ("shape", "dtype", "device", "stride"):
+            if ia[field] != ib[field]:
+                return f"input {ia['name']} {field} {ia[field]} → {ib[field]}"
+    return "the blocks differ in their outputs"
+
+
+def diff_text(a: dict, b: dict) -> str:
+    """``diff`` as one line for people: 'same signature' when equal."""
+    d = diff(a, b)
+    return f"{a['signature']} → {b['signature']}: {d}" if d else f"{a['signature']}: same signature"
+
+
+def _short(op: str) -> str:
+    return op.removesuffix(".default")
+
+
+def _args(e: dict) -> str:
+    parts = [str(x) for x in e["args"]] + [f"{k}={v}" for k, v in e["kwargs"].items()]
+    return "(" + ", ".join(parts) + ")"

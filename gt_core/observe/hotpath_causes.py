@@ -11,7 +11,7 @@ _DYNAMIC = (("dynamic", True, ", or --dynamic", ()),)
 
 HOTPATH_CAUSES: tuple[Cause, ...] = (
     # -- gt's own hot paths: what the dashboard's reasons table says to do ----------------
-    # A recompile: the first difference between two signatures (gt_core.stream.canonical.diff).
+    # A recompile: the first difference between two signatures (gt_core.observe.graph.diff).
     Cause(
         "batch_size",
         ("signature_change",),

@@ -66,6 +66,7 @@ def steady(xs: Sequence[float]) -> float | None:
 
 
 MIN_BASELINE = 3  # eager runs a baseline needs: one slow first run must not set it
+CLIENT_SAMPLES = 256  # the client's ms of the newest calls of a block kept (for the median)
 
 
 def eager_median(eager: Sequence[float], compiling: Sequence[float] = ()) -> float | None:

@@ -231,8 +231,8 @@ class _Inbox:
     Messages are multiprocessing's frames (a 4-byte big-endian length, or -1 and an 8-byte
     one, then a pickle). Where the connection is a socket (a duplex Pipe on POSIX) they are
     read in bulk, every frame that has arrived in one system call, instead of a poll and two
-    reads per message (a replayed gt_core.jit call is one message: those calls were a fifth
-    of the worker's own time per call).
+    reads per message: a replayed gt_core.jit call is one message, so the worker's cost per
+    message is a part of every replayed call's.
     """
 
     def __init__(self, conn):

@@ -6,9 +6,9 @@ op consumes which value, and which values are freed inside the block. Two blocks
 same form compute the same thing on inputs of the same metadata, so the form's hash is the
 key of the compiled-block cache: our signature is the guard.
 
-``Canonical.to_data()`` is plain data (it travels in events); ``diff`` and ``diff_text`` read
-that plain data (gt_core.observe.graph draws it), so the client and offline logs can draw and
-compare signatures without the worker.
+``Canonical.to_data()`` is plain data (it travels in events); gt_core.observe.graph draws and
+compares that plain data (``diff``, ``diff_text``), so the client and offline logs can draw
+and compare signatures without the worker.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gt_core.observe.graph import consumed
 from gt_core.stream.instructions import FREE, Ref
 from gt_core.stream.meta import ValueMeta
 
@@ -27,8 +26,6 @@ __all__ = [
     "FreeEntry",
     "canonicalize",
     "Namer",
-    "diff",
-    "diff_text",
     "signature_of",
 ]
 
@@ -134,7 +131,7 @@ class Canonical:
                 for k, m in enumerate(self.input_meta)
             ],
             "entries": [_entry_data(e) for e in self.entries],
-            "outputs": [_name(n) for n in self.outputs],
+            "outputs": [value_name(n) for n in self.outputs],
         }
 
 
@@ -142,10 +139,10 @@ def canonicalize(instrs, meta_of, op_name) -> tuple[Canonical, Namer]:
     """The canonical form of OP/FREE instructions; ``meta_of(id)`` gives an input's metadata."""
     namer = Namer(meta_of)
     entries = tuple(namer.entry(ins, op_name) for ins in instrs)
-    return _finish(entries, namer), namer
+    return finish(entries, namer), namer
 
 
-def _finish(entries: tuple, namer: Namer) -> Canonical:
+def finish(entries: tuple, namer: Namer) -> Canonical:
     freed = {e.value for e in entries if e.kind == "free"}
     outputs = tuple(
         n for e in entries if e.kind == "op" for n in e.outs if n is not None and n not in freed
@@ -168,14 +165,14 @@ def _dtype(d) -> str:
     return str(d).removeprefix("torch.")
 
 
-def _name(n: tuple) -> str:
+def value_name(n: tuple) -> str:
     kind, k = n
     return ("in" if kind == "i" else "t") + str(k)
 
 
 def _arg_data(a):
     if type(a) is tuple and len(a) == 2 and a[0] in ("i", "t") and type(a[1]) is int:
-        return "%" + _name(a)
+        return "%" + value_name(a)
     if type(a) is tuple and a and a[0] in ("list", "tuple"):
         return [_arg_data(x) for x in a[1:]]
     if isinstance(a, (int, float, str, bool)) or a is None:
@@ -185,72 +182,11 @@ def _arg_data(a):
 
 def _entry_data(e: OpEntry | FreeEntry) -> dict:
     if e.kind == "free":
-        return {"kind": "free", "value": _name(e.value)}
+        return {"kind": "free", "value": value_name(e.value)}
     return {
         "kind": "op",
         "op": e.op,
         "args": [_arg_data(a) for a in e.args],
         "kwargs": {k: _arg_data(v) for k, v in e.kwargs},
-        "outs": [_name(n) for n in e.outs if n is not None],
+        "outs": [value_name(n) for n in e.outs if n is not None],
     }
-
-
-def diff(a: dict, b: dict) -> str | None:
-    """The first difference between two signatures' plain data, in words (None if equal)."""
-    if a["signature"] == b["signature"]:
-        return None
-    ea, eb = a["entries"], b["entries"]
-    ins_a = {i["name"]: i for i in a["inputs"]}
-    ins_b = {i["name"]: i for i in b["inputs"]}
-    k = -1
-    for pos, (x, y) in enumerate(zip(ea, eb, strict=False)):
-        if x["kind"] == "op":
-            k += 1
-        if x["kind"] != y["kind"]:
-            if "free" in (x["kind"], y["kind"]):
-                fx = x if x["kind"] == "free" else y
-                one, other = ("A", "B") if fx is x else ("B", "A")
-                return f"value {fx['value']} freed inside the block in {one}, not in {other} (instruction {pos})"
-            return f"instruction {pos}: {x['kind']} → {y['kind']}"
-        if x["kind"] == "free":
-            if x["value"] != y["value"]:
-                return f"instruction {pos}: frees {x['value']} in A, {y['value']} in B"
-            continue
-        if x["op"] != y["op"]:
-            return f"op {k}: {_short(x['op'])} → {_short(y['op'])}"
-        for j, (ra, rb) in enumerate(zip(consumed(x), consumed(y), strict=False)):
-            if ra != rb:
-                return f"op {k} ({_short(x['op'])}): input {j} is {ra} in A, {rb} in B (a different dependency)"
-            if ra in ins_a and rb in ins_b:
-                ia, ib = ins_a[ra], ins_b[rb]
-                for field in ("shape", "dtype", "device", "stride"):
-                    if ia[field] != ib[field]:
-                        return f"op {k} ({_short(x['op'])}): input {j} {field} {ia[field]} → {ib[field]}"
-        if x["args"] != y["args"] or x["kwargs"] != y["kwargs"]:
-            return f"op {k} ({_short(x['op'])}): arguments {_args(x)} → {_args(y)}"
-    if len(ea) != len(eb):
-        longer, one, other = (ea, "A", "B") if len(ea) > len(eb) else (eb, "B", "A")
-        extra = longer[min(len(ea), len(eb))]
-        if extra["kind"] == "free":
-            return f"value {extra['value']} freed inside the block in {one}, not in {other}"
-        return f"block A has {len(ea)} instructions, block B {len(eb)}"
-    for ia, ib in zip(a["inputs"], b["inputs"], strict=False):
-        for field in ("shape", "dtype", "device", "stride"):
-            if ia[field] != ib[field]:
-                return f"input {ia['name']} {field} {ia[field]} → {ib[field]}"
-    return "the blocks differ in their outputs"
-
-
-def diff_text(a: dict, b: dict) -> str:
-    """``diff`` as one line for people: 'same signature' when equal."""
-    d = diff(a, b)
-    return f"{a['signature']} → {b['signature']}: {d}" if d else f"{a['signature']}: same signature"
-
-
-def _short(op: str) -> str:
-    return op.removesuffix(".default")
-
-
-def _args(e: dict) -> str:
-    parts = [str(x) for x in e["args"]] + [f"{k}={v}" for k, v in e["kwargs"].items()]
-    return "(" + ", ".join(parts) + ")"

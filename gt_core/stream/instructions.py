@@ -13,6 +13,7 @@ wire tuple is the NamedTuple's fields in order, so ``code`` picks the class back
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 __all__ = [
@@ -109,14 +110,15 @@ class Sync(NamedTuple):
 class Run(NamedTuple):
     """One whole occurrence of the hot block ``sig``, bound to these ids and scalars.
 
-    ``produced``: the ids of the values it creates, a list, or an int: the first of the
-    block's consecutive ids (gt_core.jit sends that; the worker knows the block's count).
+    ``produced``: the ids of the values it creates, in order: a list from the plan matcher,
+    a range from gt_core.jit (consecutive ids: three ints on the pipe). The worker checks
+    their count against the block's.
     """
 
     code: int
     sig: str
     inputs: list
-    produced: list | int
+    produced: Sequence[int]
     scalars: list
 
 
@@ -128,7 +130,10 @@ class Rng(NamedTuple):
 
 
 _KINDS = (Op, Free, Put, Seed, DefOp, Mark, Sync, Run, Rng)  # by code
-_new = tuple.__new__
+# An instruction built where every microsecond counts (an op recorded, a free, the pipe's
+# batches) skips its NamedTuple's Python __new__, which costs several times the tuple itself:
+# ``new(Op, (OP, idx, args, kwargs, outs))``, fields in order, nothing checked.
+new = tuple.__new__
 
 
 def to_wire(batch: list) -> list:
@@ -138,7 +143,7 @@ def to_wire(batch: list) -> list:
 
 def from_wire(batch: list) -> list:
     """Plain tuples off the pipe as instructions again (each by its code)."""
-    return [_new(_KINDS[t[0]], t) for t in batch]
+    return [new(_KINDS[t[0]], t) for t in batch]
 
 
 # MARK names that begin so are gt_core.jit calls: each call is exactly one block.

@@ -226,10 +226,10 @@ def _has_scalar(a) -> bool:
         return False
     if isinstance(a, (list, tuple)):
         return any(_has_scalar(x) for x in a)
-    return isinstance(a, _Lifted)
+    return isinstance(a, Lifted)
 
 
-class _Lifted:
+class Lifted:
     """A lifted scalar's placeholder node, marked so lowering can find it among arguments."""
 
     __slots__ = ("node",)
@@ -239,7 +239,7 @@ class _Lifted:
 
 
 def _n(a):
-    return a.node if isinstance(a, _Lifted) else a
+    return a.node if isinstance(a, Lifted) else a
 
 
 def lower(g: fx.Graph, op, args: tuple, kwargs: dict):
@@ -293,7 +293,7 @@ def _addc(g: fx.Graph, op, self_, t1, t2, value):
     # The eager kernel computes self + value * t1 / t2 (or * t2), left to right.
     call = g.call_function
     scaled = (
-        call(_aten.mul.Tensor, (t1, _n(value))) if value != 1 or isinstance(value, _Lifted) else t1
+        call(_aten.mul.Tensor, (t1, _n(value))) if value != 1 or isinstance(value, Lifted) else t1
     )
     combine = _aten.div.Tensor if "addcdiv" in op._schema.name else _aten.mul.Tensor
     term = call(combine, (scaled, t2))
@@ -301,4 +301,4 @@ def _addc(g: fx.Graph, op, self_, t1, t2, value):
     return call(add, (self_, term))
 
 
-__all__ += ["_Lifted"]
+__all__ += ["Lifted"]

@@ -88,8 +88,8 @@ def _flat(t: torch.Tensor, stride: tuple) -> bool:
 def _copy_in(seg: _Segment, s: Staged, t: torch.Tensor) -> None:
     """``t`` into ``seg`` where ``s`` says. One memcpy where it can be: torch's copy splits a
     large copy over its OpenMP threads, and the kernel and the worker each have a thread per
-    core; a copy waited milliseconds for a thread the other process held (10 ms for 200 KB,
-    against 20 µs for one memcpy)."""
+    core; a copy waits for a thread the other process holds, many times longer than one
+    memcpy takes (README, "Benchmarks")."""
     if _flat(t, s.stride):
         ctypes.memmove(seg.base + s.offset, t.data_ptr(), s.nbytes)
     else:

@@ -7,14 +7,15 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from gt_core.observe import metrics
 from gt_core.stream.instructions import FREE, OP, RUN, Free, Ref, Run
 from gt_core.stream.lift import Scalar
 from gt_core.stream.plan import Plan, Slot, instruction
 
-__all__ = ["Occurrence", "Replay"]
+__all__ = ["Candidate", "PlanMatcher"]
 
 
-class Occurrence:
+class Candidate:
     """One candidate occurrence of a plan in the client's stream: position and bindings."""
 
     __slots__ = ("plan", "entries", "n", "pos", "inputs", "produced", "scalars", "bound")
@@ -119,7 +120,7 @@ class Occurrence:
         return type(a) is tt and a == t
 
 
-class Replay:
+class PlanMatcher:
     """The client's matcher: instructions in, the stream (with RUNs for whole occurrences) out.
 
     ``sink(ins)`` appends an instruction to the stream; ``ready()`` is called after a RUN
@@ -133,7 +134,7 @@ class Replay:
         self.live = False  # set once a plan has arrived: until then instructions go straight out
         self.plans: dict[str, Plan] = {}
         self.by_first: dict = {}
-        self.cands: list[Occurrence] = []
+        self.cands: list[Candidate] = []
         self.kept: list = []  # the instructions of the occurrence being matched
         self.runs = 0  # occurrences sent as one RUN
         self.client_ms: dict[str, deque] = {}  # signature -> the client's ms per occurrence
@@ -188,7 +189,7 @@ class Replay:
                 return
         self.feed(Free(FREE, vid))
 
-    def followed_op(self, c: Occurrence) -> None:
+    def followed_op(self, c: Candidate) -> None:
         """``c``'s next entry was recorded by following it: kept as None (see release)."""
         self.followed += 1
         c.pos += 1
@@ -202,7 +203,7 @@ class Replay:
         code = ins.code
         plans = self.by_first.get(ins.op if code == OP else "free" if code == FREE else None)
         if plans:
-            cands = [c for c in (Occurrence(p) for p in plans) if c.match(ins)]
+            cands = [c for c in (Candidate(p) for p in plans) if c.match(ins)]
             if cands:
                 self.cands = cands
                 self.kept.append(ins)
@@ -213,7 +214,7 @@ class Replay:
                 return
         self._sink(ins)
 
-    def _complete(self, c: Occurrence) -> None:
+    def _complete(self, c: Candidate) -> None:
         self.cands, self.kept = [], []
         self.runs += 1
         # The client's ms per occurrence: from one RUN of a block to the next one of it, when
@@ -221,7 +222,9 @@ class Replay:
         now, sig = time.perf_counter(), c.plan.sig
         last_sig, last_at = self._last
         if last_sig == sig:
-            self.client_ms.setdefault(sig, deque(maxlen=256)).append((now - last_at) * 1e3)
+            self.client_ms.setdefault(sig, deque(maxlen=metrics.CLIENT_SAMPLES)).append(
+                (now - last_at) * 1e3
+            )
             self.client_runs[sig] = self.client_runs.get(sig, 0) + 1
         self._last = (sig, now)
         self._sink(Run(RUN, c.plan.sig, c.inputs, c.produced, c.scalars))
