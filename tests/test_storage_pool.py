@@ -1,5 +1,6 @@
 """Storage reuse for staged tensors: memory goes to a new tensor only once nothing holds it."""
 
+import pytest
 import torch
 
 from gt_core.stream import staging
@@ -88,6 +89,24 @@ def test_staged_uploads_of_one_size_reuse_their_storage_and_keep_their_values():
         assert got == [float(i) * 2 * MB // 4 for i in range(6)]
         assert len(ptrs) <= 3  # not a fresh mapping per upload
         assert kept.eq(5.0).all()
+    finally:
+        writer.close()
+        reader.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.bfloat16, torch.complex64, torch.int64])
+def test_staged_tensors_of_every_dtype_come_out_of_reused_storage_equal(dtype):
+    writer = staging.Writer(16 * MB, make_room=lambda: None)
+    reader = staging.Reader(reuse=64 * MB)
+    try:
+        for seed in range(3):
+            g = torch.Generator().manual_seed(seed)
+            host = (torch.randn(1024, 1024, generator=g) * 100).to(dtype).t()
+            out = reader.take(writer.stage(host))
+            assert out.dtype == dtype and out.stride() == host.stride()
+            torch.testing.assert_close(out, host, atol=0, rtol=0)
+            del out
+        assert reader.pool.held > 0
     finally:
         writer.close()
         reader.close()
