@@ -30,6 +30,21 @@ def _scores(q, k, is_causal, attn_mask, scale):
     return s, scale
 
 
+def _heads(q, kv):
+    """``kv`` with as many heads as ``q`` (grouped-query attention: each key/value head serves
+    ``q.size(1) // kv.size(1)`` consecutive query heads, as the CPU kernel pairs them)."""
+    group = q.size(1) // kv.size(1)
+    return kv if group == 1 else kv.repeat_interleave(group, dim=1)
+
+
+def _grouped(g, kv):
+    """A gradient over the expanded heads, summed back onto ``kv``'s heads."""
+    if g.size(1) == kv.size(1):
+        return g
+    h = kv.size(1)
+    return g.unflatten(1, (h, g.size(1) // h)).sum(2)
+
+
 def _no_dropout(dropout_p: float) -> None:
     if dropout_p:
         raise NotImplementedError(
@@ -41,11 +56,11 @@ def _no_dropout(dropout_p: float) -> None:
 
 def _flash_for_cpu(q, k, v, dropout_p=0.0, is_causal=False, *, attn_mask=None, scale=None):
     _no_dropout(dropout_p)
-    s, _ = _scores(q, k, is_causal, attn_mask, scale)
+    s, _ = _scores(q, _heads(q, k), is_causal, attn_mask, scale)
     lse = torch.logsumexp(s, -1)
     p = torch.exp(s - lse.unsqueeze(-1))
     b, h, n = q.size(0), q.size(1), q.size(2)
-    out = torch.empty_like(q).copy_(torch.matmul(p, v.to(p.dtype)))
+    out = torch.empty_like(q).copy_(torch.matmul(p, _heads(q, v).to(p.dtype)))
     lse_out = torch.empty((b, n, h), dtype=lse.dtype, device=q.device).transpose(1, 2)
     return out, lse_out.copy_(lse)
 
@@ -54,15 +69,16 @@ def _flash_for_cpu_backward(
     grad_out, q, k, v, out, logsumexp, dropout_p, is_causal, *, attn_mask=None, scale=None
 ):
     _no_dropout(dropout_p)
-    s, scale = _scores(q, k, is_causal, attn_mask, scale)
+    ke, ve = _heads(q, k), _heads(q, v)
+    s, scale = _scores(q, ke, is_causal, attn_mask, scale)
     dt = s.dtype
     p = torch.exp(s - logsumexp.to(dt).unsqueeze(-1))
     go = grad_out.to(dt)
-    dv = torch.matmul(p.transpose(-2, -1), go)
-    dp = torch.matmul(go, v.to(dt).transpose(-2, -1))
+    dv = _grouped(torch.matmul(p.transpose(-2, -1), go), v)
+    dp = torch.matmul(go, ve.to(dt).transpose(-2, -1))
     ds = p * (dp - (go * out.to(dt)).sum(-1, keepdim=True))
-    dq = torch.matmul(ds, k.to(dt)) * scale
-    dk = torch.matmul(ds.transpose(-2, -1), q.to(dt)) * scale
+    dq = torch.matmul(ds, ke.to(dt)) * scale
+    dk = _grouped(torch.matmul(ds.transpose(-2, -1), q.to(dt)), k) * scale
     # The CPU kernel's grads are laid out (batch, seq, heads, dim).
     return tuple(
         torch.empty_permuted(ref.size(), (0, 2, 1, 3), dtype=ref.dtype, device=ref.device).copy_(g)
