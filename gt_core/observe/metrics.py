@@ -115,61 +115,71 @@ def break_even(
     ``{"at": index of the run after it, "n", "counts", "totals"}``) leave some out; a
     break-even among folded runs is estimated as if their gain came evenly.
     """
-    x = x if x is not None else list(range(1, len(kinds) + 1))
     if baseline is None:
         baseline = eager_median(
             [m for k, m in zip(kinds, ms, strict=False) if k == EAGER],
             [m for k, m in zip(kinds, ms, strict=False) if k != COMPILED],
         )
-    charge = compile_ms or 0.0
-
-    def as_eager(k: str, m: float) -> float:
-        if baseline is None or k == EAGER:
-            return m
-        return baseline if k == COMPILED else min(m, baseline)
-
-    cum_gt, cum_eager = [], []
-    gt = eager = 0.0
-    ahead = None  # the iteration since which gt has stayed ahead
+    race = _Race(baseline, compile_ms or 0.0, charge_at)
     at = {g["at"]: g for g in gaps}
-    done = 0  # iterations counted so far
     for i in range(len(kinds) + 1):
-        g = at.get(i)
-        if g is not None:
-            before = gt - eager
-            totals, counts = g.get("totals", {}), g.get("counts", {})
-            gt += sum(totals.values()) + (charge if done <= charge_at < done + g["n"] else 0.0)
-            eager += sum(totals.get(k, 0.0) for k in totals if k not in (COMPILED, COMPILING))
-            for k in (COMPILED, COMPILING):  # a fold keeps totals: its runs' mean stands in
-                n_k = counts.get(k, 0)
-                if n_k:
-                    eager += n_k * as_eager(k, totals.get(k, 0.0) / n_k)
-            if gt >= eager:
-                ahead = None
-            elif ahead is None and baseline is not None:
-                share = before / (before - (gt - eager)) if before > 0 else 0.0
-                ahead = done + max(1, math.ceil(share * g["n"]))
-            done += g["n"]
-        if i == len(kinds):
-            break
-        k, m = kinds[i], ms[i]
-        gt += m + (charge if x[i] - 1 == charge_at else 0.0)
-        eager += as_eager(k, m)
-        cum_gt.append(gt)
-        cum_eager.append(eager)
-        done = x[i]
-        if gt >= eager:
-            ahead = None
-        elif ahead is None and baseline is not None:
-            ahead = x[i]
-    saved = eager - gt
+        if i in at:
+            race.fold(at[i])
+        if i < len(kinds):
+            race.run(kinds[i], ms[i], x[i] if x is not None else i + 1)
     return {
         "baseline_ms": baseline,
-        "cum_gt": cum_gt,
-        "cum_eager": cum_eager,
-        "break_even": ahead,
-        "saved_ms": saved,
+        "cum_gt": race.cum_gt,
+        "cum_eager": race.cum_eager,
+        "break_even": race.ahead,
+        "saved_ms": race.eager - race.gt,
     }
+
+
+class _Race:
+    """gt's running total against the eager-only estimate, run by run (see break_even)."""
+
+    def __init__(self, baseline: float | None, charge: float, charge_at: int):
+        self.baseline, self.charge, self.charge_at = baseline, charge, charge_at
+        self.gt = self.eager = 0.0
+        self.cum_gt, self.cum_eager = [], []  # the two totals after each run
+        self.ahead: int | None = None  # the iteration since which gt has stayed ahead
+        self.done = 0  # iterations counted so far
+
+    def as_eager(self, k: str, m: float) -> float:
+        if self.baseline is None or k == EAGER:
+            return m
+        return self.baseline if k == COMPILED else min(m, self.baseline)
+
+    def run(self, k: str, m: float, x: int) -> None:
+        """One run of kind ``k`` that took ``m`` ms, iteration ``x``."""
+        self.gt += m + (self.charge if x - 1 == self.charge_at else 0.0)
+        self.eager += self.as_eager(k, m)
+        self.cum_gt.append(self.gt)
+        self.cum_eager.append(self.eager)
+        self.done = x
+        if self.gt >= self.eager:
+            self.ahead = None
+        elif self.ahead is None and self.baseline is not None:
+            self.ahead = x
+
+    def fold(self, g: dict) -> None:
+        """Folded runs: their totals count; a fold keeps totals, so their mean stands in."""
+        before = self.gt - self.eager
+        totals, counts, done = g.get("totals", {}), g.get("counts", {}), self.done
+        charged = done <= self.charge_at < done + g["n"]
+        self.gt += sum(totals.values()) + (self.charge if charged else 0.0)
+        self.eager += sum(totals.get(k, 0.0) for k in totals if k not in (COMPILED, COMPILING))
+        for k in (COMPILED, COMPILING):
+            n_k = counts.get(k, 0)
+            if n_k:
+                self.eager += n_k * self.as_eager(k, totals.get(k, 0.0) / n_k)
+        if self.gt >= self.eager:
+            self.ahead = None
+        elif self.ahead is None and self.baseline is not None:
+            share = before / (before - (self.gt - self.eager)) if before > 0 else 0.0
+            self.ahead = done + max(1, math.ceil(share * g["n"]))
+        self.done += g["n"]
 
 
 def runs(events: list[dict], signature: str) -> tuple[list[dict], list[dict]]:
@@ -232,6 +242,30 @@ def _blocking(started: dict | None) -> bool:
     return started is not None and started.get("where", "inline") == "inline"
 
 
+def _compile_window(events, signature: str, its: list, gaps: list, x: list, n: int) -> tuple:
+    """(started, finished, window, label): a hot path's compile events, the iterations its
+    compile spanned ([x0, x1] in half steps; None without one) and what to call it."""
+    kinds, ts = [e.get("kind", EAGER) for e in its], [e.get("t") for e in its]
+    started = _first(events, ev.COMPILE_STARTED, signature)
+    finished = _first(events, ev.COMPILE_FINISHED, signature)
+    failed = _first(events, ev.COMPILE_FAILED, signature)
+    end = finished or failed
+    timed = n > 0 and all(
+        isinstance(t, (int, float)) for t in [*ts, *(g[k] for g in gaps for k in ("t0", "t1"))]
+    )
+    window = None
+    if started is not None and timed and isinstance(started.get("t"), (int, float)):
+        x0 = _before(ts, gaps, started["t"], strict=True) + 0.5
+        x1 = (_before(ts, gaps, end["t"], strict=False) if end and "t" in end else n) + 0.5
+        window = [x0, max(x1, x0 + 0.2)]
+    elif COMPILING in kinds:
+        first = kinds.index(COMPILING)
+        last = len(kinds) - 1 - kinds[::-1].index(COMPILING)
+        window = [x[first] - 0.5, x[last] + 0.5]
+    label = "compile failed" if failed and not finished else ("compiling" if not end else "compile")
+    return started, finished, window, label
+
+
 def timeline(events: list[dict], signature: str, baseline_ms: float | None = None) -> dict:
     """Per-iteration timings of one hot path, its compile window, break-even and speedup.
 
@@ -244,29 +278,10 @@ def timeline(events: list[dict], signature: str, baseline_ms: float | None = Non
     its, gaps = runs(events, signature)
     kinds = [e.get("kind", EAGER) for e in its]
     ms = [float(e.get("ms", 0.0)) for e in its]
-    ts = [e.get("t") for e in its]
     x, n = _positions(its, gaps)
-    started = _first(events, ev.COMPILE_STARTED, signature)
-    finished = _first(events, ev.COMPILE_FINISHED, signature)
-    failed = _first(events, ev.COMPILE_FAILED, signature)
+    started, finished, window, label = _compile_window(events, signature, its, gaps, x, n)
     verdict = judged(events, signature)
     revert = verdict if verdict is not None and verdict.get("type") == ev.REVERT else None
-    end = finished or failed
-    timed = n > 0 and all(
-        isinstance(t, (int, float)) for t in [*ts, *(g[k] for g in gaps for k in ("t0", "t1"))]
-    )
-
-    window = None
-    if started is not None and timed and isinstance(started.get("t"), (int, float)):
-        x0 = _before(ts, gaps, started["t"], strict=True) + 0.5
-        x1 = (_before(ts, gaps, end["t"], strict=False) if end and "t" in end else n) + 0.5
-        window = [x0, max(x1, x0 + 0.2)]
-    elif COMPILING in kinds:
-        first = kinds.index(COMPILING)
-        last = len(kinds) - 1 - kinds[::-1].index(COMPILING)
-        window = [x[first] - 0.5, x[last] + 0.5]
-    label = "compile failed" if failed and not finished else ("compiling" if not end else "compile")
-
     compile_ms = (
         finished["seconds"] * 1000.0 if finished and finished.get("seconds") is not None else None
     )

@@ -79,79 +79,18 @@ def _budget_spent(u: dict) -> None:
 def summarize_user_compiles(events: list[dict]) -> list[dict]:
     """One entry per compiled function, in order of first appearance (their fields: see the README)."""
     fns: dict[str, dict] = {}
-    seen: dict[str, set] = {}
-
-    def entry(name: str) -> dict:
-        if name not in fns:
-            fns[name] = _new(name)
-            seen[name] = set()
-        return fns[name]
-
+    seen: dict[str, set] = {}  # per function, the causes already explained
     for e in events:
         t = e.get("type")
         if t not in _KIND and t != ev.USER_COMPILE:
             continue
-        u = entry(e.get("function") or "?")
-        if t == ev.USER_COMPILE:
-            if not e.get("resume"):
-                u["compiles"] += 1
-            u["graphs"] += e.get("graphs", 0) or 0
-            u["ops"] += e.get("ops", 0) or 0
-            u["compile_seconds"] += e.get("seconds") or 0.0
-            for k in u["time_split"]:
-                u["time_split"][k] += e.get(k) or 0.0
-            u["compile_ids"].append(e.get("compile_id"))
-            u["timeline"].append(
-                {k: e.get(k) for k in ("t", "seconds", "compile_id", "recompile", "resume")}
-            )
-            continue
-        if t == ev.USER_RECOMPILE:
-            u["recompile_reasons"].append(_recompile_text(e))
-            u["recompiles"].append(
-                {k: e.get(k, "") for k in ("compile_id", "reason", "where", "source")}
-            )
-        elif t == ev.USER_GRAPH_BREAK:
-            key = (e.get("reason"), e.get("where"))
-            same = next((b for b in u["graph_breaks"] if (b["reason"], b["where"]) == key), None)
-            if same is not None:
-                same["count"] += 1
-            else:
-                u["graph_breaks"].append(
-                    {"reason": e.get("reason", ""), "where": e.get("where", ""), "count": 1}
-                )
-        elif t == ev.USER_LIMIT_HIT:
-            u["limit_hit"], u["limit"] = True, e.get("limit")
-        elif t == ev.USER_CUDAGRAPH_SKIP:
-            u["cudagraph_skips"].append(e.get("reason", ""))
-        elif t == ev.USER_FAILURE:
-            u["failures"].append(f"{e.get('kind', 'failure')}: {e.get('reason', '')}")
-        elif t == ev.USER_BUDGET:
-            u["budget"] = {k: e.get(k) for k in ("used", "limit", "message")}
-        elif t == ev.USER_ROUTED:
-            u["routed"] = True
-        kind, text = _explain_event(e)
-        x = explain(kind, text, fn=u["function"], limit=e.get("limit"))
-        # One line per cause: the first occurrence words it, later ones count.
-        key = (kind, x["id"] if x["id"] != "unknown" else x["cause"])
-        if key in seen[u["function"]]:
-            old = next(y for y in u["explanations"] if (y["kind"], y["key"]) == key)
-            if kind == "budget":  # the latest budget is the one that matters
-                old["cause"] = x["cause"]
-            else:
-                old["count"] += 1
-            continue
-        seen[u["function"]].add(key)
-        u["explanations"].append(
-            {
-                "cause": x["cause"],
-                "fix": x["fix"],
-                "kind": kind,
-                "id": x["id"],
-                "where": e.get("where", ""),  # file:line of the first occurrence, when known
-                "count": 1,
-                "key": key[1],
-            }
-        )
+        name = e.get("function") or "?"
+        if name not in fns:
+            fns[name], seen[name] = _new(name), set()
+        u = fns[name]
+        _FOLD[t](u, e)
+        if t != ev.USER_COMPILE:
+            _explained(u, e, seen[name])
     for u in fns.values():
         if u["limit_hit"]:
             _budget_spent(u)
@@ -160,3 +99,86 @@ def summarize_user_compiles(events: list[dict]) -> list[dict]:
         u["compile_seconds"] = round(u["compile_seconds"], 6)
         u["time_split"] = {k: round(v, 6) for k, v in u["time_split"].items()}
     return list(fns.values())
+
+
+def _compiled(u: dict, e: dict) -> None:
+    if not e.get("resume"):
+        u["compiles"] += 1
+    u["graphs"] += e.get("graphs", 0) or 0
+    u["ops"] += e.get("ops", 0) or 0
+    u["compile_seconds"] += e.get("seconds") or 0.0
+    for k in u["time_split"]:
+        u["time_split"][k] += e.get(k) or 0.0
+    u["compile_ids"].append(e.get("compile_id"))
+    u["timeline"].append(
+        {k: e.get(k) for k in ("t", "seconds", "compile_id", "recompile", "resume")}
+    )
+
+
+def _recompiled(u: dict, e: dict) -> None:
+    u["recompile_reasons"].append(_recompile_text(e))
+    u["recompiles"].append({k: e.get(k, "") for k in ("compile_id", "reason", "where", "source")})
+
+
+def _graph_break(u: dict, e: dict) -> None:
+    key = (e.get("reason"), e.get("where"))
+    same = next((b for b in u["graph_breaks"] if (b["reason"], b["where"]) == key), None)
+    if same is not None:
+        same["count"] += 1
+    else:
+        u["graph_breaks"].append(
+            {"reason": e.get("reason", ""), "where": e.get("where", ""), "count": 1}
+        )
+
+
+def _limit_hit(u: dict, e: dict) -> None:
+    u["limit_hit"], u["limit"] = True, e.get("limit")
+
+
+def _budget(u: dict, e: dict) -> None:
+    u["budget"] = {k: e.get(k) for k in ("used", "limit", "message")}
+
+
+def _routed(u: dict, e: dict) -> None:
+    u["routed"] = True
+
+
+_FOLD = {  # one handler per event type: what it adds to its function's entry
+    ev.USER_COMPILE: _compiled,
+    ev.USER_RECOMPILE: _recompiled,
+    ev.USER_GRAPH_BREAK: _graph_break,
+    ev.USER_LIMIT_HIT: _limit_hit,
+    ev.USER_CUDAGRAPH_SKIP: lambda u, e: u["cudagraph_skips"].append(e.get("reason", "")),
+    ev.USER_FAILURE: lambda u, e: u["failures"].append(
+        f"{e.get('kind', 'failure')}: {e.get('reason', '')}"
+    ),
+    ev.USER_BUDGET: _budget,
+    ev.USER_ROUTED: _routed,
+}
+
+
+def _explained(u: dict, e: dict, seen: set) -> None:
+    """The event's cause and fix: one line per cause; the first occurrence words it, later
+    ones count (a budget's latest words stand)."""
+    kind, text = _explain_event(e)
+    x = explain(kind, text, fn=u["function"], limit=e.get("limit"))
+    key = (kind, x["id"] if x["id"] != "unknown" else x["cause"])
+    if key in seen:
+        old = next(y for y in u["explanations"] if (y["kind"], y["key"]) == key)
+        if kind == "budget":  # the latest budget is the one that matters
+            old["cause"] = x["cause"]
+        else:
+            old["count"] += 1
+        return
+    seen.add(key)
+    u["explanations"].append(
+        {
+            "cause": x["cause"],
+            "fix": x["fix"],
+            "kind": kind,
+            "id": x["id"],
+            "where": e.get("where", ""),  # file:line of the first occurrence, when known
+            "count": 1,
+            "key": key[1],
+        }
+    )
