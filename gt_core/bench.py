@@ -124,49 +124,30 @@ def run(
     e = _steady(eager)
     progress.done(f"{name}: eager {e:.3f} ms/it")
 
-    gt_core.reset()
-    with gt_core.capture(backend=backend, mode=mode, auto_compile=True, background=True):
-        torch.manual_seed(0)
-        step, _ = make.plain()
-        gt_times, gt_value = _time_loop(step, iters, progress.phase(name, "gt", iters))
-        # A compile still running (the loop was shorter than it) would slow the next
-        # workloads' timings on the same worker: let it finish, outside every timed part.
-        gt_core.wait(compiles=True, timeout=600)
-    data = gt_core.report().to_data()
+    tick = progress.phase(name, "gt", iters)
+    gt_times, gt_value, status, compile_s = _gt_loop(make.plain, iters, backend, mode, tick)
     g = _steady(gt_times)
-    paths = sorted(data["hot_paths"], key=lambda p: -p["compiled_runs"])
-    top = paths[0] if paths else None
-    compile_s = top["compile_seconds"] if top else None
-    status = top["status"] if top else "no hot path"
     gt_diff = _rel_diff([torch.tensor(gt_value)], expected[:1])
     progress.done(f"{name}: gt {g:.3f} ms/it ({status})")
 
     jit = _jit_ms(make.plain, iters, backend, mode, progress.phase(name, "jit", iters))
     progress.done(f"{name}: jit {jit:.3f} ms/it")
 
-    # The hand-written baseline: torch.compile of the whole step function, same seed and data.
-    torch.manual_seed(0)
-    step, state = make()
-    compiled = _wrapped(step, lambda fn: _steps(torch.compile(fn, backend=backend, mode=mode)))
-    tc_times, tc_value = _time_loop(compiled, iters, progress.phase(name, "torch.compile", iters))
-    torch._dynamo.reset()
+    tick = progress.phase(name, "torch.compile", iters)
+    tc_times, tc_value, state = _torch_compile_loop(make, iters, backend, mode, tick)
     tc = _steady(tc_times)
     tc_diff = _rel_diff([torch.tensor(tc_value), *state], expected)
     progress.done(f"{name}: torch.compile {tc:.3f} ms/it")
 
     # Warmup: the gt iterations before its per-iteration time settles near the steady state.
     warm = next((i for i, t in enumerate(gt_times) if t * 1e3 <= 1.5 * g), len(gt_times))
-    speedup = metrics.speedup(e, g)
-    verdict = ("faster" if speedup >= 1.1 else "on par" if speedup >= 0.9 else "slower") + (
-        "" if status == "compiled" else f" ({status})"
-    )
     return Result(
         workload=name,
         iters=iters,
         eager_ms=e,
         gt_ms=g,
         torch_compile_ms=tc,
-        speedup=speedup,
+        speedup=metrics.speedup(e, g),
         torch_compile_speedup=metrics.speedup(e, tc),
         eager_total_s=sum(eager),
         gt_total_s=sum(gt_times),
@@ -177,10 +158,44 @@ def run(
         gt_rel_diff=gt_diff,
         torch_compile_rel_diff=tc_diff,
         status=status,
-        verdict=verdict,
+        verdict=_verdict(metrics.speedup(e, g), status),
         jit_ms=jit,
         jit_speedup=metrics.speedup(e, jit),
     )
+
+
+def _verdict(speedup: float, status: str) -> str:
+    """gt against eager in a word, and the hot path's state where it is not compiled."""
+    word = "faster" if speedup >= 1.1 else "on par" if speedup >= 0.9 else "slower"
+    return word + ("" if status == "compiled" else f" ({status})")
+
+
+def _gt_loop(make, iters: int, backend: str, mode: str | None, tick) -> tuple:
+    """The workload's loop through gt: its times, last value, top hot path's status and
+    compile seconds."""
+    gt_core.reset()
+    with gt_core.capture(backend=backend, mode=mode, auto_compile=True, background=True):
+        torch.manual_seed(0)
+        step, _ = make()
+        times, value = _time_loop(step, iters, tick)
+        # A compile still running (the loop was shorter than it) would slow the next
+        # workloads' timings on the same worker: let it finish, outside every timed part.
+        gt_core.wait(compiles=True, timeout=600)
+    paths = sorted(gt_core.report().to_data()["hot_paths"], key=lambda p: -p["compiled_runs"])
+    top = paths[0] if paths else None
+    status = top["status"] if top else "no hot path"
+    return times, value, status, top["compile_seconds"] if top else None
+
+
+def _torch_compile_loop(make, iters: int, backend: str, mode: str | None, tick) -> tuple:
+    """The hand-written baseline: torch.compile of the whole step function, same seed and
+    data; its times, last value and state."""
+    torch.manual_seed(0)
+    step, state = make()
+    compiled = _wrapped(step, lambda fn: _steps(torch.compile(fn, backend=backend, mode=mode)))
+    times, value = _time_loop(compiled, iters, tick)
+    torch._dynamo.reset()
+    return times, value, state
 
 
 def _steps(compiled):
@@ -245,7 +260,7 @@ def _break_even(gt_times: list[float], eager_ms: float) -> int | None:
     return metrics.break_even(["compiled"] * n, ms, None, n, baseline=eager_ms)["break_even"]
 
 
-def main(argv=None) -> list[Result]:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m gt_core.bench", description=__doc__.splitlines()[0]
     )
@@ -270,6 +285,11 @@ def main(argv=None) -> list[Result]:
     ap.add_argument(
         "--mode", default=None, help="compile mode of every compiled way (e.g. reduce-overhead)"
     )
+    return ap
+
+
+def main(argv=None) -> list[Result]:
+    ap = _parser()
     args = ap.parse_args(argv)
     iters = args.iters or (30 if args.quick else 200)
     backend = args.backend or ("aot_eager" if args.quick else "inductor")

@@ -231,9 +231,10 @@ LONG_FUNCTIONS_LEFT = {
     "gt_jupyter/_graphs.py:graph",
     "gt_jupyter/_figures.py:_timeline_marks",
 }
-# Kept whole on purpose: the per-op recording path, inline because each call it would make
-# costs every recorded op (tests/test_perf_paths.py checks it against the slow path).
-LONG_BY_DESIGN = {"gt_core/client/record.py:record"}
+# Kept whole on purpose: the per-op recording paths (an op recorded inline, an op followed by
+# a plan), inline because each call they would make costs every recorded op
+# (tests/test_perf_paths.py checks the inline path against the slow one).
+LONG_BY_DESIGN = {"gt_core/client/record.py:record", "gt_core/client/follow.py:follow"}
 
 
 def test_functions_are_short():

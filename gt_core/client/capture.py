@@ -233,15 +233,7 @@ def capture(**options):
             s.request("engine", ("options", opts))
         _apply_log(opts)
         if _state["captures"] == 0:
-            patch_seed(lambda: _here.session)
-            patch_capturable(True)
-            from gt_core.client.tensor_io import place_optimizer_state
-
-            _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
-            patch_sharing(True)
-            patch_loader(True)
-            if opts.worker != "inprocess":
-                patch_threads()
+            _patch(opts)
             s.send_rng_state(torch.get_rng_state())
         _state["captures"] += 1
         _here.depth, _here.session = 1, s
@@ -259,15 +251,33 @@ def capture(**options):
             _state["captures"] -= 1
             last = _state["captures"] == 0
             if last:
-                unpatch_seed()
-                unpatch_threads()
-                patch_sharing(False)
-                patch_loader(False)
-                patch_capturable(False)
-                _state["opt_hook"].remove()
-                _state["opt_hook"] = None
+                _unpatch()
         _end(s, ok and last)
     check_interrupt()  # a Ctrl-C held while gt finished an op, or the capture's end
+
+
+def _patch(opts) -> None:
+    """What the first capture changes in torch while captures run (client.patches)."""
+    patch_seed(lambda: _here.session)
+    patch_capturable(True)
+    from gt_core.client.tensor_io import place_optimizer_state
+
+    _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
+    patch_sharing(True)
+    patch_loader(True)
+    if opts.worker != "inprocess":
+        patch_threads()
+
+
+def _unpatch() -> None:
+    """The last capture's end: torch as it was."""
+    unpatch_seed()
+    unpatch_threads()
+    patch_sharing(False)
+    patch_loader(False)
+    patch_capturable(False)
+    _state["opt_hook"].remove()
+    _state["opt_hook"] = None
 
 
 def _end(s, sync: bool) -> None:

@@ -249,6 +249,18 @@ def _end_with(parent: int, folder: str) -> None:
     os.killpg(0, signal.SIGKILL)
 
 
+def _idle_priority() -> None:
+    """Imported at normal priority (the worker is starting too, nothing runs yet); from here
+    on the process runs only on a core nothing else wants, and its C++ builds inherit that."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):
+        try:
+            os.nice(_NICE)
+        except OSError:
+            pass
+
+
 def main(fd: int, folder: str, imports: tuple = (), path: list = ()) -> None:
     """The compile process: compile jobs from ``fd`` until the worker closes it.
 
@@ -276,15 +288,7 @@ def main(fd: int, folder: str, imports: tuple = (), path: list = ()) -> None:
 
     ic.fallback_random = True  # as in the worker: compiled random ops draw like eager ones
     pick_vec_isa()  # its compiler probes, once per process
-    # Imported at normal priority (the worker is starting too, nothing runs yet); from here on
-    # it runs only on a core nothing else wants, and its C++ builds inherit that.
-    try:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):
-        try:
-            os.nice(_NICE)
-        except OSError:
-            pass
+    _idle_priority()
     while True:
         try:
             job, metas, options, path = conn.recv()

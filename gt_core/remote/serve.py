@@ -71,29 +71,32 @@ def serve(w: Worker, msg):
     """Answer one request ``("req", id, kind, payload)``: ("ok", value) or ("err", exception)."""
     kind, payload = msg[2], msg[3]
     w.barrier(kind)
-    ex = w.ex
-    err = ex.take_error()
+    err = w.ex.take_error()
     if err is not None:
         return ("err", err)
-    try:
-        if kind == "fetch":
-            return ("ok", ex.fetch(payload))
-        if kind == "call":
-            return ("ok", ex.call(*payload))
-        if kind == "stats":
-            return ("ok", ex.stats())
-        if kind == "ping":
-            return ("ok", (os.getpid(), str(ex.device)))
-        if kind == "engine":
-            return ("ok", w.engine.control(*payload))
-        if kind == "events_sent":
-            w.publish_events()  # the count includes every event up to here
-            return ("ok", _sent[0])
-        if kind == "rng":  # the CPU generator's state, after everything sent so far ran
-            return ("ok", torch.get_rng_state())
+    handler = _REQUESTS.get(kind)
+    if handler is None:
         return ("err", ValueError(f"gt worker: unknown request {kind!r}"))
+    try:
+        return ("ok", handler(w, payload))
     except Exception as exc:
         return ("err", exc)
+
+
+def _events_sent(w: Worker, payload) -> int:
+    w.publish_events()  # the count includes every event up to here
+    return _sent[0]
+
+
+_REQUESTS = {  # kind -> its answer, once everything sent before it has run
+    "fetch": lambda w, vid: w.ex.fetch(vid),
+    "call": lambda w, payload: w.ex.call(*payload),
+    "stats": lambda w, _: w.ex.stats(),
+    "ping": lambda w, _: (os.getpid(), str(w.ex.device)),
+    "engine": lambda w, payload: w.engine.control(*payload),
+    "events_sent": _events_sent,
+    "rng": lambda w, _: torch.get_rng_state(),  # the CPU generator's state
+}
 
 
 _TENSOR_ANSWERS = frozenset(("fetch", "rng"))  # requests whose answers are tensors (staged)
@@ -122,47 +125,13 @@ def worker_main(conn, event_conn, options) -> None:
     except Exception as exc:  # the answer to the client's first request, then the end
         _refuse(conn, exc)
         return
-    w = Worker(options, publish)
-    cp = w.engine.compile_process() if options.auto_compile or options.compile_all else None
-    if cp is not None:
-        cp.start()  # the compile process imports beside this one
-        cp.imports()  # before serving, not beside a step: seconds of Python holding the GIL
-        threading.Thread(target=w.engine.warm, name="gt-compile-warm", daemon=True).start()
-    gc.freeze()  # torch's own objects live as long as the worker: full collections skip them
-    publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(w.device))])
-    share = w.engine.cpu_share = CpuShare(w.device, options.worker_threads)
+    w = _start(options, publish)
     inbox = _Inbox(conn)
-    share.recheck = inbox.waited
+    w.engine.cpu_share.recheck = inbox.waited
     uploads = staging.Reader(w.device, reuse=_REUSE)
     downloads = staging.Writer(_DOWNLOADS)
     try:
-        while True:
-            try:
-                msg = inbox.next()
-            except (EOFError, OSError):
-                break  # the client went away
-            share.set(inbox.requests > 0 or msg[0] == "req", w.engine.compiler.compiling > 0)
-            if msg[0] == "batch":
-                batch = from_wire(msg[1])
-                if msg[2]:  # it names staged uploads: copied out now, in stream order
-                    _unstage(batch, uploads)
-                w.feed(batch)
-            elif msg[0] == "req":
-                status, value = serve(w, msg)
-                if status == "ok" and msg[2] in _TENSOR_ANSWERS:
-                    downloads.rewind()  # the client has read the last answer (or dropped it)
-                    status, value = _staged(downloads, value)
-                _answer(conn, msg[1], status, value)
-                # Events go out after the answer, not before it (publishing, a pickle and a
-                # write, would add to every .item()'s wait), and only iteration timings may
-                # wait (at most a twentieth of a second, as without syncs): a message per
-                # sync would wake the client's event thread as its main thread goes on with
-                # the next step. wait() and report() drain them all.
-                w.engine.outbox.flush_soon()
-            elif msg[0] == "mark":  # everything sent before it has run (see post_mark)
-                conn.send_bytes(pickle.dumps((msg[1], "ok", None), pickle.HIGHEST_PROTOCOL))
-            elif msg[0] == "stop":
-                break
+        _loop(w, conn, inbox, uploads, downloads)
     except SystemExit:
         pass
     finally:
@@ -174,6 +143,52 @@ def worker_main(conn, event_conn, options) -> None:
         publish([ev.event(ev.WORKER, state="stopped", pid=os.getpid(), device=str(w.device))])
     except Exception:
         pass
+
+
+def _start(options, publish) -> Worker:
+    """The worker, its compile process started beside it (and warmed), announced."""
+    w = Worker(options, publish)
+    cp = w.engine.compile_process() if options.auto_compile or options.compile_all else None
+    if cp is not None:
+        cp.start()  # the compile process imports beside this one
+        cp.imports()  # before serving, not beside a step: seconds of Python holding the GIL
+        threading.Thread(target=w.engine.warm, name="gt-compile-warm", daemon=True).start()
+    gc.freeze()  # torch's own objects live as long as the worker: full collections skip them
+    publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(w.device))])
+    w.engine.cpu_share = CpuShare(w.device, options.worker_threads)
+    return w
+
+
+def _loop(w: Worker, conn, inbox, uploads, downloads) -> None:
+    """Run batches and answer requests until the client stops or goes away."""
+    share = w.engine.cpu_share
+    while True:
+        try:
+            msg = inbox.next()
+        except (EOFError, OSError):
+            return  # the client went away
+        share.set(inbox.requests > 0 or msg[0] == "req", w.engine.compiler.compiling > 0)
+        if msg[0] == "batch":
+            batch = from_wire(msg[1])
+            if msg[2]:  # it names staged uploads: copied out now, in stream order
+                _unstage(batch, uploads)
+            w.feed(batch)
+        elif msg[0] == "req":
+            status, value = serve(w, msg)
+            if status == "ok" and msg[2] in _TENSOR_ANSWERS:
+                downloads.rewind()  # the client has read the last answer (or dropped it)
+                status, value = _staged(downloads, value)
+            _answer(conn, msg[1], status, value)
+            # Events go out after the answer, not before it (publishing, a pickle and a
+            # write, would add to every .item()'s wait), and only iteration timings may
+            # wait (at most a twentieth of a second, as without syncs): a message per
+            # sync would wake the client's event thread as its main thread goes on with
+            # the next step. wait() and report() drain them all.
+            w.engine.outbox.flush_soon()
+        elif msg[0] == "mark":  # everything sent before it has run (see post_mark)
+            conn.send_bytes(pickle.dumps((msg[1], "ok", None), pickle.HIGHEST_PROTOCOL))
+        elif msg[0] == "stop":
+            return
 
 
 def _unstage(batch: list, uploads: staging.Reader) -> None:
