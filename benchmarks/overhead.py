@@ -167,7 +167,7 @@ def through_gt(batch: int, steps: int, backend: str) -> dict:
             if hot and hot["compiled_runs"] >= 3 or len(gt_core.events_log()) > 10_000:
                 break
         s = gt_core.client.capture.session()
-        ops0, runs0 = s.counters["ops"], s.replay.runs
+        ops0, runs0 = s.counters["ops"], s.matcher.runs
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
@@ -175,7 +175,7 @@ def through_gt(batch: int, steps: int, backend: str) -> dict:
         step().item()
         t2 = time.perf_counter()
         ops = (s.counters["ops"] - ops0) / (steps + 1)
-        runs = s.replay.runs - runs0
+        runs = s.matcher.runs - runs0
         synced = []
         for _ in range(steps):
             t = time.perf_counter()

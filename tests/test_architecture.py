@@ -82,8 +82,8 @@ def _resolves(dotted: str) -> bool:
 
 
 def test_dotted_names_in_comments_and_docstrings_resolve():
-    """A comment or docstring that names a module or attribute of gt_core by its dotted path
-    names one that exists (a renamed or removed name leaves no stale reference)."""
+    """A comment, docstring, README, doc or notebook that names a module or attribute of
+    gt_core by its dotted path names one that exists (a rename leaves no stale reference)."""
     stale = []
     for path in [
         *_sources(),
@@ -98,7 +98,8 @@ def test_dotted_names_in_comments_and_docstrings_resolve():
             for name in set(_DOTTED.findall(tok.string)):
                 if not _resolves(name):
                     stale.append(f"{path.relative_to(ROOT)}:{tok.start[0]}: {name}")
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    notebooks = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *notebooks]:
         stale += [
             f"{path.name}: {n}" for n in set(_DOTTED.findall(path.read_text())) if not _resolves(n)
         ]
