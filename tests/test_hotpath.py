@@ -13,6 +13,7 @@ from models import TRANSFORMER, mlp, train
 import gt_core
 from gt_core import events as ev
 from gt_core.observe.graph import graph_data
+from gt_core.stream.requests import WaitCompiles
 
 COMPILES: list = []
 
@@ -584,7 +585,7 @@ def test_compile_runs_in_the_background_while_eager_continues(inprocess):
     gt_core.configure(auto_compile=True, background=True, threshold=3)
     try:
         _check_against_eager(steps=12)
-        gt_core.client.capture.session().request("engine", ("wait", 30))
+        gt_core.client.capture.session().request(WaitCompiles(30))
     finally:
         gt_core.configure(auto_compile=False)
     types = [e["type"] for e in gt_core.report().events]

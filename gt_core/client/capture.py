@@ -33,6 +33,7 @@ from gt_core.errors import CaptureError, ConfigError
 from gt_core.observe import events as ev
 from gt_core.observe.report import Report
 from gt_core.options import Options, from_env
+from gt_core.stream.requests import SetOptions, Stats, WaitCompiles
 
 __all__ = [
     "capture",
@@ -180,7 +181,7 @@ class WorkerHandle:
 
     def stats(self) -> dict:
         """Live values and bytes held by the worker (a sync)."""
-        return session().request("stats")
+        return session().request(Stats())
 
     def __repr__(self) -> str:
         s = _state["session"]
@@ -230,7 +231,7 @@ def capture(**options):
             # The session first: plans the worker offers in answer (client_match turned on)
             # reach its event thread at once, and are taken only if it already matches.
             s.set_options(opts)
-            s.request("engine", ("options", opts))
+            s.request(SetOptions(opts))
         _apply_log(opts)
         if _state["captures"] == 0:
             _patch(opts)
@@ -365,7 +366,7 @@ def wait(compiles: bool = False, timeout: float | None = None) -> None:
     s = _state["session"]
     if s is None or s.closed:
         return
-    s.request("engine", ("wait", timeout if compiles else 0))
+    s.request(WaitCompiles(timeout if compiles else 0))
     s.transport.drain()
 
 

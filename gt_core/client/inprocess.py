@@ -14,6 +14,7 @@ import torch
 
 from gt_core.client.transport import Transport
 from gt_core.observe import events as ev
+from gt_core.stream.requests import Fetch
 
 __all__ = ["InProcessTransport"]
 
@@ -63,13 +64,13 @@ class InProcessTransport(Transport):
         with _isolated():
             self.worker.feed(batch)
 
-    def request(self, kind, payload=None):
+    def request(self, req):
         from gt_core.remote.serve import serve
 
         with _isolated():
-            status, value = serve(self.worker, ("req", 0, kind, payload))
+            status, value = serve(self.worker, ("req", 0, req))
             self.worker.publish_events()
-        if kind == "fetch" and status == "ok":
+        if type(req) is Fetch and status == "ok":
             # A copy: the worker's own tensor would change with later steps (a saved state
             # dict, a model moved to the CPU). A process worker's answer is one by staging.
             t0 = time.perf_counter()

@@ -58,6 +58,7 @@ from gt_core.client.session import LOCK
 from gt_core.observe import events as ev
 from gt_core.observe import metrics
 from gt_core.stream.instructions import FREE, JIT_SIGNAL, MARK, RUN, Free, Mark, Run, op_name
+from gt_core.stream.requests import JitPlan
 
 __all__ = ["jit", "Jit"]
 
@@ -215,7 +216,7 @@ class _Entry:
             return
         if a.shape() != b.shape():
             return  # other work each call so far: recording goes on
-        got = self.session.request("engine", ("jit", self.name))  # once per key
+        got = self.session.request(JitPlan(self.name))  # once per key
         if got is None:
             return  # the worker saw two blocks (other input metadata): recording goes on
         sig, plan = got

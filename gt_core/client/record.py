@@ -34,6 +34,7 @@ from gt_core.client.shadows import on_shadows, update_shadows
 from gt_core.errors import UnsupportedOperation, WorkerLost
 from gt_core.stream.instructions import OP, Op, Ref, new
 from gt_core.stream.meta import Made, TensorMeta
+from gt_core.stream.requests import Call
 
 __all__ = ["record", "in_forked_child"]
 
@@ -276,7 +277,7 @@ def _run_now(session, func, args, kwargs, proxies):
     idx = session.op(func)
     session.counters["ops"] += 1
     base = session.next_id
-    described, end = session.request("call", (idx, args, kwargs, base))
+    described, end = session.request(Call(idx, args, kwargs, base))
     session.next_id = max(session.next_id, end)
     if type(described) in (int, float, bool, complex) and proxies:  # .item(): a value fetched
         session.counters["fetches"] += 1

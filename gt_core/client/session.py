@@ -39,6 +39,7 @@ from gt_core.stream.instructions import (
     new,
     qualified_name,
 )
+from gt_core.stream.requests import Fetch, RngState
 
 __all__ = ["Session", "LOCK", "live_session", "set_live_session"]
 
@@ -226,22 +227,22 @@ class Session:
 
     def fetch(self, vid: int):
         """Value ``vid`` as a plain CPU tensor of its own (a sync)."""
-        value = self.request("fetch", vid)
+        value = self.request(Fetch(vid))
         c = self.counters
         c["fetches"] += 1
         c["bytes_down"] += value.numel() * value.element_size()
         c["down_ms"] += self.transport.copy_ms
         return value
 
-    def request(self, kind: str, payload=None):
-        """Flush, then wait for the worker's answer (one round trip)."""
+    def request(self, req):
+        """Flush, then wait for the worker's answer to ``req`` (gt_core.stream.requests)."""
         with LOCK:
             check_interrupt()  # one held since gt's last op: the stream is whole here
             self.check()
             self.flush()
             self.counters["syncs"] += 1
             try:
-                return self.transport.request(kind, payload)
+                return self.transport.request(req)
             except WorkerDied as exc:
                 self.dead = str(exc)
                 raise
@@ -283,7 +284,7 @@ class Session:
 
     def fetch_rng_state(self):
         """The worker's CPU generator state, once everything sent so far has run (a sync)."""
-        state = self.request("rng")
+        state = self.request(RngState())
         self.rng = state
         return state
 

@@ -27,6 +27,7 @@ from gt_core.observe import events as ev
 from gt_core.remote.cleanup import end_compile_process
 from gt_core.stream import staging
 from gt_core.stream.instructions import PUT, RNG, to_wire
+from gt_core.stream.requests import EventsSent, Ping
 
 __all__ = ["Transport", "ProcessTransport"]
 
@@ -56,7 +57,7 @@ class Transport:
     cause: str | None = None  # why it can no longer run work (None while it can)
 
     def send(self, batch: list) -> None: ...
-    def request(self, kind: str, payload=None): ...
+    def request(self, req): ...  # a request of gt_core.stream.requests
     def alive(self) -> bool: ...
     def stop(self) -> None: ...
 
@@ -137,7 +138,7 @@ class ProcessTransport(Transport):
         self._down = staging.Reader("cpu", reuse=_REUSE)  # fetched values
         staging.sweep()  # segments of gt processes that were killed before cleaning up
         try:
-            _, self.device = self.request("ping", timeout=start_timeout)
+            _, self.device = self.request(Ping(), timeout=start_timeout)
         except BaseException:  # it could not start (a worker_imports module failed)
             self.stop()
             raise
@@ -160,7 +161,7 @@ class ProcessTransport(Transport):
 
     def drain(self, timeout: float = 10.0) -> None:
         """Return once every event the worker has published so far is in the client's log."""
-        sent = self.request("events_sent")
+        sent = self.request(EventsSent())
         with self._seen_changed:
             self._seen_changed.wait_for(lambda: self._seen >= sent, timeout)
 
@@ -232,7 +233,7 @@ class ProcessTransport(Transport):
         except KeyboardInterrupt:  # outside a capture's held interrupts (see _interrupt)
             raise self._broken("sending work") from None
 
-    def request(self, kind, payload=None, timeout: float | None = None):
+    def request(self, req, timeout: float | None = None):
         """Send a request and wait for its answer (interruptible: see _wait).
 
         Requests carry an id and answers name it: the answer to a request whose wait was
@@ -240,10 +241,10 @@ class ProcessTransport(Transport):
         """
         if self.cause is not None:
             raise self._dead()
-        rid = next(self._ids)
+        rid, kind = next(self._ids), req.kind
         with self._lock, _no_modes():
             try:
-                self._conn.send_bytes(pickle.dumps(("req", rid, kind, payload), _PROTOCOL))
+                self._conn.send_bytes(pickle.dumps(("req", rid, req), _PROTOCOL))
             except (BrokenPipeError, EOFError, OSError):
                 raise self.death(f"sending {kind}") from None
             except KeyboardInterrupt:

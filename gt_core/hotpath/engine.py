@@ -32,6 +32,7 @@ from gt_core.stream.instructions import BARRIERS, DEFOP, FREE, MARK, OP, RUN, SY
 from gt_core.stream.lift import lift_positions
 from gt_core.stream.meta import all_fit
 from gt_core.stream.plan import expand
+from gt_core.stream.requests import JitPlan, SetOptions, WaitCompiles
 
 __all__ = ["Engine"]
 
@@ -100,19 +101,24 @@ class Engine:
     def flush_events(self) -> None:
         self.outbox.flush()
 
-    def control(self, what: str, value=None):
-        if what == "options":
-            if value.client_match and not self.options.client_match:
+    def control(self, req):
+        """Answer a request to the engine (gt_core.stream.requests: kind "engine")."""
+        if type(req) is SetOptions:
+            if req.options.client_match and not self.options.client_match:
                 self.registry.republish_plans()
-            self.options = value
+            self.options = req.options
             self.compiler.release_unneeded(self.blocks.values())
-        elif what == "wait":
+        elif type(req) is WaitCompiles:
             for b in list(self.blocks.values()):
                 if b.thread is not None:
-                    b.thread.join(value)
+                    b.thread.join(req.timeout)
             self.flush_events()
-        elif what == "jit":  # a jit call's block, if its last two calls made the same one
-            return self.signals.jit_plan(value)
+        elif type(req) is JitPlan:  # a jit call's block, if its last two calls made the same one
+            return self.signals.jit_plan(req.name)
+        else:
+            raise ValueError(
+                f"gt engine: expected SetOptions, WaitCompiles or JitPlan, got {req!r}"
+            )
         return None
 
     def close(self) -> None:

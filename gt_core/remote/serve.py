@@ -19,6 +19,7 @@ from gt_core.hotpath.engine import Engine
 from gt_core.observe import events as ev
 from gt_core.remote.cpu_share import CpuShare
 from gt_core.remote.executor import Executor
+from gt_core.stream import requests as rq
 from gt_core.stream import staging
 from gt_core.stream.instructions import PUT, RNG, SYNC, Sync, from_wire, import_op_modules
 
@@ -68,38 +69,39 @@ class Worker:
 
 
 def serve(w: Worker, msg):
-    """Answer one request ``("req", id, kind, payload)``: ("ok", value) or ("err", exception)."""
-    kind, payload = msg[2], msg[3]
-    w.barrier(kind)
+    """Answer one request ``("req", id, request)`` (gt_core.stream.requests) by its type:
+    ("ok", value) or ("err", exception)."""
+    req = msg[2]
+    handler = _REQUESTS.get(type(req))
+    if handler is None:
+        return ("err", ValueError(f"gt worker: unknown request {req!r}"))
+    w.barrier(req.kind)
     err = w.ex.take_error()
     if err is not None:
         return ("err", err)
-    handler = _REQUESTS.get(kind)
-    if handler is None:
-        return ("err", ValueError(f"gt worker: unknown request {kind!r}"))
     try:
-        return ("ok", handler(w, payload))
+        return ("ok", handler(w, req))
     except Exception as exc:
         return ("err", exc)
 
 
-def _events_sent(w: Worker, payload) -> int:
+def _events_sent(w: Worker, req: rq.EventsSent) -> int:
     w.publish_events()  # the count includes every event up to here
     return _sent[0]
 
 
-_REQUESTS = {  # kind -> its answer, once everything sent before it has run
-    "fetch": lambda w, vid: w.ex.fetch(vid),
-    "call": lambda w, payload: w.ex.call(*payload),
-    "stats": lambda w, _: w.ex.stats(),
-    "ping": lambda w, _: (os.getpid(), str(w.ex.device)),
-    "engine": lambda w, payload: w.engine.control(*payload),
-    "events_sent": _events_sent,
-    "rng": lambda w, _: torch.get_rng_state(),  # the CPU generator's state
+_REQUESTS = {  # request type -> its answer, once everything sent before it has run
+    rq.Fetch: lambda w, req: w.ex.fetch(req.vid),
+    rq.Call: lambda w, req: w.ex.call(req.idx, req.args, req.kwargs, req.base),
+    rq.Stats: lambda w, req: w.ex.stats(),
+    rq.Ping: lambda w, req: (os.getpid(), str(w.ex.device)),
+    rq.EventsSent: _events_sent,
+    rq.RngState: lambda w, req: torch.get_rng_state(),  # the CPU generator's state
+    rq.SetOptions: lambda w, req: w.engine.control(req),
+    rq.WaitCompiles: lambda w, req: w.engine.control(req),
+    rq.JitPlan: lambda w, req: w.engine.control(req),
 }
 
-
-_TENSOR_ANSWERS = frozenset(("fetch", "rng"))  # requests whose answers are tensors (staged)
 _DOWNLOADS = 4 << 20  # the download area's first size in bytes (it grows for larger values)
 _REUSE = 512 << 20  # bytes of uploads' storage kept for the next uploads of the same size
 _sent = [0]  # event batches this worker process has published (see the client's drain)
@@ -175,7 +177,7 @@ def _loop(w: Worker, conn, inbox, uploads, downloads) -> None:
             w.feed(batch)
         elif msg[0] == "req":
             status, value = serve(w, msg)
-            if status == "ok" and msg[2] in _TENSOR_ANSWERS:
+            if status == "ok" and type(msg[2]) in rq.TENSOR_ANSWERS:
                 downloads.rewind()  # the client has read the last answer (or dropped it)
                 status, value = _staged(downloads, value)
             _answer(conn, msg[1], status, value)
