@@ -50,8 +50,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gt_core.client import capture as _capture
-from gt_core.client.jit_places import _read, _roots, _scan, _words, _write
-from gt_core.client.jit_recipe import _OUT, _differ, _Recipe, _Recording, _Refused
+from gt_core.client.jit_places import reach_roots, tensor_slots
+from gt_core.client.jit_recipe import OUT, Recipe, Recording, Refused, differ
 from gt_core.client.jit_traced import as_traced, knobs, optimizers
 from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import LOCK
@@ -147,8 +147,8 @@ class _Entry:
         self.owner = owner
         self.session = session
         self.name = f"{JIT_SIGNAL}{owner.name}:{id(owner):x}:{k}"
-        self.recorded: list[_Recording] = []
-        self.recipe: _Recipe | None = None
+        self.recorded: list[Recording] = []
+        self.recipe: Recipe | None = None
         self.refused: str | None = None
         self.replayed = 0
         self.client_ms: collections.deque = collections.deque(maxlen=metrics.CLIENT_SAMPLES)
@@ -180,10 +180,10 @@ class _Entry:
     def _record(self, leaves, spec):
         s = self.session
         args, kwargs = _unflatten(leaves, spec)
-        roots = _roots(self.owner.fn, leaves)
+        roots = reach_roots(self.owner.fn, leaves)
         with LOCK:
             s.flush()
-            before = _scan(roots)
+            before = tensor_slots(roots)
             syncs = s.counters["syncs"]
             s.emit(Mark(MARK, self.name, "enter"))
             s.tee, s.tee_puts = tee, puts = [], []
@@ -195,7 +195,7 @@ class _Entry:
                 s.emit(Mark(MARK, self.name, "exit"))  # the frees of the call's locals come first
                 s.tee, s.tee_puts = None, None
                 s.flush()
-        rec = _Recording(leaves, roots, before, _scan(roots), result, tee[:-1], puts)
+        rec = Recording(leaves, roots, before, tensor_slots(roots), result, tee[:-1], puts)
         rec.syncs = s.counters["syncs"] - syncs
         self.recorded = [*self.recorded[-1:], rec]
         self.calls += 1
@@ -210,7 +210,7 @@ class _Entry:
         """Turn the last two recorded calls into a recipe, once the worker sent the plan."""
         a, b = self.recorded[-2], self.recorded[-1]
         ops = {idx: op_name(op) for op, idx in self.session.op_index.items()}
-        why = b.unreplayable() or _differ(a, b, ops) or b.written_constant(self.session.op_index)
+        why = b.unreplayable() or differ(a, b, ops) or b.written_constant(self.session.op_index)
         if why is not None:
             self._refuse(why)
             return
@@ -223,8 +223,8 @@ class _Entry:
         self.sig = sig
         self.facts = None
         try:
-            self.recipe = _Recipe(plan, b)
-        except _Refused as exc:
+            self.recipe = Recipe(plan, b)
+        except Refused as exc:
             self._refuse(str(exc), sig)
             return
         self.session.log.emit(
@@ -272,14 +272,12 @@ class _Entry:
             self.replayed += 1
             outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]
             for place in r.cleared:
-                _write(place, None)
+                place.write(None)
             for place, j in r.placed:
-                _write(place, outs[j])
+                place.write(outs[j])
         if r.single is not None:
             return outs[r.single]
-        res_leaves = [
-            outs[x[1]] if type(x) is tuple and x and x[0] is _OUT else x for x in r.result
-        ]
+        res_leaves = [outs[x[1]] if type(x) is tuple and x and x[0] is OUT else x for x in r.result]
         return tree_unflatten(res_leaves, r.result_spec)
 
     def _inputs_fast(self, leaves) -> list | None:
@@ -302,12 +300,12 @@ class _Entry:
         """The inputs' ids, each checked (None: one no longer fits; the function runs)."""
         s, r = self.session, self.recipe
         for place, obj in r.roots:
-            if _read(place) is not obj:  # a global or closure name bound to another object
+            if place.read() is not obj:  # a global or closure name bound to another object
                 self._unfit(place, obj, None)
                 return None
         ids = []
         for src, k in r.inputs:
-            p = leaves[src] if type(src) is int else _read(src)
+            p = leaves[src] if type(src) is int else src.read()
             if type(p) is not Proxy or p._gt_s is not s or p._gt_k != k:
                 self._unfit(src, p, k)
                 return None
@@ -351,7 +349,7 @@ class _Entry:
         self.recorded, self.calls = [], 0  # (its record limit too)
 
     def _unfit(self, src, p, k) -> None:
-        where = f"argument {src}" if type(src) is int else _words(src)
+        where = f"argument {src}" if type(src) is int else src.describe()
         if k is None:
             got = "it now holds another object"
         else:

@@ -1,20 +1,63 @@
 """Places: where a jitted step's tensors live in the state it reaches.
 
-A place is ``("attr", obj, name)`` or ``("item", container, key)``: a closure cell, a global,
-a module's parameter or buffer, a tensor's ``.grad``, an optimizer's state, a list's item.
+A :class:`Place` is an attribute ``("attr", obj, name)`` or an item ``("item", container,
+key)``: a closure cell, a global, a module's parameter or buffer, a tensor's ``.grad``, an
+optimizer's state, a list's item.
 A replayed call reads the block's inputs from places and writes its outputs back to them.
 """
 
 from __future__ import annotations
 
+import operator
 import types
+from typing import Any, NamedTuple
 
 import torch
 
 from gt_core.client.proxy import Proxy
 
+__all__ = ["Place", "reach_roots", "tensor_slots", "id_before"]
 
-def _roots(fn, leaves) -> list:
+
+class Place(NamedTuple):
+    """Where a tensor lives: ``getattr(obj, key)`` ("attr") or ``obj[key]`` ("item")."""
+
+    how: str
+    obj: Any
+    key: Any
+
+    def read(self):
+        """What is there now (None: nothing, or the place is gone)."""
+        try:
+            return self.obj[self.key] if self.how == "item" else getattr(self.obj, self.key)
+        except (KeyError, IndexError, AttributeError, ValueError):
+            return None
+
+    def write(self, value) -> None:
+        if self.how == "item":
+            self.obj[self.key] = value
+        else:
+            setattr(self.obj, self.key, value)
+
+    def reader(self) -> tuple:
+        """(getter, obj, key): ``getter(obj, key)`` reads it with no check (the fast path's
+        flat reads; a missing place raises)."""
+        return (operator.getitem if self.how == "item" else getattr, self.obj, self.key)
+
+    def ident(self) -> tuple:
+        """The place by its container's identity (equal for two Places of one slot)."""
+        return (self.how, id(self.obj), self.key)
+
+    def describe(self) -> str:
+        """The place in words, for a refusal or an unfit input."""
+        if self.how == "attr":
+            if isinstance(self.obj, torch.Tensor):
+                return f"the .{self.key} of a tensor {list(self.obj.shape)}"
+            return f"the closure variable ({self.key})"
+        return f"entry {self.key!r} of a {type(self.obj).__name__}"
+
+
+def reach_roots(fn, leaves) -> list:
     """[(place or None, object)] the step can reach: its arguments (no place: they come with
     each call), its bound self, its closure's cells and the globals it names, and those of
     the Python functions found there (the helpers a step calls: ``forward(x)`` reading a
@@ -39,14 +82,14 @@ def _reach(f, roots: list, funcs: set, places: set, depth: int) -> None:
     found = []
     for cell in f.__closure__ or ():
         try:
-            found.append((("attr", cell, "cell_contents"), cell.cell_contents))
+            found.append((Place("attr", cell, "cell_contents"), cell.cell_contents))
         except ValueError:  # a cell not yet bound
             pass
     g = f.__globals__
-    found += [(("item", g, n), g[n]) for n in sorted(_names(code)) if n in g]
+    found += [(Place("item", g, n), g[n]) for n in sorted(_names(code)) if n in g]
     for place, obj in found:
-        if _pid(place) not in places:
-            places.add(_pid(place))
+        if place.ident() not in places:
+            places.add(place.ident())
             roots.append((place, obj))
     if depth < _HELPERS:
         for _, obj in found:
@@ -68,7 +111,7 @@ def _names(code) -> set:
     return out
 
 
-def _scan(roots) -> list:
+def tensor_slots(roots) -> list:
     """[(place, proxy or None)] for every tensor slot reachable from ``roots``."""
     out: list = []
     seen: set[int] = set()
@@ -76,7 +119,7 @@ def _scan(roots) -> list:
         if isinstance(obj, Proxy):
             if place is not None:
                 _slot(place, obj, out)
-            _slot(("attr", obj, "grad"), obj.grad, out)
+            _slot(Place("attr", obj, "grad"), obj.grad, out)
         else:
             _visit(obj, out, seen, 0)
     return out
@@ -90,15 +133,15 @@ def _visit(obj, out, seen, depth) -> None:
         for m in obj.modules():
             for d in (m._parameters, m._buffers):
                 for name, t in d.items():
-                    _slot(("item", d, name), t, out)
+                    _slot(Place("item", d, name), t, out)
                     if t is not None and isinstance(t, Proxy):
-                        _slot(("attr", t, "grad"), t.grad, out)
+                        _slot(Place("attr", t, "grad"), t.grad, out)
     elif isinstance(obj, torch.optim.Optimizer):
         for group in obj.param_groups:
             _visit(group, out, seen, depth + 1)
             for p in group["params"]:
                 if isinstance(p, Proxy):
-                    _slot(("attr", p, "grad"), p.grad, out)
+                    _slot(Place("attr", p, "grad"), p.grad, out)
         for st in obj.state.values():
             _visit(st, out, seen, depth + 1)
     elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
@@ -106,14 +149,14 @@ def _visit(obj, out, seen, depth) -> None:
     elif isinstance(obj, dict):
         for k, v in list(obj.items()):
             if isinstance(v, torch.Tensor):
-                _slot(("item", obj, k), v, out)
+                _slot(Place("item", obj, k), v, out)
             elif isinstance(v, (dict, list, tuple, torch.nn.Module, torch.optim.Optimizer)):
                 _visit(v, out, seen, depth + 1)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             if isinstance(v, torch.Tensor):
                 if type(obj) is list:  # (a tuple's tensors cannot be put back: no place)
-                    _slot(("item", obj, i), v, out)
+                    _slot(Place("item", obj, i), v, out)
             elif isinstance(v, (dict, list, tuple, torch.nn.Module, torch.optim.Optimizer)):
                 _visit(v, out, seen, depth + 1)
 
@@ -123,36 +166,9 @@ def _slot(place, t, out) -> None:
         out.append((place, t))
 
 
-def _pid(place) -> tuple:
-    return (place[0], id(place[1]), place[2] if len(place) > 2 else None)
-
-
-def _before_id(before, key):
+def id_before(before, key):
+    """The value id the slot ``key`` (a place's ident) held in ``before`` (None: none)."""
     for place, p in before:
-        if _pid(place) == key:
+        if place.ident() == key:
             return p._gt_id if p is not None else None
     return None
-
-
-def _read(place):
-    try:
-        if place[0] == "item":
-            return place[1][place[2]]
-        return getattr(place[1], place[2])
-    except (KeyError, IndexError, AttributeError, ValueError):
-        return None
-
-
-def _write(place, value) -> None:
-    if place[0] == "item":
-        place[1][place[2]] = value
-    else:
-        setattr(place[1], place[2], value)
-
-
-def _words(place) -> str:
-    if place[0] == "attr":
-        if isinstance(place[1], torch.Tensor):
-            return f"the .{place[2]} of a tensor {list(place[1].shape)}"
-        return f"the closure variable ({place[2]})"
-    return f"entry {place[2]!r} of a {type(place[1]).__name__}"

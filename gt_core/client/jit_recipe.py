@@ -1,32 +1,31 @@
 """A jitted step's recording and its recipe: what a replayed call reads where, and leaves where.
 
-Two recorded calls alike (``_Recording``, ``_differ``) and the worker's plan of their block
-make a ``_Recipe``: the block's inputs as places in the step's reachable state (or its
+Two recorded calls alike (``Recording``, ``differ``) and the worker's plan of their block
+make a ``Recipe``: the block's inputs as places in the step's reachable state (or its
 arguments), its outputs as the places the recorded call left them in (see ``jit_places``).
 """
 
 from __future__ import annotations
 
 import collections
-import operator
 
 import torch
 from torch.utils._pytree import tree_flatten
 
-from gt_core.client.jit_places import _before_id, _pid, _words
+from gt_core.client.jit_places import Place, id_before
 from gt_core.client.jit_traced import knobs, optimizers
 from gt_core.client.plan_match import Candidate
 from gt_core.client.proxy import CONSTANT_NUMEL, Proxy
 from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
 
-_OUT = "gt-jit-output"  # a result leaf that is the block's output (_OUT, its index)
+OUT = "gt-jit-output"  # a result leaf that is the block's output (OUT, its index)
 
 
-class _Refused(Exception):
+class Refused(Exception):
     pass
 
 
-class _Recording:
+class Recording:
     """One recorded call: what it read where, what it left where, its instructions."""
 
     def __init__(self, leaves, roots, before, after, result, instrs, puts=()):
@@ -110,7 +109,7 @@ class _Recording:
         return [{"op": o, "arg": w, "value": v, "count": n} for (o, w, v), n in counts.items()]
 
 
-def _differ(a: _Recording, b: _Recording, ops: dict) -> str | None:
+def differ(a: Recording, b: Recording, ops: dict) -> str | None:
     """Why two recorded calls cannot share one replay (None: they can)."""
     if len(a.instrs) != len(b.instrs) or a.shape() != b.shape():
         return None  # other work: the worker sees another block; recording goes on
@@ -181,18 +180,18 @@ def _floats(a, where):
             yield from _floats(x, f"{where}[{j}]")
 
 
-class _Recipe:
+class Recipe:
     """What a replayed call does: where each input is read, where each output goes."""
 
-    def __init__(self, plan, rec: _Recording):
+    def __init__(self, plan, rec: Recording):
         occ = Candidate(plan)
         for ins in rec.instrs:
             if ins.code == PUT:
                 continue  # (its value is an input of the block: a constant below)
             if not occ.match(ins):
-                raise _Refused("the worker's block does not match the recorded call")
+                raise Refused("the worker's block does not match the recorded call")
         if occ.pos != occ.n:
-            raise _Refused("the worker's block is shorter than the recorded call")
+            raise Refused("the worker's block is shorter than the recorded call")
         self.sig = plan.sig
         self.roots = rec.roots
         self.n_produced = len(occ.produced)
@@ -208,7 +207,7 @@ class _Recipe:
         for vid in occ.inputs:
             if vid in made:
                 p = self.constants[made[vid]]
-                self.inputs.append((("item", self.constants, made[vid]), p._gt_k))
+                self.inputs.append((Place("item", self.constants, made[vid]), p._gt_k))
             elif vid in rec.arg_ids:
                 i = rec.arg_ids[vid]
                 self.inputs.append((i, rec.arg_keys[i]))
@@ -216,7 +215,7 @@ class _Recipe:
                 place, p = before[vid]
                 self.inputs.append((place, p._gt_k))
             else:
-                raise _Refused(
+                raise Refused(
                     "the step reads a worker tensor jit cannot find again: not an argument, nor "
                     "reachable from its closure or globals, or those of the functions it calls "
                     "(through modules, optimizers, dicts, lists)"
@@ -227,9 +226,9 @@ class _Recipe:
         metas: dict[int, tuple] = {}
         self.placed = []
         self.cleared = []
-        places_after = {_pid(place): (place, p) for place, p in rec.after}
+        places_after = {place.ident(): (place, p) for place, p in rec.after}
         for key, (place, p) in places_after.items():
-            was = _before_id(rec.before, key)
+            was = id_before(rec.before, key)
             now = p._gt_id if p is not None else None
             if was == now:
                 continue
@@ -239,14 +238,14 @@ class _Recipe:
                 self.placed.append((place, index[now]))
                 metas[now] = p._gt_m
             else:
-                raise _Refused(f"the step moves a tensor into {_words(place)}: replay cannot")
+                raise Refused(f"the step moves a tensor into {place.describe()}: replay cannot")
         self.result_spec = rec.result_spec
         self.result = []
         for x in rec.result_leaves:
             if type(x) is Proxy:
                 if x._gt_id not in index:
-                    raise _Refused("the step returns a tensor it did not make (an input)")
-                self.result.append((_OUT, index[x._gt_id]))
+                    raise Refused("the step returns a tensor it did not make (an input)")
+                self.result.append((OUT, index[x._gt_id]))
                 metas[x._gt_id] = x._gt_m
             else:
                 self.result.append(x)
@@ -258,7 +257,7 @@ class _Recipe:
         self.single = self.result[0][1] if one else None  # one tensor: returned without pytree
         missing = [occ.produced[k] for k in alive if occ.produced[k] not in metas]
         if missing:
-            raise _Refused(
+            raise Refused(
                 f"{len(missing)} tensor(s) the step makes stay alive where jit cannot put them "
                 "again (e.g. appended to a list, or kept by an autograd graph): return them"
             )
@@ -267,16 +266,12 @@ class _Recipe:
         # None for an argument: leaves[key]), each one's metadata key, and the roots the same
         # way (see _Entry._replay's fast path).
         self.readers = [
-            (None, None, src) if type(src) is int else _reader(src) for src, _ in self.inputs
+            (None, None, src) if type(src) is int else src.reader() for src, _ in self.inputs
         ]
         self.keys = [k for _, k in self.inputs]
-        self.root_readers = [_reader(place) for place, _ in self.roots]
+        self.root_readers = [place.reader() for place, _ in self.roots]
         self.root_objs = [obj for _, obj in self.roots]
         # The optimizers the step can reach, and their settings now: the block holds them as
         # numbers, so a change (an LR scheduler's step) means recording again (jit._retune).
         self.optimizers = optimizers(obj for _, obj in rec.all_roots)
         self.knobs = knobs(self.optimizers)
-
-
-def _reader(place) -> tuple:
-    return (operator.getitem if place[0] == "item" else getattr, place[1], place[2])
