@@ -184,17 +184,40 @@ class Recipe:
     """What a replayed call does: where each input is read, where each output goes."""
 
     def __init__(self, plan, rec: Recording):
-        occ = Candidate(plan)
-        for ins in rec.instrs:
-            if ins.code == PUT:
-                continue  # (its value is an input of the block: a constant below)
-            if not occ.match(ins):
-                raise Refused("the worker's block does not match the recorded call")
-        if occ.pos != occ.n:
-            raise Refused("the worker's block is shorter than the recorded call")
+        occ = _matched(plan, rec)
         self.sig = plan.sig
         self.roots = rec.roots
         self.n_produced = len(occ.produced)
+        self._find_inputs(occ, rec)
+        freed = {ins.vid for ins in rec.instrs if ins.code == FREE}
+        alive = [k for k, vid in enumerate(occ.produced) if vid not in freed]
+        index = {occ.produced[k]: j for j, k in enumerate(alive)}
+        metas: dict[int, tuple] = {}  # value id -> metadata, of each output put somewhere
+        self._place_outputs(rec, index, metas)
+        self._result(rec, index, metas)
+        missing = [occ.produced[k] for k in alive if occ.produced[k] not in metas]
+        if missing:
+            raise Refused(
+                f"{len(missing)} tensor(s) the step makes stay alive where jit cannot put them "
+                "again (e.g. appended to a list, or kept by an autograd graph): return them"
+            )
+        self.outputs = [(k, metas[occ.produced[k]]) for k in alive]
+        # What a replayed call reads, flat: (getter, container, key) per input (the getter
+        # None for an argument: leaves[key]), each one's metadata key, and the roots the same
+        # way (see _Entry._replay's fast path).
+        self.readers = [
+            (None, None, src) if type(src) is int else src.reader() for src, _ in self.inputs
+        ]
+        self.keys = [k for _, k in self.inputs]
+        self.root_readers = [place.reader() for place, _ in self.roots]
+        self.root_objs = [obj for _, obj in self.roots]
+        # The optimizers the step can reach, and their settings now: the block holds them as
+        # numbers, so a change (an LR scheduler's step) means recording again (jit._retune).
+        self.optimizers = optimizers(obj for _, obj in rec.all_roots)
+        self.knobs = knobs(self.optimizers)
+
+    def _find_inputs(self, occ: Candidate, rec: Recording) -> None:
+        """``inputs``: per block input, (its place or argument index, its metadata key)."""
         before = {}
         for place, p in rec.before:
             if p is not None:
@@ -220,12 +243,11 @@ class Recipe:
                     "reachable from its closure or globals, or those of the functions it calls "
                     "(through modules, optimizers, dicts, lists)"
                 )
-        freed = {ins.vid for ins in rec.instrs if ins.code == FREE}
-        alive = [k for k, vid in enumerate(occ.produced) if vid not in freed]
-        index = {occ.produced[k]: j for j, k in enumerate(alive)}
-        metas: dict[int, tuple] = {}
-        self.placed = []
-        self.cleared = []
+
+    def _place_outputs(self, rec: Recording, index: dict, metas: dict) -> None:
+        """``placed``: (place, output) the recorded call left there; ``cleared``: places it
+        emptied."""
+        self.placed, self.cleared = [], []
         places_after = {place.ident(): (place, p) for place, p in rec.after}
         for key, (place, p) in places_after.items():
             was = id_before(rec.before, key)
@@ -239,6 +261,10 @@ class Recipe:
                 metas[now] = p._gt_m
             else:
                 raise Refused(f"the step moves a tensor into {place.describe()}: replay cannot")
+
+    def _result(self, rec: Recording, index: dict, metas: dict) -> None:
+        """``result``: the call's result leaves, outputs as (OUT, output); ``single``: the one
+        output when the result is that tensor alone (returned without pytree)."""
         self.result_spec = rec.result_spec
         self.result = []
         for x in rec.result_leaves:
@@ -254,24 +280,17 @@ class Recipe:
             and type(self.result[0]) is tuple
             and rec.result_spec.num_nodes == 1
         )
-        self.single = self.result[0][1] if one else None  # one tensor: returned without pytree
-        missing = [occ.produced[k] for k in alive if occ.produced[k] not in metas]
-        if missing:
-            raise Refused(
-                f"{len(missing)} tensor(s) the step makes stay alive where jit cannot put them "
-                "again (e.g. appended to a list, or kept by an autograd graph): return them"
-            )
-        self.outputs = [(k, metas[occ.produced[k]]) for k in alive]
-        # What a replayed call reads, flat: (getter, container, key) per input (the getter
-        # None for an argument: leaves[key]), each one's metadata key, and the roots the same
-        # way (see _Entry._replay's fast path).
-        self.readers = [
-            (None, None, src) if type(src) is int else src.reader() for src, _ in self.inputs
-        ]
-        self.keys = [k for _, k in self.inputs]
-        self.root_readers = [place.reader() for place, _ in self.roots]
-        self.root_objs = [obj for _, obj in self.roots]
-        # The optimizers the step can reach, and their settings now: the block holds them as
-        # numbers, so a change (an LR scheduler's step) means recording again (jit._retune).
-        self.optimizers = optimizers(obj for _, obj in rec.all_roots)
-        self.knobs = knobs(self.optimizers)
+        self.single = self.result[0][1] if one else None
+
+
+def _matched(plan, rec: Recording) -> Candidate:
+    """The worker's plan matched against the recorded call's instructions, whole."""
+    occ = Candidate(plan)
+    for ins in rec.instrs:
+        if ins.code == PUT:
+            continue  # (its value is an input of the block: a constant below)
+        if not occ.match(ins):
+            raise Refused("the worker's block does not match the recorded call")
+    if occ.pos != occ.n:
+        raise Refused("the worker's block is shorter than the recorded call")
+    return occ
