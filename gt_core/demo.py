@@ -1,6 +1,6 @@
 """A short demo: train an MLP through the worker, compile its hot path, print what happened.
 
-    python -m gt_core.demo [--steps N] [--backend NAME]
+python -m gt_core.demo [--steps N] [--backend NAME]
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ def main(argv=None) -> None:
         ctx = gt_core.capture(backend=args.backend, background=False) if on_worker else _null()
         with ctx:
             torch.manual_seed(0)
-            model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+            model = torch.nn.Sequential(
+                torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
+            )
             opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
             x, y = torch.randn(128, 784), torch.randn(128, 10)
             for _ in range(args.steps):
@@ -43,7 +45,9 @@ def main(argv=None) -> None:
     w = gt_core.worker()
     print(f"worker pid {w.pid} on {w.device} (this process: {__import__('os').getpid()})")
     print(f"final loss: eager {eager:.6f}, through gt {ours:.6f}, |diff| {abs(eager - ours):.2e}")
-    print(f"wall time for {args.steps} steps: eager {t_eager:.2f} s, gt {t_gt:.2f} s (includes compiling)")
+    print(
+        f"wall time for {args.steps} steps: eager {t_eager:.2f} s, gt {t_gt:.2f} s (includes compiling)"
+    )
     print(gt_core.report())
     w.stop()
 

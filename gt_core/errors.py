@@ -7,6 +7,7 @@ __all__ = [
     "ConfigError",
     "WorkerDied",
     "WorkerLost",
+    "RemoteRefused",
     "UnsupportedOperation",
     "CompiledRunFailed",
     "CaptureError",
@@ -30,6 +31,10 @@ class ConfigError(GTError, ValueError):
 
 class WorkerDied(GTError, RuntimeError):
     """The worker process ended while work was pending; restart with gt_core.worker().restart()."""
+
+
+class RemoteRefused(WorkerDied):
+    """A remote worker could not be reached, or did not accept this client's authkey."""
 
 
 class WorkerLost(GTError, RuntimeError):

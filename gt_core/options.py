@@ -9,10 +9,30 @@ from dataclasses import dataclass, field
 
 from gt_core.errors import ConfigError
 
-__all__ = ["Options", "from_env", "ENV", "load_signals", "check", "parse", "accepted"]
+__all__ = [
+    "Options",
+    "from_env",
+    "ENV",
+    "load_signals",
+    "check",
+    "parse",
+    "accepted",
+    "remote_address",
+]
 
 MODES = (None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 WORKERS = ("process", "inprocess")
+REMOTE = re.compile(r"tcp://(\[[0-9a-fA-F:]+\]|[\w.-]+):(\d{1,5})")  # a remote worker's address
+
+
+def remote_address(worker: str) -> tuple[str, int] | None:
+    """(host, port) of a ``tcp://HOST:PORT`` worker option (None: a local worker)."""
+    m = REMOTE.fullmatch(worker) if isinstance(worker, str) else None
+    if m is None or not 0 < int(m.group(2)) < 65536:
+        return None
+    return m.group(1).strip("[]"), int(m.group(2))
+
+
 DEVICE_HINT = "auto (CUDA if present, else the CPU), cpu, or cuda / cuda:N where a CUDA device is"
 
 
@@ -42,7 +62,8 @@ class Options:
     debug: int = 0  # 1: a line per detection/compile/fallback/revert; 2: also mismatches
     log: str | None = None  # instruction log: every event as a JSON line
     config: str | None = None  # YAML file of named signals
-    worker: str = "process"  # or "inprocess" (same executor, no second process)
+    worker: str = "process"  # or "inprocess" (no second process), or "tcp://HOST:PORT" (remote)
+    authkey_file: str | None = None  # a remote worker's key (see gt_core.connect)
     device: str = "auto"  # the worker's device: auto (CUDA if present), cpu, cuda, cuda:N
     regression_samples: int = 5  # compiled runs timed before a revert is considered
     background: bool = True  # compile off the critical path (eager runs meanwhile)
@@ -133,7 +154,7 @@ def _path(v) -> bool:
 
 BOOL = "True or False (as text: 1/0, true/false, yes/no, on/off)"
 PATH = "a file path (str or os.PathLike), or None"
-PATHS = ("log", "config")
+PATHS = ("log", "config", "authkey_file")
 RULES: dict = {
     "auto_compile": (lambda v: isinstance(v, bool), BOOL),
     "compile_all": (lambda v: isinstance(v, bool), BOOL),
@@ -149,7 +170,11 @@ RULES: dict = {
     "debug": (_int(0, 2), "0, 1 or 2"),
     "log": (_path, PATH),
     "config": (_path, PATH.replace("a file", "a YAML file")),
-    "worker": (lambda v: isinstance(v, str) and v in WORKERS, f"one of {', '.join(WORKERS)}"),
+    "worker": (
+        lambda v: isinstance(v, str) and (v in WORKERS or remote_address(v) is not None),
+        f"one of {', '.join(WORKERS)}, or tcp://HOST:PORT (a remote worker)",
+    ),
+    "authkey_file": (_path, PATH.replace("a file", "a file holding a remote worker's key")),
     "device": (_device_ok, DEVICE_HINT),
     "regression_samples": (_int(1), "an integer >= 1"),
     "background": (lambda v: isinstance(v, bool), BOOL),
@@ -235,6 +260,7 @@ ENV = {  # environment variable -> option
     "GT_INSTRUCTION_LOG": "log",
     "GT_CONFIG": "config",
     "GT_WORKER": "worker",
+    "GT_AUTHKEY_FILE": "authkey_file",
     "GT_DEVICE": "device",
     "GT_REGRESSION_SAMPLES": "regression_samples",
     "GT_BACKGROUND_COMPILE": "background",

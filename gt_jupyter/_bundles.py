@@ -20,7 +20,15 @@ import re
 
 from . import _svg
 
-__all__ = ["PLOTLY_MIME", "bundle", "compact", "img_html", "live_bundle", "merge_variants", "nbytes"]
+__all__ = [
+    "PLOTLY_MIME",
+    "bundle",
+    "compact",
+    "img_html",
+    "live_bundle",
+    "merge_variants",
+    "nbytes",
+]
 
 PLOTLY_MIME = "application/vnd.plotly.v1+json"
 CONFIG = {"responsive": True, "displaylogo": False}
@@ -63,7 +71,11 @@ def img_html(fig: dict, alt: str, tips: bool = True) -> str:
 def bundle(fig, text: str) -> dict:
     """The display bundle of one figure: plotly JSON (interactive), text, the image copy."""
     d = as_dict(fig)
-    return {"text/plain": text, PLOTLY_MIME: {**d, "config": CONFIG}, "text/html": img_html(d, text)}
+    return {
+        "text/plain": text,
+        PLOTLY_MIME: {**d, "config": CONFIG},
+        "text/html": img_html(d, text),
+    }
 
 
 def live_bundle(fig, text: str) -> dict:

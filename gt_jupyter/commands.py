@@ -1,15 +1,17 @@
 """The ``%gt`` line commands, each a function of the GTMagics it runs for and its words.
 
-status, config, reset, restart, stop, graph, diff, log, dashboard, explain; each returns what
+status, config, connect, reset, restart, stop, graph, diff, log, dashboard, explain; each returns what
 the cell shows (a view, a dashboard or text) and fails with a one-line UsageError.
 
 In [1]: %gt status
 In [2]: %gt config threshold=3 backend=aot_eager
 In [3]: %gt diff 3f2a9c0d1e2b 9b1c2d3e4f5a
+In [4]: %gt connect 127.0.0.1:7077 --authkey-file ~/.gt-key
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 
 from IPython.core.error import UsageError
@@ -24,7 +26,8 @@ from .views import Text, graph_view, status_view
 __all__ = ["USAGE", "run"]
 
 USAGE = (
-    "%gt status | config [key=value ...] | reset | restart | stop | graph [SIGNATURE] | "
+    "%gt status | config [key=value ...] | connect HOST:PORT [--authkey-file F] | reset | "
+    "restart | stop | graph [SIGNATURE] | "
     "diff SIG_A SIG_B | log PATH | dashboard | explain FUNCTION"
 )
 EXPLAINABLE = "a function or module passed to torch.compile, or its name"
@@ -67,6 +70,20 @@ def _config(magics, rest):
     values = core.config()
     magics.options.sync(values)
     return Text("gt config\n" + "\n".join(f"  {k} = {v!r}" for k, v in values.items()))
+
+
+def _connect(magics, rest):
+    usage = "%gt connect HOST:PORT [--authkey-file FILE] (or 'process' for a local worker)"
+    if len(rest) not in (1, 3) or (len(rest) == 3 and rest[1] != "--authkey-file"):
+        raise UsageError(f"%gt connect: expected {usage}, got {' '.join(rest)!r}")
+    key_file = os.path.expanduser(rest[2]) if len(rest) == 3 else None
+    core = core_module()
+    try:
+        w = core.connect(rest[0], authkey_file=key_file)
+    except (core.GTError, ValueError) as exc:
+        raise UsageError(f"%gt connect: {exc}") from None
+    magics.options.sync(core.config())
+    return Text(f"gt: connected to the worker {core.config()['worker']} (pid {w.pid}, {w.device})")
 
 
 def _reset(magics, rest):
@@ -158,6 +175,7 @@ def _explain(magics, rest):
 COMMANDS = {
     "status": _status,
     "config": _config,
+    "connect": _connect,
     "reset": _reset,
     "restart": _restart,
     "stop": _stop,

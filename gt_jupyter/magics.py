@@ -131,7 +131,7 @@ class GTMagics(Magics):
     # -- %gt -------------------------------------------------------------------------------
     @line_magic("gt")
     def gt_line(self, line: str):
-        """gt commands: status, config, reset, restart, stop, graph, diff, log, dashboard, explain.
+        """gt commands: status, config, connect, reset, restart, stop, graph, diff, log, dashboard, explain.
 
         In [1]: %gt status
         In [2]: %gt config threshold=3 backend=aot_eager

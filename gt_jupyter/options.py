@@ -80,7 +80,10 @@ class GT(Configurable):
     )
     regression_samples = Option(5, "compiled runs timed before a revert (GT_REGRESSION_SAMPLES)")
     # -- the worker
-    worker = Option("process", "process or inprocess: where tensors live (GT_WORKER)")
+    worker = Option(
+        "process", "process, inprocess or tcp://HOST:PORT: where tensors live (GT_WORKER)"
+    )
+    authkey_file = Option(None, "a remote worker's key file (GT_AUTHKEY_FILE)")
     device = Option("auto", "the worker's device: auto, cpu, cuda, cuda:N (GT_DEVICE)")
     worker_threads = Option(None, "the worker's CPU threads, fixed (GT_WORKER_THREADS)")
     client_match = Option(True, "a hot block goes out as one message (GT_CLIENT_MATCH)")

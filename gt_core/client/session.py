@@ -90,9 +90,6 @@ class Session:
     """Ids, the pending batch and the transport of one worker generation."""
 
     def __init__(self, options: Options, log: ev.EventLog):
-        from gt_core.client.inprocess import InProcessTransport
-        from gt_core.client.transport import ProcessTransport
-
         self.gen = next(_generations)
         self.options = options
         self.log = log
@@ -100,8 +97,7 @@ class Session:
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
         self._freeing = False  # in drain_frees: a full batch is sent, not flushed (see out)
         self.matcher = PlanMatcher(self.out, self.send_now)
-        cls = InProcessTransport if options.worker == "inprocess" else ProcessTransport
-        self.transport = cls(options, self._on_events)
+        self.transport = _transport_class(options.worker)(options, self._on_events)
         self.transport.before_wait = self.flush  # (a full upload ring: see Transport)
         self.next_id = 1
         self.op_index: dict = {}
@@ -336,6 +332,21 @@ class Session:
                 pass
             self.closed = True
             self.transport.stop()
+
+
+def _transport_class(worker: str):
+    """The transport of the worker option: a process here, this process, or a remote one."""
+    if worker == "inprocess":
+        from gt_core.client.inprocess import InProcessTransport
+
+        return InProcessTransport
+    if worker.startswith("tcp://"):
+        from gt_core.client.remote import RemoteTransport
+
+        return RemoteTransport
+    from gt_core.client.transport import ProcessTransport
+
+    return ProcessTransport
 
 
 def _line(where: tuple[str, int] | None) -> str | None:

@@ -11,15 +11,15 @@ import contextlib
 import itertools
 import multiprocessing as mp
 import pickle
-import signal
 import sys
 import threading
 import time
-import traceback
 import types
 
 import torch
 
+from gt_core.client.exits import doing as _doing
+from gt_core.client.exits import exit_reason as _exit_reason
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import interruptible
 from gt_core.errors import WorkerDied
@@ -29,7 +29,7 @@ from gt_core.stream import staging
 from gt_core.stream.instructions import PUT, RNG, to_wire
 from gt_core.stream.requests import EventsSent, Ping
 
-__all__ = ["Transport", "ProcessTransport"]
+__all__ = ["Transport", "Connected", "ProcessTransport"]
 
 _POLL_S = 0.05
 _RING = 16 << 20  # the upload ring's first size in bytes (it grows for larger tensors)
@@ -98,8 +98,10 @@ def _no_modes():
     return _disable_current_modes()
 
 
-class ProcessTransport(Transport):
-    """A spawned worker process; its death is noticed within one poll interval."""
+class Connected(Transport):
+    """A worker behind two connections (requests, events); its death is noticed within one
+    poll interval. Subclasses open them (``_open``) and say how the worker lives and ends:
+    ``name``, ``_running``, ``_ended``, ``_doing``, ``_join``, ``kill``."""
 
     stall_s = 5.0  # a wait this long says what the worker is doing (stopped, or busy)
     waiting: str | None = None  # the request being waited for, if one is
@@ -108,29 +110,18 @@ class ProcessTransport(Transport):
     def notice(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    def __init__(self, options, on_events, start_timeout: float = 120.0):
-        ctx = mp.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._events_conn, child_events = ctx.Pipe(duplex=False)
-        from gt_core.remote.serve import worker_main
+    local = False  # True: the worker runs on this machine (its pid, compile process are ours)
 
-        self.proc = ctx.Process(
-            target=worker_main, args=(child, child_events, options), daemon=True, name="gt-worker"
-        )
-        with _without_main():
-            self.proc.start()
-        child.close()
-        child_events.close()
-        self.pid = self.proc.pid
+    def __init__(self, options, on_events, start_timeout: float = 120.0):
         self._on_events = on_events
-        self._started = threading.Event()
         self.device = "?"
+        self.cause: str | None = None
+        self.compiler: tuple[int, str] | None = None  # the worker's compile process: pid, folder
+        self._conn, self._events_conn = self._open(options)
         self._seen = 0  # event batches received
         self._seen_changed = threading.Condition()
         self._pump = threading.Thread(target=self._read_events, name="gt-events", daemon=True)
         self._pump.start()
-        self.cause: str | None = None
-        self.compiler: tuple[int, str] | None = None  # the worker's compile process: pid, folder
         self._lock = threading.Lock()
         self._ids = itertools.count(1)
         self._marks: dict[int, bool] = {}  # marks posted and not yet waited for: answered?
@@ -138,10 +129,11 @@ class ProcessTransport(Transport):
         self._down = staging.Reader("cpu", reuse=_REUSE)  # fetched values
         staging.sweep()  # segments of gt processes that were killed before cleaning up
         try:
-            _, self.device = self.request(Ping(), timeout=start_timeout)
+            pid, self.device = self.request(Ping(), timeout=start_timeout)
         except BaseException:  # it could not start (a worker_imports module failed)
             self.stop()
             raise
+        self.pid = pid if self.pid is None else self.pid
 
     def _read_events(self):
         while True:
@@ -152,7 +144,7 @@ class ProcessTransport(Transport):
             for e in events:
                 if e.get("type") == ev.WORKER and e.get("state") == "started":
                     self.device = e.get("device", "?")
-                elif e.get("type") == ev.WORKER and e.get("state") == "compiler":
+                elif e.get("type") == ev.WORKER and e.get("state") == "compiler" and self.local:
                     self.compiler = (e["pid"], e["dir"])
             self._on_events(events)
             with self._seen_changed:
@@ -166,30 +158,27 @@ class ProcessTransport(Transport):
             self._seen_changed.wait_for(lambda: self._seen >= sent, timeout)
 
     def alive(self) -> bool:
-        return self.cause is None and self.proc.is_alive()
+        return self.cause is None and self._running()
 
     def _end_compiler(self) -> None:
-        """The dead worker's compile process (and its C++ builds, its folder) end with it."""
-        if self.compiler is not None:
-            end_compile_process(*self.compiler)
-            self.compiler = None
+        """The dead worker's compile process ends with it (a local worker's: see below)."""
 
     def death(self, doing: str) -> WorkerDied:
-        self.proc.join(timeout=1.0)
+        why = self._ended()
         self._end_compiler()
-        self.cause = why = _exit_reason(self.proc.exitcode)
+        self.cause = why
         self._on_events(
             [ev.event(ev.WORKER, state="died", pid=self.pid, device=self.device, cause=why)]
         )
         return WorkerDied(
-            f"gt worker (pid {self.pid}) died: {why}, while {doing}. Its tensors are lost; the "
+            f"{self.name} died: {why}, while {doing}. Its tensors are lost; the "
             "next capture() or %%gt cell starts a fresh worker (or gt_core.worker().restart() "
             "now): re-run the code that creates them."
         )
 
     def _dead(self) -> WorkerDied:
         return WorkerDied(
-            f"gt worker (pid {self.pid}) is dead ({self.cause}); the next capture() or %%gt "
+            f"{self.name} is dead ({self.cause}); the next capture() or %%gt "
             "cell starts a fresh one (or call gt_core.worker().restart())"
         )
 
@@ -263,7 +252,7 @@ class ProcessTransport(Transport):
                     self._marks[got] = True
         if status == "err":
             raise value
-        if type(value) is staging.Staged:  # a fetched value (or the generator's state)
+        if type(value) in staging.STAGED:  # a fetched value (or the generator's state)
             t0 = time.perf_counter()
             with _no_modes():
                 value = self._down.take(value)
@@ -312,36 +301,27 @@ class ProcessTransport(Transport):
         said = False
         check_interrupt()  # one held while the request went out ends the wait before it starts
         while not self._conn.poll(_POLL_S):
-            if not self.proc.is_alive():
+            if not self._running():
                 raise self.death(f"waiting for {kind}")
             waited = time.monotonic() - start
             if timeout is not None and waited > timeout:
-                raise WorkerDied(
-                    f"gt worker (pid {self.pid}) did not answer {kind} within {timeout:.0f} s"
-                )
+                raise WorkerDied(f"{self.name} did not answer {kind} within {timeout:.0f} s")
             # (a start has its own timeout; waiting for compiles is long on purpose)
             if not said and timeout is None and kind != "engine" and waited > self.stall_s:
                 said = True
                 self.notice(
-                    f"gt: still waiting for the worker (pid {self.pid}) after {waited:.0f} s "
-                    f"({kind}): {_doing(self.pid)}; press Ctrl-C (interrupt) to stop waiting"
+                    f"gt: still waiting for the {self.name[3:]} after {waited:.0f} s "
+                    f"({kind}): {self._doing()}; press Ctrl-C (interrupt) to stop waiting"
                 )
 
-    def kill(self) -> None:
-        """End the process now (SIGKILL); its compile process follows it (gt_core.compile.process watches its parent)."""
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(timeout=2)
-
     def stop(self) -> None:
-        if self.proc.is_alive():
+        if self._running():
             try:
                 with self._lock:
                     self._conn.send(("stop",))
             except Exception:
                 pass
-            self.proc.join(timeout=5)
-            self.kill()
+            self._join()
         self._end_compiler()  # gone already after a clean stop; not after a kill
         self.cause = self.cause or "stopped"
         self._conn.close()
@@ -350,34 +330,56 @@ class ProcessTransport(Transport):
         self._down.close()
 
 
-def _exit_reason(code: int | None) -> str:
-    """Why a worker ended, in words, from its exit code (None: it has not exited)."""
-    if code is None:
-        return "its connection broke"
-    if code >= 0:
-        return f"it exited with status {code}"
-    try:
-        why = f"it was killed by {signal.Signals(-code).name}"
-    except ValueError:
-        why = f"it was killed by signal {-code}"
-    if -code == signal.SIGKILL:
-        why += " (out of memory, or killed from outside)"
-    return why
+class ProcessTransport(Connected):
+    """A spawned worker process on this machine."""
 
+    local = True
 
-def _doing(pid: int) -> str:
-    """What a process is doing, in words, from its state in /proc (Linux)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "it is busy with the work sent before"
-    if state in ("T", "t"):
-        return "it is stopped (SIGSTOP or a debugger); resume it with SIGCONT"
-    if state == "D":
-        return "it is waiting on the disk or a device"
-    return "it is busy with the work sent before"
+    def _open(self, options):
+        """Start the worker process: (requests' connection, events' connection)."""
+        ctx = mp.get_context("spawn")
+        conn, child = ctx.Pipe()
+        events_conn, child_events = ctx.Pipe(duplex=False)
+        from gt_core.remote.serve import worker_main
 
+        self.proc = ctx.Process(
+            target=worker_main, args=(child, child_events, options), daemon=True, name="gt-worker"
+        )
+        with _without_main():
+            self.proc.start()
+        child.close()
+        child_events.close()
+        self.pid = self.proc.pid
+        return conn, events_conn
 
-def format_exception(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    @property
+    def name(self) -> str:
+        return f"gt worker (pid {self.pid})"
+
+    def _running(self) -> bool:
+        return self.proc.is_alive()
+
+    def _ended(self) -> str:
+        """Why the worker ended, in words (after waiting a moment for its exit status)."""
+        self.proc.join(timeout=1.0)
+        return _exit_reason(self.proc.exitcode)
+
+    def _end_compiler(self) -> None:
+        """The dead worker's compile process (and its C++ builds, its folder) end with it."""
+        if self.compiler is not None:
+            end_compile_process(*self.compiler)
+            self.compiler = None
+
+    def _join(self) -> None:
+        """After a stop was sent: wait for the worker to end, then make sure it has."""
+        self.proc.join(timeout=5)
+        self.kill()
+
+    def _doing(self) -> str:
+        return _doing(self.pid)
+
+    def kill(self) -> None:
+        """End the process now (SIGKILL); its compile process follows it (gt_core.compile.process watches its parent)."""
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=2)

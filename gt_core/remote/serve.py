@@ -107,8 +107,12 @@ _REUSE = 512 << 20  # bytes of uploads' storage kept for the next uploads of the
 _sent = [0]  # event batches this worker process has published (see the client's drain)
 
 
-def worker_main(conn, event_conn, options) -> None:
-    """The worker process's loop: run batches, answer requests, until told to stop."""
+def worker_main(conn, event_conn, options, inline: bool = False) -> None:
+    """The worker process's loop: run batches, answer requests, until told to stop.
+
+    ``inline``: the client is on another machine (gt_core.remote.listen): tensor answers
+    carry their bytes, as its uploads do, instead of naming a shared-memory segment.
+    """
     lock = threading.Lock()
 
     def publish(events):
@@ -131,7 +135,7 @@ def worker_main(conn, event_conn, options) -> None:
     inbox = _Inbox(conn)
     w.engine.cpu_share.recheck = inbox.waited
     uploads = staging.Reader(w.device, reuse=_REUSE)
-    downloads = staging.Writer(_DOWNLOADS)
+    downloads = staging.InlineWriter() if inline else staging.Writer(_DOWNLOADS)
     try:
         _loop(w, conn, inbox, uploads, downloads)
     except SystemExit:

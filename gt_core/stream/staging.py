@@ -18,6 +18,10 @@ Segments are files in ``/dev/shm`` (mode 0600) named after the creating process;
 unlinks a name as soon as it has mapped it, the creator unlinks what was never read when it
 closes, and :func:`sweep` removes those of processes that no longer exist.
 
+A worker on another machine cannot map those segments: its connection carries the bytes
+themselves (:class:`Inline`, made by :func:`inline`); :meth:`Reader.take` reads either kind, so
+the worker's loop is the same for both, and the local path keeps its one copy each way.
+
 Why not pickled tensors: multiprocessing's reducers move each tensor's storage into a shared
 segment of its own and pass its file descriptor through a helper connection, milliseconds per
 tensor, and a fetched tensor could alias memory the worker goes on writing.
@@ -37,7 +41,17 @@ import torch
 
 from gt_core.stream import storage_pool
 
-__all__ = ["Staged", "Writer", "Reader", "sweep", "layout", "ONE_OFF"]
+__all__ = [
+    "Staged",
+    "Inline",
+    "InlineWriter",
+    "inline",
+    "Writer",
+    "Reader",
+    "sweep",
+    "layout",
+    "ONE_OFF",
+]
 
 _DIR = "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 _PREFIX = "gt-stage-"
@@ -65,6 +79,46 @@ class Staged(NamedTuple):
     shape: tuple
     stride: tuple
     end: int
+
+
+class Inline(NamedTuple):
+    """A tensor's bytes carried in the message itself (a worker on another machine)."""
+
+    data: bytes
+    dtype: torch.dtype
+    shape: tuple
+    stride: tuple
+
+
+def inline(t: torch.Tensor) -> Inline:
+    """``t``'s bytes, dense (``layout(t)``'s strides), taken now: one copy."""
+    stride, n = layout(t)
+    if not _flat(t, stride):
+        t = torch.empty_strided(t.shape, stride, dtype=t.dtype).copy_(t)
+    data = ctypes.string_at(t.data_ptr(), n) if n else b""
+    return Inline(data, t.dtype, tuple(t.shape), stride)
+
+
+class InlineWriter:
+    """A download area for a connection that carries bytes (the remote worker's answers)."""
+
+    @staticmethod
+    def stage(t: torch.Tensor) -> Inline:
+        return inline(t.cpu() if t.device.type != "cpu" else t)
+
+    def rewind(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def _from_inline(s: Inline, device: torch.device) -> torch.Tensor:
+    out = torch.empty_strided(s.shape, s.stride, dtype=s.dtype)
+    if s.data:
+        ctypes.memmove(out.data_ptr(), s.data, len(s.data))
+    return out if device.type == "cpu" else out.to(device)
+
+
+STAGED = (Staged, Inline)  # what a PUT or a tensor answer carries
 
 
 def layout(t: torch.Tensor) -> tuple[tuple, int]:
@@ -269,6 +323,8 @@ class Reader:
         """A tensor holding ``s``'s bytes, on ``device`` (default: the reader's); its place in
         the area is free again once this returns."""
         device = self.device if device is None else device
+        if type(s) is Inline:
+            return _from_inline(s, device)
         if s.end < 0:
             seg = _Segment(s.segment)
             try:
