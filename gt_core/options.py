@@ -64,6 +64,7 @@ class Options:
     config: str | None = None  # YAML file of named signals
     worker: str = "process"  # or "inprocess" (no second process), or "tcp://HOST:PORT" (remote)
     authkey_file: str | None = None  # a remote worker's key (see gt_core.connect)
+    workers: int = 1  # ranks of a local worker group (torch.distributed; see client.group)
     device: str = "auto"  # the worker's device: auto (CUDA if present), cpu, cuda, cuda:N
     regression_samples: int = 5  # compiled runs timed before a revert is considered
     background: bool = True  # compile off the critical path (eager runs meanwhile)
@@ -113,6 +114,13 @@ class Options:
                 source.get(key, key),
                 getattr(self, key),
                 f"threshold*min_seq <= window ({t}*{m} = {t * m}, window is {w}): {fix}",
+            )
+        if self.workers > 1 and self.worker != "process":
+            raise ConfigError(
+                source.get("workers", "workers"),
+                self.workers,
+                f"1 with worker={self.worker!r}: a worker group is local processes (worker="
+                "'process'); on other machines, start the group there with torchrun",
             )
 
 
@@ -182,6 +190,7 @@ RULES: dict = {
     "compile_process": (lambda v: isinstance(v, bool), BOOL),
     "worker_threads": (lambda v: v is None or _int(1)(v), "an integer >= 1, or None (shared)"),
     "flush_at": (_int(1), "an integer >= 1"),
+    "workers": (_int(1, 64), "an integer from 1 to 64 (ranks of a local worker group)"),
     "worker_imports": (
         lambda v: isinstance(v, tuple) and all(isinstance(m, str) and m for m in v),
         "a tuple of module names (comma-separated in GT_WORKER_IMPORTS)",
@@ -261,6 +270,7 @@ ENV = {  # environment variable -> option
     "GT_CONFIG": "config",
     "GT_WORKER": "worker",
     "GT_AUTHKEY_FILE": "authkey_file",
+    "GT_WORKERS": "workers",
     "GT_DEVICE": "device",
     "GT_REGRESSION_SAMPLES": "regression_samples",
     "GT_BACKGROUND_COMPILE": "background",
@@ -310,6 +320,13 @@ def load_signals(path: str | os.PathLike, name: str = "config") -> dict:
     out = {}
     for sig, spec in signals.items():
         spec = spec or {}
+        if isinstance(spec, dict) and "shard" in spec:
+            raise ConfigError(
+                f"{name} signal {sig!r}",
+                spec,
+                "no shard: sharding a worker group's tensors is not supported yet (a worker "
+                "group runs every rank replicated); remove shard, or run on one worker",
+            )
         if (
             not isinstance(spec, dict)
             or not set(spec) <= {"compile"}

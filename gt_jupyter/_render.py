@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import html
 
-from gt_core.observe import feeding
+from gt_core.observe import feeding, ranks
 from gt_core.observe.jit_summary import counts as jit_counts
 from gt_core.observe.status import Status, sequence
 
@@ -132,7 +132,7 @@ def to_text(data: dict, head: bool = True) -> str:
         for r in reasons:
             lines.append(f"  {r['where']} {r['kind']}: {r['reason']}")
             lines.append(f"    → {r['what to do']}")
-    return "\n".join(lines)
+    return "\n".join(lines + ranks.lines(data.get("ranks", [])))
 
 
 # -- HTML ------------------------------------------------------------------------------------
@@ -220,6 +220,8 @@ def tables_html(data: dict, status: bool = True) -> str:
     if data.get("user_compiles"):
         parts.append("<b>torch.compile in this cell</b>" + _table(user_rows(data), USER_COLUMNS))
     parts.append(reasons_html(data))
+    if data.get("ranks"):  # a worker group: each rank's line
+        parts.append("<b>worker group</b>" + _table(ranks.rows(data["ranks"]), ranks.COLUMNS))
     return "".join(parts)
 
 

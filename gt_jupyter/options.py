@@ -84,6 +84,7 @@ class GT(Configurable):
         "process", "process, inprocess or tcp://HOST:PORT: where tensors live (GT_WORKER)"
     )
     authkey_file = Option(None, "a remote worker's key file (GT_AUTHKEY_FILE)")
+    workers = Option(1, "ranks of a local worker group (GT_WORKERS)")
     device = Option("auto", "the worker's device: auto, cpu, cuda, cuda:N (GT_DEVICE)")
     worker_threads = Option(None, "the worker's CPU threads, fixed (GT_WORKER_THREADS)")
     client_match = Option(True, "a hot block goes out as one message (GT_CLIENT_MATCH)")
@@ -186,6 +187,7 @@ def capture_options(args) -> dict:
         ("min_seq", "min_seq"),
         ("backend", "backend"),
         ("mode", "mode"),
+        ("workers", "workers"),
     ):
         if getattr(args, flag) is not None:
             o[key] = getattr(args, flag)

@@ -18,7 +18,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICK = {
     "overhead": (
         ["benchmarks/overhead.py", "--quick"],
-        ["client ms", "alone µs/op", "floor µs/op", "worker ms", "no-sync ms", "sync ms", "overlap", "one message"],
+        [
+            "client ms",
+            "alone µs/op",
+            "floor µs/op",
+            "worker ms",
+            "no-sync ms",
+            "sync ms",
+            "overlap",
+            "one message",
+        ],
     ),
     "hotpath": (["benchmarks/hotpath.py", "--quick"], ["gt vs eager", "gt vs 1-graph"]),
     "stall": (["benchmarks/stall.py", "--quick"], ["while compiling", "no compile in flight"]),
@@ -31,6 +40,10 @@ QUICK = {
     "models": (
         ["benchmarks/models.py", "--quick", "--iters", "6", "--only", "bert", "--only", "resnet"],
         ["ms per iteration", "bert", "resnet", "torch.compile", "vs eager"],
+    ),
+    "distributed": (
+        ["benchmarks/distributed.py", "--quick"],
+        ["1 worker ms", "2 ranks ms", "ratio", "rank 0:", "rank 1:"],
     ),
     "bench": (
         ["-m", "gt_core.bench", "--quick"],

@@ -225,6 +225,9 @@ def capture(**options):
     with _lock:
         opts = _options().replace(**options) if options else _options()
         s = session(replace_dead=True)
+        if _other_worker(opts, s.options) and not _state["captures"]:
+            s.close()  # (another kind of worker: its tensors are gone, as after a restart)
+            s = _state["session"] = _session_module.Session(opts, events_log())
         if opts != s.options:
             if _state["captures"]:
                 _same_options(options, s.options, "while another thread's capture runs")
@@ -294,6 +297,10 @@ def _end(s, sync: bool) -> None:
     s.flush()
     s.publish_stats()
     torch.set_rng_state(s.fetch_rng_state())
+
+
+def _other_worker(a: Options, b: Options) -> bool:
+    return (a.worker, a.workers) != (b.worker, b.workers)
 
 
 def _same_options(options: dict, active, where: str) -> None:

@@ -97,7 +97,7 @@ class Session:
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
         self._freeing = False  # in drain_frees: a full batch is sent, not flushed (see out)
         self.matcher = PlanMatcher(self.out, self.send_now)
-        self.transport = _transport_class(options.worker)(options, self._on_events)
+        self.transport = _transport_class(options)(options, self._on_events)
         self.transport.before_wait = self.flush  # (a full upload ring: see Transport)
         self.next_id = 1
         self.op_index: dict = {}
@@ -313,6 +313,7 @@ class Session:
         """The client's counters, per hot path its ms, per jit call key its replays (a new key
         at 0: the report lists it while it records): only what moved since the last publish."""
         self.log.emit(ev.STATS, **self.counters)
+        self.log.extend(getattr(self.transport, "rank_events", list)())  # (a worker group's)
         sent = self._stats_sent
         for sig, n in self.matcher.client_runs.items():
             if sent.get(sig) != n:
@@ -334,8 +335,14 @@ class Session:
             self.transport.stop()
 
 
-def _transport_class(worker: str):
-    """The transport of the worker option: a process here, this process, or a remote one."""
+def _transport_class(options: Options):
+    """The transport the options ask for: a process here (or a group of them), this
+    process, or a remote one."""
+    worker = options.worker
+    if options.workers > 1:
+        from gt_core.client.group import GroupTransport
+
+        return GroupTransport
     if worker == "inprocess":
         from gt_core.client.inprocess import InProcessTransport
 

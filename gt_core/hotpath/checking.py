@@ -60,6 +60,10 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
             )
     except Exception as exc:  # the compiled run (or the comparison) raised
         why = f"its first compiled run raised: {reason(exc)}"
+    if not runner.agree(verdict is not None and verdict.ok) and verdict is not None:
+        if verdict.ok:  # (a worker group: every rank reverts at this run, or none does)
+            why = "its first compiled run failed the check on another rank of the worker group"
+            verdict = verdict._replace(ok=False)
     if verdict is None or not verdict.ok:
         saved.restore()  # (the compiled run's writes undone: eager's values are kept)
         numerics.set_rng_state(dev, after)

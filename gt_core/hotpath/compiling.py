@@ -43,6 +43,9 @@ class Compiler:
         self.outbox = outbox
         self.options = options
         self.compiling = 0  # compiles under way (the worker leaves them a core)
+        # Whether an outcome holds on every rank of a worker group (see gt_core.remote.group);
+        # one worker: as it is.
+        self.agree = _alone
         self._process: CompileProcess | None = None
         self._lock = threading.Lock()
 
@@ -157,6 +160,8 @@ class Compiler:
                 failure = exc
         for e in evicted:  # damaged files of inductor's cache it removed first (see repair)
             self.outbox.emit(ev.CACHE_EVICTED, signature=block.sig, **e)
+        if not self.agree(failure is None) and failure is None:  # (a worker group's ranks)
+            failure = RuntimeError("the compile failed on another rank of the worker group")
         if failure is not None:
             block.status = Status.FAILED
             self.outbox.emit(ev.COMPILE_FAILED, signature=block.sig, reason=reason(failure))
@@ -214,3 +219,7 @@ def _no_grad(fn):
             fn()
 
     return run
+
+
+def _alone(ok: bool) -> bool:
+    return ok

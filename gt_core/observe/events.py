@@ -49,6 +49,10 @@ CLIENT_STATS = "client.stats"  # signature, runs, client_ms: the client's ms per
 PLAN = "hotpath.plan"  # signature, plan (a gt_core.stream.plan.Plan, or None to withdraw it): for the client's matcher, never logged
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause
+GROUP = (
+    "worker.group"  # rank, world, collectives, pid: a worker group's rank, as it starts and agrees
+)
+RANK = "worker.rank"  # rank, world, pid, runs {kind: n}, compiled [sig], step_ms, collectives
 # ops, frees, syncs, uploads, fetches, bytes_up, up_ms, bytes_down, down_ms: the client's
 # counters, cumulative (gt_core.observe.report.COUNTERS); base: a log's start
 STATS = "stats"

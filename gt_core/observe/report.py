@@ -14,7 +14,7 @@ import html
 from dataclasses import dataclass, field
 
 from gt_core.observe import events as ev
-from gt_core.observe import feeding, jit_summary, metrics
+from gt_core.observe import feeding, jit_summary, metrics, ranks
 from gt_core.observe.fold import COUNTERS, Fold
 from gt_core.observe.rows import NUMERIC, STATUS_COLUMNS, status_rows
 from gt_core.observe.status import Status
@@ -57,6 +57,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         "stats": stats,
         "data": metrics.data(stats, hot_paths, shown),  # what crossed, per iteration
         "worker": fold.worker,
+        "ranks": ranks.summarize_ranks(events),  # a worker group's (gt_core.observe.ranks)
         "events": shown,
     }
 
@@ -134,7 +135,7 @@ class Report:
             )
             for x in u["explanations"]:
                 lines.append(f"    {x['cause']} -> {x['fix']}")
-        return "\n".join(lines + feeding.lines(d["data"]))
+        return "\n".join(lines + feeding.lines(d["data"]) + ranks.lines(d.get("ranks", [])))
 
     def _repr_html_(self) -> str:
         d = self.to_data()

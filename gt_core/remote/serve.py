@@ -19,6 +19,7 @@ from gt_core.hotpath.engine import Engine
 from gt_core.observe import events as ev
 from gt_core.remote.cpu_share import CpuShare
 from gt_core.remote.executor import Executor
+from gt_core.remote.group import Group, adjust
 from gt_core.stream import requests as rq
 from gt_core.stream import staging
 from gt_core.stream.instructions import PUT, RNG, SYNC, Sync, from_wire, import_op_modules
@@ -52,6 +53,7 @@ class Worker:
         self.ex = Executor(_device(options.device), publish)
         self.engine = Engine(self.ex, options, publish)
         self.device = self.ex.device
+        self.group = None  # a worker group's rank (gt_core.remote.group.Group), if one
 
     def feed(self, batch) -> None:
         self.engine.feed(batch)
@@ -107,17 +109,20 @@ _REUSE = 512 << 20  # bytes of uploads' storage kept for the next uploads of the
 _sent = [0]  # event batches this worker process has published (see the client's drain)
 
 
-def worker_main(conn, event_conn, options, inline: bool = False) -> None:
+def worker_main(conn, event_conn, options, inline: bool = False, group=None) -> None:
     """The worker process's loop: run batches, answer requests, until told to stop.
 
     ``inline``: the client is on another machine (gt_core.remote.listen): tensor answers
     carry their bytes, as its uploads do, instead of naming a shared-memory segment.
+    ``group``: this process is a rank of a worker group (a gt_core.remote.group.GroupSpec):
+    it runs the same stream as the others; only rank 0 answers.
     """
     lock = threading.Lock()
+    tag = {} if group is None else {"rank": group.rank}
 
     def publish(events):
         with lock:
-            event_conn.send(events)
+            event_conn.send([{**e, **tag} for e in events] if tag else events)
             _sent[0] += 1
 
     # Ctrl-C in a terminal reaches the whole process group: it is the client's to handle (its
@@ -131,7 +136,7 @@ def worker_main(conn, event_conn, options, inline: bool = False) -> None:
     except Exception as exc:  # the answer to the client's first request, then the end
         _refuse(conn, exc)
         return
-    w = _start(options, publish)
+    w = _start(adjust(options) if group is not None else options, publish, group)
     inbox = _Inbox(conn)
     w.engine.cpu_share.recheck = inbox.waited
     uploads = staging.Reader(w.device, reuse=_REUSE)
@@ -145,15 +150,21 @@ def worker_main(conn, event_conn, options, inline: bool = False) -> None:
             w.close()
         uploads.close()
         downloads.close()
+        if w.group is not None:
+            w.group.close()
     try:
         publish([ev.event(ev.WORKER, state="stopped", pid=os.getpid(), device=str(w.device))])
     except Exception:
         pass
 
 
-def _start(options, publish) -> Worker:
-    """The worker, its compile process started beside it (and warmed), announced."""
+def _start(options, publish, group=None) -> Worker:
+    """The worker (a worker group's rank: joined to the others), its compile process started
+    beside it (and warmed), announced."""
     w = Worker(options, publish)
+    if group is not None:
+        w.group = Group(group, w.device, publish)
+        w.engine.compiler.agree = w.engine.runner.agree = w.group.agree
     cp = w.engine.compile_process() if options.auto_compile or options.compile_all else None
     if cp is not None:
         cp.start()  # the compile process imports beside this one
@@ -168,6 +179,7 @@ def _start(options, publish) -> Worker:
 def _loop(w: Worker, conn, inbox, uploads, downloads) -> None:
     """Run batches and answer requests until the client stops or goes away."""
     share = w.engine.cpu_share
+    answers = w.group is None or w.group.rank == 0  # (a group's other ranks run, and say nothing)
     while True:
         try:
             msg = inbox.next()
@@ -180,7 +192,11 @@ def _loop(w: Worker, conn, inbox, uploads, downloads) -> None:
                 _unstage(batch, uploads)
             w.feed(batch)
         elif msg[0] == "req":
+            if w.group is not None and type(msg[2]) is rq.SetOptions:
+                msg = (*msg[:2], rq.SetOptions(adjust(msg[2].options)))
             status, value = serve(w, msg)
+            if not answers and type(msg[2]) is not rq.EventsSent:  # (GroupTransport.drain)
+                continue
             if status == "ok" and type(msg[2]) in rq.TENSOR_ANSWERS:
                 downloads.rewind()  # the client has read the last answer (or dropped it)
                 status, value = _staged(downloads, value)
@@ -191,7 +207,7 @@ def _loop(w: Worker, conn, inbox, uploads, downloads) -> None:
             # sync would wake the client's event thread as its main thread goes on with
             # the next step. wait() and report() drain them all.
             w.engine.outbox.flush_soon()
-        elif msg[0] == "mark":  # everything sent before it has run (see post_mark)
+        elif msg[0] == "mark" and answers:  # everything sent before it has run (post_mark)
             conn.send_bytes(pickle.dumps((msg[1], "ok", None), pickle.HIGHEST_PROTOCOL))
         elif msg[0] == "stop":
             return

@@ -1,0 +1,95 @@
+"""A worker group against one worker: what the engine costs per step (one run, medians).
+
+    python benchmarks/distributed.py [--quick] [--steps N] [--batch B] [--backend aot_eager]
+
+The MLP 784→256→10 with SGD momentum at batch 1024, the step under ``gt_core.jit`` in a
+capture, its block compiled, ms per step (total time / steps, one sync at the end):
+
+  eager ms     the step on plain tensors in this process
+  1 worker     ``capture(workers=1)``: one worker process (``worker_threads=1``, as each rank)
+  2 ranks      ``capture(workers=2)``: two ranks of one gloo group, each running the whole
+               step (no sharding yet: every rank computes what one worker does)
+  ratio        2 ranks / 1 worker (> 1: the group costs that much more per step)
+
+Each rank has one intra-op thread. On a machine with two cores the client and two ranks
+share them, so expect no gain: the figure says what a group costs, not what it saves.
+Timings on a shared CPU vary ±30% between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+import gt_core
+from gt_core.workloads import step_fn
+
+
+def _eager(batch: int, steps: int) -> float:
+    step, x, y = step_fn(batch, "mlp", args=True)
+    for _ in range(5):
+        step(x, y)
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        loss = step(x, y)
+    loss.item()
+    return (time.perf_counter() - t0) * 1e3 / steps
+
+
+def _on_workers(batch: int, steps: int, workers: int) -> tuple[float, list]:
+    """(ms per step, each rank's line) through gt_core.jit on ``workers`` ranks."""
+    gt_core.worker().stop()
+    gt_core.reset()
+    with gt_core.capture(workers=workers, worker_threads=1):
+        step, x, y = step_fn(batch, "mlp", args=True)
+        fn = gt_core.jit(step)
+        for _ in range(12):  # recorded, detected, compiled, replayed
+            fn(x, y)
+        gt_core.wait(compiles=True)
+        for _ in range(5):
+            fn(x, y)
+        fn(x, y).item()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            loss = fn(x, y)
+        loss.item()
+        ms = (time.perf_counter() - t0) * 1e3 / steps
+    ranks = gt_core.report().to_data().get("ranks", [])
+    gt_core.worker().stop()
+    return ms, ranks
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a few steps, one repetition (CI)")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--batch", type=int, default=1024)
+    p.add_argument("--backend", default="aot_eager")
+    a = p.parse_args()
+    steps, repeats = (10, 1) if a.quick else (a.steps, a.repeats)
+    gt_core.configure(backend=a.backend, threshold=3, regression_samples=10**6)
+    eager, one, two, ranks = [], [], [], []
+    for _ in range(repeats):
+        eager.append(_eager(a.batch, steps))
+        one.append(_on_workers(a.batch, steps, 1)[0])
+        ms, ranks = _on_workers(a.batch, steps, 2)
+        two.append(ms)
+    e, o, t = (statistics.median(v) for v in (eager, one, two))
+    print(f"MLP 784-256-10, batch {a.batch}, {steps} steps x {repeats}, backend {a.backend}")
+    print(f"{'eager ms':>10} {'1 worker ms':>12} {'2 ranks ms':>11} {'ratio':>7}")
+    print(f"{e:10.2f} {o:12.2f} {t:11.2f} {t / o:6.2f}x")
+    for r in ranks:
+        step = "-" if r["step_ms"] is None else f"{r['step_ms']:.2f}"
+        print(
+            f"  rank {r['rank']}: block {step} ms on the rank, {r['compiled_runs']} compiled "
+            f"runs, {r['collectives']} collectives in all"
+        )
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    main()

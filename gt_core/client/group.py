@@ -1,0 +1,217 @@
+"""A worker group on this machine: N spawned ranks of one torch.distributed group (SPMD).
+
+``capture(workers=N)`` (``%%gt --workers N``, ``GT_WORKERS=N``) starts N worker processes
+that meet as one process group (gloo on the CPU, one intra-op thread each). Every message
+goes to every rank, in the same order, so each runs the same stream; rank 0 answers requests
+and its events are the report's, the other ranks' events are folded into one line per rank
+(``worker.rank``: its runs, compiled blocks, step time). See gt_core.remote.group for what the
+ranks agree on. Uploads travel inside the messages (written once per rank); fetches come from
+rank 0 through shared memory, as from one worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import tempfile
+import threading
+
+from gt_core.client.exits import exit_reason
+from gt_core.client.transport import ProcessTransport, _no_modes, _without_main
+from gt_core.observe import events as ev
+from gt_core.stream import staging
+
+__all__ = ["GroupTransport"]
+
+_RECENT = 64  # a rank's newest iteration times kept (its step time is their median)
+
+
+class _Fanout:
+    """Rank 0's connection for reading; every rank's for writing (the same bytes to each)."""
+
+    def __init__(self, conns):
+        self.conns = conns
+        self.first = conns[0]
+
+    def send_bytes(self, data) -> None:
+        for c in self.conns:
+            c.send_bytes(data)
+
+    def send(self, obj) -> None:
+        for c in self.conns:
+            c.send(obj)
+
+    def recv(self):
+        return self.first.recv()
+
+    def poll(self, timeout=0.0):
+        return self.first.poll(timeout)
+
+    def close(self) -> None:
+        for c in self.conns:
+            c.close()
+
+
+class GroupTransport(ProcessTransport):
+    """N local ranks behind one transport; rank 0 is the worker the client talks to."""
+
+    def __init__(self, options, on_events, start_timeout: float = 180.0):
+        self.ranks: dict[int, dict] = {}
+        self._rank_lock = threading.Lock()
+        self._sent_ranks: dict[int, tuple] = {}
+        super().__init__(options, self._tap(on_events), start_timeout)
+
+    def _open(self, options):
+        from gt_core.remote.group import GroupSpec
+        from gt_core.remote.serve import worker_main
+
+        n = options.workers
+        ctx = mp.get_context("spawn")
+        self._dir = tempfile.mkdtemp(prefix="gt-group-")
+        init = "file://" + os.path.join(self._dir, "rendezvous")
+        self.procs, conns, events = [], [], []
+        for r in range(n):
+            conn, child = ctx.Pipe()
+            events_conn, child_events = ctx.Pipe(duplex=False)
+            spec = GroupSpec(r, n, init)
+            p = ctx.Process(
+                target=worker_main,
+                args=(child, child_events, options, False, spec),
+                daemon=True,
+                name=f"gt-worker-rank{r}",
+            )
+            with _without_main(), _one_thread():
+                p.start()
+            child.close()
+            child_events.close()
+            self.procs.append(p)
+            conns.append(conn)
+            events.append(events_conn)
+        self.proc = self.procs[0]
+        self.pid = self.proc.pid
+        for r in range(1, n):
+            threading.Thread(
+                target=self._pump, args=(r, events[r]), name=f"gt-events-rank{r}", daemon=True
+            ).start()
+        return _Fanout(conns), events[0]
+
+    @property
+    def name(self) -> str:
+        return f"gt worker group ({len(self.procs)} ranks, rank 0 pid {self.pid})"
+
+    def stage(self, t):
+        """``t``'s bytes in the PUT itself: every rank reads the same message."""
+        if self.cause is not None:
+            raise self._dead()
+        with _no_modes():
+            return staging.inline(t)
+
+    def _running(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def _ended(self) -> str:
+        """Which rank ended and why; the others end too (they would wait in collectives)."""
+        why = "its connection broke"
+        for r, p in enumerate(self.procs):
+            if not p.is_alive():
+                p.join(timeout=1.0)
+                why = f"rank {r} (pid {p.pid}) ended: {exit_reason(p.exitcode)}"
+                break
+        self.kill()
+        return why
+
+    def _join(self) -> None:
+        for p in self.procs:
+            p.join(timeout=5)
+        self.kill()
+
+    def kill(self) -> None:
+        """A rank that ends leaves the others waiting in a collective: all of them end."""
+        for p in self.procs:
+            if p.is_alive():
+                p.kill()
+        for p in self.procs:
+            p.join(timeout=2)
+
+    def stop(self) -> None:
+        super().stop()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # -- each rank's own line -------------------------------------------------------------
+    def _tap(self, on_events):
+        def tapped(events):
+            self._see(0, events)
+            on_events(events)
+
+        return tapped
+
+    def _pump(self, rank: int, conn) -> None:
+        while True:
+            try:
+                events = conn.recv()
+            except (EOFError, OSError):
+                return
+            self._see(rank, events)
+
+    def _see(self, rank: int, events) -> None:
+        with self._rank_lock:
+            r = self.ranks.get(rank)
+            if r is None:
+                r = self.ranks[rank] = {
+                    "rank": rank,
+                    "runs": collections.Counter(),
+                    "compiled": set(),
+                    "recent": collections.deque(maxlen=_RECENT),
+                    "collectives": 0,
+                }
+            for e in events:
+                t = e.get("type")
+                if t == ev.ITERATION:
+                    r["runs"][e.get("kind")] += 1
+                    r["recent"].append(e["ms"])
+                elif t == ev.COMPILE_FINISHED:
+                    r["compiled"].add(e["signature"])
+                elif t in (ev.COMPILE_FAILED, ev.FALLBACK, ev.CHECK_FAILED, ev.REVERT):
+                    r["compiled"].discard(e.get("signature"))
+                elif t == ev.WORKER and "pid" in e:
+                    r["pid"] = e["pid"]
+                if "collectives" in e:
+                    r["collectives"] = e["collectives"]
+
+    def rank_events(self) -> list[dict]:
+        """One ``worker.rank`` event per rank whose line changed since the last call."""
+        out = []
+        with self._rank_lock:
+            for rank, r in sorted(self.ranks.items()):
+                line = {
+                    "rank": rank,
+                    "world": len(self.procs),
+                    "pid": r.get("pid"),
+                    "runs": dict(r["runs"]),
+                    "compiled": sorted(r["compiled"]),
+                    "step_ms": statistics.median(r["recent"]) if r["recent"] else None,
+                    "collectives": r["collectives"],
+                }
+                key = tuple(sorted((k, str(v)) for k, v in line.items()))
+                if self._sent_ranks.get(rank) != key:
+                    self._sent_ranks[rank] = key
+                    out.append(ev.event(ev.RANK, **line))
+        return out
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """A rank's process starts with one OpenMP thread (N ranks share the cores)."""
+    was = os.environ.get("OMP_NUM_THREADS")
+    os.environ["OMP_NUM_THREADS"] = "1"
+    try:
+        yield
+    finally:
+        if was is None:
+            del os.environ["OMP_NUM_THREADS"]
+        else:
+            os.environ["OMP_NUM_THREADS"] = was
