@@ -15,6 +15,7 @@ import collections
 import contextlib
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import statistics
 import tempfile
@@ -62,6 +63,8 @@ class GroupTransport(ProcessTransport):
     def __init__(self, options, on_events, start_timeout: float = 180.0):
         self.ranks: dict[int, dict] = {}
         self._rank_lock = threading.Lock()
+        self._batches = collections.Counter()  # event batches received from each rank > 0
+        self._arrived = threading.Condition()
         self._sent_ranks: dict[int, tuple] = {}
         super().__init__(options, self._tap(on_events), start_timeout)
 
@@ -139,6 +142,9 @@ class GroupTransport(ProcessTransport):
 
     def stop(self) -> None:
         super().stop()
+        self.kill()  # (a rank left alone would wait in a collective for the one gone)
+        for c in self._conn.conns:
+            c.close()
         shutil.rmtree(self._dir, ignore_errors=True)
 
     # -- each rank's own line -------------------------------------------------------------
@@ -156,6 +162,21 @@ class GroupTransport(ProcessTransport):
             except (EOFError, OSError):
                 return
             self._see(rank, events)
+            with self._arrived:
+                self._batches[rank] += 1
+                self._arrived.notify_all()
+
+    def drain(self, timeout: float = 10.0) -> None:
+        """Every rank's events so far are in: each rank answers ``events_sent`` (the one
+        request ranks > 0 answer), with how many batches it has published."""
+        super().drain(timeout)
+        for rank, conn in enumerate(self._conn.conns[1:], 1):
+            sent = None
+            while sent is None and conn.poll(timeout):  # (an interrupted drain's answer first)
+                rid, _, value = pickle.loads(conn.recv_bytes())
+                sent = value if rid >= self.last_rid else None
+            with self._arrived:
+                self._arrived.wait_for(lambda r=rank, n=sent or 0: self._batches[r] >= n, timeout)
 
     def _see(self, rank: int, events) -> None:
         with self._rank_lock:

@@ -231,6 +231,7 @@ class Connected(Transport):
         if self.cause is not None:
             raise self._dead()
         rid, kind = next(self._ids), req.kind
+        self.last_rid = rid
         with self._lock, _no_modes():
             try:
                 self._conn.send_bytes(pickle.dumps(("req", rid, req), _PROTOCOL))
