@@ -12,7 +12,7 @@ from IPython.core.error import UsageError
 
 import gt_core
 from gt_core.client import capture as _capture
-from gt_core.config import from_env, load_signals
+from gt_core.options import from_env, load_signals
 from gt_core.workloads import TRANSFORMER, mlp
 
 STEPS = 50

@@ -14,7 +14,7 @@ from conftest import until
 from IPython.core.error import UsageError
 
 import gt_core
-from gt_core.config import from_env
+from gt_core.options import from_env
 from gt_core.workloads import mlp
 
 KEY = b"a-test-key-0123456789abcdef"

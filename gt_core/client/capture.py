@@ -227,7 +227,9 @@ def capture(**options):
         s = session(replace_dead=True)
         if _other_worker(opts, s.options) and not _state["captures"]:
             s.close()  # (another kind of worker: its tensors are gone, as after a restart)
-            s = _state["session"] = _session_module.Session(opts, events_log())
+            from gt_core.client.session import Session
+
+            s = _state["session"] = Session(opts, events_log())
         if opts != s.options:
             if _state["captures"]:
                 _same_options(options, s.options, "while another thread's capture runs")

@@ -22,7 +22,7 @@ import tempfile
 import threading
 
 from gt_core.client.exits import exit_reason
-from gt_core.client.transport import ProcessTransport, _no_modes, _without_main
+from gt_core.client.transport import ProcessTransport, no_modes, without_main
 from gt_core.observe import events as ev
 from gt_core.stream import staging
 
@@ -87,7 +87,7 @@ class GroupTransport(ProcessTransport):
                 daemon=True,
                 name=f"gt-worker-rank{r}",
             )
-            with _without_main(), _one_thread():
+            with without_main(), _one_thread():
                 p.start()
             child.close()
             child_events.close()
@@ -110,7 +110,7 @@ class GroupTransport(ProcessTransport):
         """``t``'s bytes in the PUT itself: every rank reads the same message."""
         if self.cause is not None:
             raise self._dead()
-        with _no_modes():
+        with no_modes():
             return staging.inline(t)
 
     def _running(self) -> bool:

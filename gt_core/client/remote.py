@@ -14,9 +14,9 @@ import socket
 import time
 from multiprocessing.connection import AuthenticationError, Client
 
-from gt_core.client.transport import Connected, _no_modes
-from gt_core.config import remote_address
+from gt_core.client.transport import Connected, no_modes
 from gt_core.errors import RemoteRefused
+from gt_core.options import remote_address
 from gt_core.remote.listen import PROTOCOL, nodelay, read_authkey
 from gt_core.stream import staging
 
@@ -101,7 +101,7 @@ class RemoteTransport(Connected):
         """``t``'s bytes, carried in the PUT itself."""
         if self.cause is not None:
             raise self._dead()
-        with _no_modes():
+        with no_modes():
             return staging.inline(t)
 
     def _running(self) -> bool:

@@ -38,7 +38,7 @@ _PROTOCOL = pickle.HIGHEST_PROTOCOL  # what goes without tensors is pickled plai
 
 
 @contextlib.contextmanager
-def _without_main():
+def without_main():
     # spawn re-imports the parent's __main__ in the child; the worker needs none of it, and
     # a script without an `if __name__ == "__main__"` guard would run twice.
     main = sys.modules["__main__"]
@@ -91,7 +91,7 @@ def _has_staged(batch) -> bool:
     return False
 
 
-def _no_modes():
+def no_modes():
     """Pickling and unpickling tensors makes tensors: never inside the capture mode."""
     from torch.utils._python_dispatch import _disable_current_modes
 
@@ -197,7 +197,7 @@ class Connected(Transport):
             raise self._dead()
         if self._up is None:
             self._up = staging.Writer(_RING, make_room=self._room)
-        with _no_modes():
+        with no_modes():
             return self._up.stage(t)
 
     def _room(self) -> None:
@@ -232,7 +232,7 @@ class Connected(Transport):
             raise self._dead()
         rid, kind = next(self._ids), req.kind
         self.last_rid = rid
-        with self._lock, _no_modes():
+        with self._lock, no_modes():
             try:
                 self._conn.send_bytes(pickle.dumps(("req", rid, req), _PROTOCOL))
             except (BrokenPipeError, EOFError, OSError):
@@ -255,7 +255,7 @@ class Connected(Transport):
             raise value
         if type(value) in staging.STAGED:  # a fetched value (or the generator's state)
             t0 = time.perf_counter()
-            with _no_modes():
+            with no_modes():
                 value = self._down.take(value)
             self.copy_ms = (time.perf_counter() - t0) * 1e3
         return value
@@ -346,7 +346,7 @@ class ProcessTransport(Connected):
         self.proc = ctx.Process(
             target=worker_main, args=(child, child_events, options), daemon=True, name="gt-worker"
         )
-        with _without_main():
+        with without_main():
             self.proc.start()
         child.close()
         child_events.close()

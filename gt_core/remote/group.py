@@ -13,7 +13,7 @@ message would time out while a notebook sits idle.) Decisions that could differ 
 - reverts judged on measured times are off (times differ per rank; an event says so).
 
 Sharding is not done yet: every rank holds every tensor whole (replicated), so every rank
-computes what one worker would. Asking for sharding is refused (see gt_core.config).
+computes what one worker would. Asking for sharding is refused (see gt_core.options).
 """
 
 from __future__ import annotations
