@@ -14,6 +14,7 @@ import gt_core
 from gt_core.client import capture as _capture
 from gt_core.options import from_env, load_signals
 from gt_core.workloads import TRANSFORMER, mlp
+from gt_jupyter._render import to_html
 
 STEPS = 50
 
@@ -98,6 +99,7 @@ def test_two_ranks_equal_eager_plain_and_jit_and_compile_on_every_rank(group, wo
             assert r["compiled_runs"] > 0 and r["step_ms"] > 0
             assert r["collectives"] >= 2  # the compile and its check, agreed
         assert "worker group: 2 ranks" in str(gt_core.report())
+        assert "<b>worker group</b>" in to_html(data, figures=False)  # the dashboard's table
 
 
 def test_a_killed_rank_is_one_line_and_the_group_goes(group):

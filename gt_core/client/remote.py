@@ -77,7 +77,8 @@ class RemoteTransport(Connected):
 
     def _connect(self, host: str, port: int, key: bytes):
         try:
-            return Client((host, port), family="AF_INET", authkey=key)
+            family = "AF_INET6" if ":" in host else "AF_INET"
+            return Client((host, port), family=family, authkey=key)
         except AuthenticationError:
             raise RemoteRefused(
                 f"gt: the remote worker at {host}:{port} refused this client's authkey; give "

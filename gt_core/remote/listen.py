@@ -5,8 +5,9 @@ local worker's loop (gt_core.remote.serve.worker_main): the same instruction str
 paths, compiles and events. A client opens two connections, requests and events, as the
 local worker has two pipes.
 
-Nothing a client sends is unpickled before it has proved it holds the key: ``Listener.accept``
-runs multiprocessing's HMAC challenge on raw bytes (both ways) before it returns a connection.
+Nothing a client sends is unpickled before it has proved it holds the key: each connection
+first runs multiprocessing's HMAC challenge on raw bytes (both ways; what ``Listener.accept``
+does), within a few seconds, so a client that connects and says nothing never holds the door.
 A client that fails it is refused with one line and nothing runs. The listener binds where it
 is told; give a loopback address (the default host) unless the network is trusted, since the
 key guards the door, not the traffic (it is not encrypted: tunnel it through ssh across hosts).
@@ -19,14 +20,21 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import struct
 import sys
-from multiprocessing.connection import AuthenticationError, Listener
+from multiprocessing.connection import (
+    AuthenticationError,
+    Connection,
+    answer_challenge,
+    deliver_challenge,
+)
 
 __all__ = ["PROTOCOL", "parse_address", "read_authkey", "serve_clients", "nodelay"]
 
 PROTOCOL = 1  # the hello's version: a client of another version is refused by name
 DEFAULT_HOST = "127.0.0.1"
 _HELLO_S = 30.0  # an authenticated client says hello, and opens its events, within this
+_HANDSHAKE_S = 5  # a connection proves the key within this many seconds, or is dropped
 
 
 def parse_address(text: str, default_host: str = DEFAULT_HOST) -> tuple[str, int]:
@@ -63,7 +71,7 @@ def nodelay(conn) -> None:
 def serve_clients(address: tuple[str, int], authkey: bytes, say=None, clients=None) -> None:
     """Serve one client at a time on ``address`` (``clients``: how many, None: forever)."""
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    listener = Listener(address, family="AF_INET", authkey=authkey)
+    listener = _Door(address, authkey)
     host, port = listener.address
     print(f"gt remote worker: listening on {host}:{port}", flush=True)  # (port 0: the one got)
     served = 0
@@ -74,6 +82,38 @@ def serve_clients(address: tuple[str, int], authkey: bytes, say=None, clients=No
                 served += _serve(listener, conn, say)
     finally:
         listener.close()
+
+
+class _Door:
+    """A TCP listener whose connections are authenticated, each within _HANDSHAKE_S."""
+
+    def __init__(self, address: tuple[str, int], authkey: bytes):
+        self.authkey = authkey
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self.sock = socket.create_server(address, family=family, backlog=4)
+        self.address = self.sock.getsockname()[:2]
+        self.last_accepted = None
+
+    def accept(self) -> Connection:
+        sock, self.last_accepted = self.sock.accept()
+        _read_timeout(sock, _HANDSHAKE_S)
+        conn = Connection(sock.detach())
+        try:
+            deliver_challenge(conn, self.authkey)
+            answer_challenge(conn, self.authkey)
+        except BaseException:
+            conn.close()
+            raise
+        with socket.socket(fileno=os.dup(conn.fileno())) as s:
+            _read_timeout(s, 0)  # (authenticated: reads wait as long as the client is idle)
+        return conn
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def _read_timeout(sock, seconds: int) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", seconds, 0))
 
 
 def _accept(listener, say):
