@@ -5,7 +5,8 @@
 The MLP 784→256→10 with SGD momentum at batch 1024, the step under ``gt_core.jit`` in a
 capture, its block compiled, ms per step (total time / steps, one sync at the end):
 
-  eager ms     the step on plain tensors in this process
+  eager ms     the step on plain tensors in this process, with one intra-op thread (as each
+               worker has; with torch's default count a loaded machine makes it far slower)
   1 worker     ``capture(workers=1)``: one worker process (``worker_threads=1``, as each rank)
   2 ranks      ``capture(workers=2)``: two ranks of one gloo group, each running the whole
                step (no sharding yet: every rank computes what one worker does)
@@ -29,6 +30,15 @@ from gt_core.workloads import step_fn
 
 
 def _eager(batch: int, steps: int) -> float:
+    was = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _eager_run(batch, steps)
+    finally:
+        torch.set_num_threads(was)
+
+
+def _eager_run(batch: int, steps: int) -> float:
     step, x, y = step_fn(batch, "mlp", args=True)
     for _ in range(5):
         step(x, y)

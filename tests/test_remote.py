@@ -37,9 +37,12 @@ class Server:
         assert line.startswith("gt remote worker: listening on 127.0.0.1:"), line
         self.port = int(line.rsplit(":", 1)[1])
         self.address = f"127.0.0.1:{self.port}"
+        self.seen = {self.proc.pid}  # its pid and its workers' (see workers)
 
     def workers(self) -> list:
-        return psutil.Process(self.proc.pid).children(recursive=True)
+        kids = psutil.Process(self.proc.pid).children(recursive=True)
+        self.seen |= {p.pid for p in kids}
+        return kids
 
     def stop(self) -> str:
         """End it (SIGTERM) and its worker processes; what it said on stderr."""
@@ -66,7 +69,8 @@ def server(key_file):
     yield s
     gt_core.worker().stop()
     s.stop()
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"gt-stage-{s.proc.pid}-")]
+    left = [n for n in os.listdir("/dev/shm") if n.split("-")[2:3] in [[str(p)] for p in s.seen]]
+    assert not left, left
 
 
 def _train(steps, on_worker, jit=False):
