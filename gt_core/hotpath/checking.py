@@ -60,10 +60,7 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
             )
     except Exception as exc:  # the compiled run (or the comparison) raised
         why = f"its first compiled run raised: {reason(exc)}"
-    if not runner.agree(verdict is not None and verdict.ok) and verdict is not None:
-        if verdict.ok:  # (a worker group: every rank reverts at this run, or none does)
-            why = "its first compiled run failed the check on another rank of the worker group"
-            verdict = verdict._replace(ok=False)
+    verdict, why = _agreed(runner, verdict, why)
     if verdict is None or not verdict.ok:
         saved.restore()  # (the compiled run's writes undone: eager's values are kept)
         numerics.set_rng_state(dev, after)
@@ -73,11 +70,19 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
         runner.outbox.emit(ev.CHECK_FAILED, signature=block.sig, reason=why, **fields)
         runner.bind(block, occ, want)
         return
-    fields = verdict._asdict()
-    fields.pop("ok")
+    fields = {k: v for k, v in verdict._asdict().items() if k != "ok"}
     runner.outbox.emit(ev.CHECKED, signature=block.sig, **fields)
     runner.bind(block, occ, got)
     runner.judge.compiled_ran(block, ms, threads)
+
+
+def _agreed(runner, verdict, why: str):
+    """(verdict, why) as every rank of a worker group sees it: one rank's failed check fails
+    it on all, at this same run (one worker: as it is)."""
+    if runner.agree(verdict is not None and verdict.ok) or verdict is None or not verdict.ok:
+        return verdict, why
+    why = "its first compiled run failed the check on another rank of the worker group"
+    return verdict._replace(ok=False), why
 
 
 def _oracle(ex, eager, inputs, occ: Occurrence, rng) -> list | None:
