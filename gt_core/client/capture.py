@@ -26,7 +26,7 @@ from gt_core.client.patches import (
     unpatch_threads,
 )
 from gt_core.client.proxy import Proxy, upload
-from gt_core.client.session import LOCK, set_live_session
+from gt_core.client.session import LOCK, Session, set_live_session
 from gt_core.diagnostics.stance import in_worker as _in_worker
 from gt_core.diagnostics.stance import routing
 from gt_core.errors import CaptureError, ConfigError
@@ -227,8 +227,6 @@ def capture(**options):
         s = session(replace_dead=True)
         if _other_worker(opts, s.options) and not _state["captures"]:
             s.close()  # (another kind of worker: its tensors are gone, as after a restart)
-            from gt_core.client.session import Session
-
             s = _state["session"] = Session(opts, events_log())
         if opts != s.options:
             if _state["captures"]:
