@@ -23,6 +23,7 @@ from collections import deque
 
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.plan_match import PlanMatcher
+from gt_core.client.sites import Lines
 from gt_core.errors import WorkerDied, WorkerLost
 from gt_core.observe import events as ev
 from gt_core.options import Options
@@ -99,7 +100,8 @@ class Session:
         self.buf: list = []
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
         self._freeing = False  # in drain_frees: a full batch is sent, not flushed (see out)
-        self.matcher = PlanMatcher(self.out, self.send_now)
+        self.lines = Lines(log)  # a hot block's lines; syncs and uploads per line
+        self.matcher = PlanMatcher(self.out, self.send_now, self.lines.sites)
         cls = InProcessTransport if options.worker == "inprocess" else ProcessTransport
         self.transport = cls(options, self._on_events)
         self.transport.before_wait = self.flush  # (a full upload ring: see Transport)
@@ -240,7 +242,7 @@ class Session:
             check_interrupt()  # one held since gt's last op: the stream is whole here
             self.check()
             self.flush()
-            self.counters["syncs"] += 1
+            self.lines.count("syncs", self.counters)
             try:
                 return self.transport.request(req)
             except WorkerDied as exc:
@@ -317,6 +319,7 @@ class Session:
         """The client's counters, per hot path its ms, per jit call key its replays (a new key
         at 0: the report lists it while it records): only what moved since the last publish."""
         self.log.emit(ev.STATS, **self.counters)
+        self.lines.publish()
         sent = self._stats_sent
         for sig, n in self.matcher.client_runs.items():
             if sent.get(sig) != n:
