@@ -136,11 +136,11 @@ class PlanMatcher:
     """The client's matcher: instructions in, the stream (with RUNs for whole occurrences) out.
 
     ``sink(ins)`` appends an instruction to the stream; ``ready()`` is called after a RUN
-    (the session flushes, so the worker starts on it at once); ``on_sites(signature,
+    (the session flushes, so the worker starts on it at once); ``lines.sites(signature,
     sites)`` once per plan, with where its entries were recorded (gt_core.client.sites).
     """
 
-    def __init__(self, sink, ready, on_sites=None):
+    def __init__(self, sink, ready, lines=None):
         self._sink = sink
         self._ready = ready
         self.inbox: deque = deque()  # (signature, Plan | None) from the events thread
@@ -157,7 +157,8 @@ class PlanMatcher:
         # Plans whose sites are still to take (gt_core.client.sites), and who hears of them.
         self.unsited: dict[str, Siting] = {}
         self.sited: set[str] = set()
-        self.on_sites = on_sites  # (signature, sites) -> None
+        # Where each plan's entries were recorded goes to ``lines.sites`` (gt_core.client.sites)
+        self.lines = lines
 
     def offer(self, sig: str, plan: Plan | None) -> None:
         """A plan from the worker (None withdraws it); any thread."""
@@ -241,8 +242,8 @@ class PlanMatcher:
         self.cands, self.kept = [], []
         if c.sites is not None and self.unsited.pop(c.plan.sig, None) is not None:
             self.sited.add(c.plan.sig)
-            if self.on_sites is not None:
-                self.on_sites(c.plan.sig, c.sites)
+            if self.lines is not None:
+                self.lines.sites(c.plan.sig, c.sites)
         self.runs += 1
         # The client's ms per occurrence: from one RUN of a block to the next one of it, when
         # nothing else ran between (what gt_core.jit would save, beside the block's own ms).

@@ -100,8 +100,7 @@ class Session:
         self.buf: list = []
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
         self._freeing = False  # in drain_frees: a full batch is sent, not flushed (see out)
-        self.lines = Lines(log)  # a hot block's lines; syncs and uploads per line
-        self.matcher = PlanMatcher(self.out, self.send_now, self.lines.sites)
+        self.matcher = PlanMatcher(self.out, self.send_now, Lines(log))
         cls = InProcessTransport if options.worker == "inprocess" else ProcessTransport
         self.transport = cls(options, self._on_events)
         self.transport.before_wait = self.flush  # (a full upload ring: see Transport)
@@ -242,7 +241,7 @@ class Session:
             check_interrupt()  # one held since gt's last op: the stream is whole here
             self.check()
             self.flush()
-            self.lines.count("syncs", self.counters)
+            self.matcher.lines.count("syncs", self.counters)
             try:
                 return self.transport.request(req)
             except WorkerDied as exc:
@@ -318,8 +317,7 @@ class Session:
     def publish_stats(self) -> None:
         """The client's counters, per hot path its ms, per jit call key its replays (a new key
         at 0: the report lists it while it records): only what moved since the last publish."""
-        self.log.emit(ev.STATS, **self.counters)
-        self.lines.publish()
+        self.matcher.lines.publish(self.counters)  # the counters, then syncs and uploads per line
         sent = self._stats_sent
         for sig, n in self.matcher.client_runs.items():
             if sent.get(sig) != n:

@@ -134,7 +134,9 @@ class Lines:
             self.counts[key] = self.counts.get(key, 0) + 1
             self._n += 1
 
-    def publish(self) -> None:
+    def publish(self, counters: dict) -> None:
+        """The client's ``counters`` (a ``stats`` event), then the lines' counts if changed."""
+        self.log.emit(ev.STATS, **counters)
         if self._n == self._sent:
             return
         self._sent = self._n

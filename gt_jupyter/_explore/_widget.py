@@ -16,7 +16,7 @@ import ipywidgets as w
 
 from .. import _graphs
 from .._bundles import bundle, img_html
-from .._render import STYLE, _table
+from .._render import STYLE, table
 from . import _data
 
 __all__ = ["Explorer"]
@@ -32,7 +32,7 @@ def _pre(text: str | None, empty: str) -> str:
 def _rows_html(rows: list[dict]) -> str:
     if not rows:
         return "<i>nothing to show</i>"
-    return f"{STYLE}<div class='gt-dash'>{_table(rows, tuple(rows[0]))}</div>"
+    return f"{STYLE}<div class='gt-dash'>{table(rows, tuple(rows[0]))}</div>"
 
 
 class Explorer(w.VBox):
@@ -236,15 +236,14 @@ class Explorer(w.VBox):
         twice), the copy's HTML wherever they do not (a saved notebook, GitHub, nbconvert)."""
         if self._shadow is None:
             self._shadow = w.Box(layout=w.Layout(display="none"))
-        b = self._shadow._repr_mimebundle_()
-        return {**b, "text/plain": repr(self), "text/html": self.static_html()}
+        return {**_view(self._shadow, repr(self)), "text/html": self.static_html()}
 
     def _ipython_display_(self) -> None:
         """The widget, then its static copy with a display id: the copy follows the view
         (see _act) while the widget's own view is never re-rendered."""
         from IPython.display import display  # noqa: PLC0415
 
-        display(super()._repr_mimebundle_(), raw=True)
+        display(_view(self, repr(self)), raw=True)
         self.display_id = self.display_id or f"gt-explore-{id(self):x}"
         b = self.static_bundle()
         self._sent = b["text/html"]
@@ -266,6 +265,12 @@ class Explorer(w.VBox):
 
             self._sent = b["text/html"]
             update_display(b, raw=True, display_id=self.display_id)
+
+
+def _view(widget: w.Widget, text: str) -> dict:
+    """A widget's display bundle: its view where widgets run, ``text`` elsewhere."""
+    view = {"version_major": 2, "version_minor": 0, "model_id": widget.model_id}
+    return {"text/plain": text, "application/vnd.jupyter.widget-view+json": view}
 
 
 def _guards(fn) -> str | None:
