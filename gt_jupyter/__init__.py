@@ -6,7 +6,13 @@ the core (and torch) the first time a cell runs.
 
 from __future__ import annotations
 
-__all__ = ["load_ipython_extension", "unload_ipython_extension", "Dashboard", "LiveUpdater"]
+__all__ = [
+    "load_ipython_extension",
+    "unload_ipython_extension",
+    "Dashboard",
+    "LiveUpdater",
+    "explore",
+]
 
 
 def load_ipython_extension(ip) -> None:
@@ -28,4 +34,8 @@ def __getattr__(name: str):
         from . import dashboard  # noqa: PLC0415
 
         return getattr(dashboard, name)
+    if name == "explore":  # (ipywidgets, imported on first use)
+        from ._explore import explore  # noqa: PLC0415
+
+        return explore
     raise AttributeError(f"module 'gt_jupyter' has no attribute {name!r}")

@@ -35,6 +35,7 @@ __all__ = [
     "headline",
     "state",
     "reasons_html",
+    "table",
     "states_html",
     "status_html",
     "tables_html",
@@ -168,7 +169,8 @@ def _align(key: str) -> str:
     return f' style="text-align:{side}" align="{side}"'
 
 
-def _table(rows: list[dict], columns: tuple[str, ...], keys: tuple[str, ...] | None = None) -> str:
+def table(rows: list[dict], columns: tuple[str, ...], keys: tuple[str, ...] | None = None) -> str:
+    """Rows as an HTML table (numbers right-aligned, as Jupyter and GitHub keep it)."""
     keys = keys or columns
     head = "".join(
         f"<th{_align(k)}>{html.escape(c)}</th>" for k, c in zip(keys, columns, strict=True)
@@ -195,7 +197,7 @@ def status_html(data: dict) -> str:
         keys, cols = (*keys, "cudagraphs"), (*cols, "CUDA graphs")
     if any(r["replayed"] for r in rows):  # gt_core.jit replays: how often, at what client cost
         keys, cols = (*keys, "replayed", "client_ms"), (*cols, "replayed", "client ms")
-    return _table(rows, cols, keys) if rows else "<div><i>no hot path yet</i></div>"
+    return table(rows, cols, keys) if rows else "<div><i>no hot path yet</i></div>"
 
 
 def states_html(data: dict) -> str:
@@ -211,17 +213,17 @@ def states_html(data: dict) -> str:
 def reasons_html(data: dict) -> str:
     """The reasons table (recompiles, fallbacks, reverts, user diagnostics) as HTML; '' if none."""
     rows = reason_rows(data)
-    return "<b>reasons</b>" + _table(rows, REASON_COLUMNS) if rows else ""
+    return "<b>reasons</b>" + table(rows, REASON_COLUMNS) if rows else ""
 
 
 def tables_html(data: dict, status: bool = True) -> str:
     """Status, user-compile and reasons tables in one block."""
     parts = [status_html(data), states_html(data)] if status else []
     if data.get("user_compiles"):
-        parts.append("<b>torch.compile in this cell</b>" + _table(user_rows(data), USER_COLUMNS))
+        parts.append("<b>torch.compile in this cell</b>" + table(user_rows(data), USER_COLUMNS))
     parts.append(reasons_html(data))
     if data.get("ranks"):  # a worker group: each rank's line
-        parts.append("<b>worker group</b>" + _table(ranks.rows(data["ranks"]), ranks.COLUMNS))
+        parts.append("<b>worker group</b>" + table(ranks.rows(data["ranks"]), ranks.COLUMNS))
     return "".join(parts)
 
 

@@ -28,7 +28,7 @@ __all__ = ["USAGE", "run"]
 USAGE = (
     "%gt status | config [key=value ...] | connect HOST:PORT [--authkey-file F] | reset | "
     "restart | stop | graph [SIGNATURE] | "
-    "diff SIG_A SIG_B | log PATH | dashboard | explain FUNCTION"
+    "diff SIG_A SIG_B | explore [SIGNATURE] | log PATH | dashboard | explain FUNCTION"
 )
 EXPLAINABLE = "a function or module passed to torch.compile, or its name"
 
@@ -122,6 +122,18 @@ def _diff(magics, rest):
     return Text(diff_text(a, b))
 
 
+def _explore(magics, rest):
+    if len(rest) > 1:
+        raise UsageError(f"%gt explore: expected at most one signature, got {len(rest)}")
+    data = core_module().report().to_data()
+    if not data["hot_paths"] and not data["user_compiles"]:
+        raise UsageError("%gt explore: nothing to explore yet (run a %%gt cell with a loop first)")
+    sig = _find_signature(data, rest[0]) if rest else None
+    from ._explore import explore  # noqa: PLC0415 (ipywidgets, on first use)
+
+    return explore(sig, data, magics.shell.user_ns)
+
+
 def _log(magics, rest):
     if len(rest) != 1:
         raise UsageError("%gt log: expected one PATH (an instruction log written with --log)")
@@ -181,6 +193,7 @@ COMMANDS = {
     "stop": _stop,
     "graph": _graph,
     "diff": _diff,
+    "explore": _explore,
     "log": _log,
     "dashboard": _dashboard,
     "explain": _explain,

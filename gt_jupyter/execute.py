@@ -101,7 +101,7 @@ def _static(nb):
 
     Widget state can embed whole libraries (plotly's FigureWidget: plotly.js per figure, MB
     each), and a widget view whose state is not saved shows as an error in Jupyter: a view
-    that has another representation keeps that one. gt's own displays use no widgets.
+    that has another representation keeps that one (the explorer's: its static copy).
     """
     nb.metadata.pop("widgets", None)
     for cell in nb.cells:

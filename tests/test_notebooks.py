@@ -77,6 +77,7 @@ def test_every_notebook_is_tested():
         "03_recompiles.ipynb",
         "04_benchmark.ipynb",
         "05_jit.ipynb",
+        "06_explore.ipynb",
     }
     assert {p.name for p in NOTEBOOKS.glob("*.ipynb")} == tested
 
@@ -155,3 +156,23 @@ def test_jit(tmp_path):
     assert re.search(r"gt_core\.jit +[\d.]+ ms per step \([\d.]+x eager\)", timing), timing
     (n,) = re.findall(r"replayed (\d+) calls", timing)
     assert int(n) > 0
+
+
+@pytest.mark.notebook
+def test_explore(tmp_path):
+    nb = run("06_explore.ipynb", tmp_path)
+    html = "\n".join(outputs(nb, "text/html"))
+    # each explorer saved as its static copy: the view's image and table, no widget state
+    assert html.count("<b>gt explore</b>") == 3 and "data:image/svg+xml;base64," in html
+    assert "aten.addmm.default" in cell_text_html(nb, "import gt_jupyter")  # the node picked
+    assert "def call(" in cell_text_html(nb, "code = gt_jupyter.explore()")  # the Code tab
+    lines = cell_text(nb, "path = gt_core.report()")
+    assert "loss.backward()" in lines and "opt.step()" in lines and "%" in lines
+    assert "('forward', '0')" in lines and "('forward', '2')" in lines
+    compiled = cell_text(nb, 'print(path["compile_phases"]')
+    assert "'lowering'" in compiled and "cache: " in compiled and "def call(" in compiled
+
+
+def cell_text_html(nb, start: str) -> str:
+    (cell,) = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith(start)]
+    return "\n".join(cell_outputs(cell, "text/html"))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections import deque
 
+from gt_core.client.sites import Siting
 from gt_core.observe import metrics
 from gt_core.stream.instructions import FREE, OP, RUN, Free, Ref, Run
 from gt_core.stream.lift import Scalar
@@ -19,8 +20,9 @@ class Candidate:
     """One candidate occurrence of a plan in the client's stream: position and bindings."""
 
     __slots__ = ("plan", "entries", "n", "pos", "inputs", "produced", "scalars", "bound")
+    __slots__ += ("siting", "sites")
 
-    def __init__(self, plan: Plan):
+    def __init__(self, plan: Plan, siting=None):
         self.plan = plan
         self.entries = plan.entries
         self.n = len(plan.entries)
@@ -29,6 +31,10 @@ class Candidate:
         self.produced: list[int] = []
         self.scalars = [0.0] * plan.n_scalars
         self.bound: set[int] = set()  # ids named so far (an id has one name per occurrence)
+        # Where each entry was recorded (gt_core.client.sites), taken in one occurrence of a
+        # new plan only: None in all the others.
+        self.siting = siting
+        self.sites: list | None = None if siting is None else []
 
     def match(self, ins) -> bool:
         e = self.entries[self.pos]
@@ -62,8 +68,14 @@ class Candidate:
                 else:
                     self.produced.append(o)
                     self.bound.add(o)
+        if self.sites is not None:
+            self.sites.append(self.siting.here() if e.kind == "op" else None)
         self.pos += 1
         return True
+
+    def sited(self, op: bool) -> None:
+        """The next entry was taken without ``match`` (followed or freed): its site."""
+        self.sites.append(self.siting.here() if op else None)
 
     # -- what following a plan needs (see gt_core.client.follow) --------------------------
     def upcoming(self) -> tuple:
@@ -124,10 +136,11 @@ class PlanMatcher:
     """The client's matcher: instructions in, the stream (with RUNs for whole occurrences) out.
 
     ``sink(ins)`` appends an instruction to the stream; ``ready()`` is called after a RUN
-    (the session flushes, so the worker starts on it at once).
+    (the session flushes, so the worker starts on it at once); ``lines.sites(signature,
+    sites)`` once per plan, with where its entries were recorded (gt_core.client.sites).
     """
 
-    def __init__(self, sink, ready):
+    def __init__(self, sink, ready, lines=None):
         self._sink = sink
         self._ready = ready
         self.inbox: deque = deque()  # (signature, Plan | None) from the events thread
@@ -141,6 +154,11 @@ class PlanMatcher:
         self.client_runs: dict[str, int] = {}  # signature -> occurrences timed so (all of them)
         self._last: tuple = (None, 0.0)  # the last RUN: its signature and time
         self.followed = 0  # ops recorded by following a plan (see gt_core.client.follow)
+        # Plans whose sites are still to take (gt_core.client.sites), and who hears of them.
+        self.unsited: dict[str, Siting] = {}
+        self.sited: set[str] = set()
+        # Where each plan's entries were recorded goes to ``lines.sites`` (gt_core.client.sites)
+        self.lines = lines
 
     def offer(self, sig: str, plan: Plan | None) -> None:
         """A plan from the worker (None withdraws it); any thread."""
@@ -182,6 +200,8 @@ class PlanMatcher:
             c = cands[0]
             e = c.entries[c.pos]
             if e.kind == "free" and c.bind(e.value, vid):
+                if c.sites is not None:
+                    c.sited(False)
                 c.pos += 1
                 self.kept.append(None)
                 if c.pos == c.n:
@@ -192,6 +212,8 @@ class PlanMatcher:
     def followed_op(self, c: Candidate) -> None:
         """``c``'s next entry was recorded by following it: kept as None (see release)."""
         self.followed += 1
+        if c.sites is not None:
+            c.sited(True)
         c.pos += 1
         self.kept.append(None)
         if c.pos == c.n:
@@ -203,7 +225,9 @@ class PlanMatcher:
         code = ins.code
         plans = self.by_first.get(ins.op if code == OP else "free" if code == FREE else None)
         if plans:
-            cands = [c for c in (Candidate(p) for p in plans) if c.match(ins)]
+            unsited = self.unsited
+            cands = [Candidate(p, unsited.get(p.sig)) for p in plans]
+            cands = [c for c in cands if c.match(ins)]
             if cands:
                 self.cands = cands
                 self.kept.append(ins)
@@ -216,6 +240,10 @@ class PlanMatcher:
 
     def _complete(self, c: Candidate) -> None:
         self.cands, self.kept = [], []
+        if c.sites is not None and self.unsited.pop(c.plan.sig, None) is not None:
+            self.sited.add(c.plan.sig)
+            if self.lines is not None:
+                self.lines.sites(c.plan.sig, c.sites)
         self.runs += 1
         # The client's ms per occurrence: from one RUN of a block to the next one of it, when
         # nothing else ran between (what gt_core.jit would save, beside the block's own ms).
@@ -249,6 +277,7 @@ class PlanMatcher:
         self.inbox.clear()
         self.plans.clear()
         self.by_first.clear()
+        self.unsited.clear()
         self.cands, self.kept = [], []
         self.live = False
 
@@ -258,6 +287,10 @@ class PlanMatcher:
             old = self.plans.pop(sig, None)
             if old is not None:
                 self.by_first[old.first].remove(old)
-            if plan is not None:
+            if plan is None:
+                self.unsited.pop(sig, None)
+            else:
                 self.plans[sig] = plan
+                if sig not in self.sited:
+                    self.unsited.setdefault(sig, Siting())
                 self.by_first.setdefault(plan.first, []).append(plan)

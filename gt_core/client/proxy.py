@@ -157,7 +157,7 @@ def upload(session, t: torch.Tensor, cache: bool = True) -> Proxy:
         if ref() is t and version == t._version and gen == session.gen and p is not None:
             return p
     vid = session.new_ids(1)[0]
-    session.counters["uploads"] += 1
+    session.matcher.lines.count("uploads", session.counters)
     with torch._C._DisableTorchDispatch():
         data = t.detach()
         if data.device.type != "cpu":

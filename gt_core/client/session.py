@@ -23,6 +23,7 @@ from collections import deque
 
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.plan_match import PlanMatcher
+from gt_core.client.sites import Lines
 from gt_core.errors import WorkerDied, WorkerLost
 from gt_core.observe import events as ev
 from gt_core.options import Options
@@ -96,7 +97,7 @@ class Session:
         self.buf: list = []
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
         self._freeing = False  # in drain_frees: a full batch is sent, not flushed (see out)
-        self.matcher = PlanMatcher(self.out, self.send_now)
+        self.matcher = PlanMatcher(self.out, self.send_now, Lines(log))
         self.transport = _transport_class(options)(options, self._on_events)
         self.transport.before_wait = self.flush  # (a full upload ring: see Transport)
         self.next_id = 1
@@ -236,7 +237,7 @@ class Session:
             check_interrupt()  # one held since gt's last op: the stream is whole here
             self.check()
             self.flush()
-            self.counters["syncs"] += 1
+            self.matcher.lines.count("syncs", self.counters)
             try:
                 return self.transport.request(req)
             except WorkerDied as exc:
@@ -312,7 +313,7 @@ class Session:
     def publish_stats(self) -> None:
         """The client's counters, per hot path its ms, per jit call key its replays (a new key
         at 0: the report lists it while it records): only what moved since the last publish."""
-        self.log.emit(ev.STATS, **self.counters)
+        self.matcher.lines.publish(self.counters)  # the counters, then syncs and uploads per line
         self.log.extend(getattr(self.transport, "rank_events", list)())  # (a worker group's)
         sent = self._stats_sent
         for sig, n in self.matcher.client_runs.items():

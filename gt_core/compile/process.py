@@ -19,6 +19,7 @@ again (see repair), and the files evicted come back with the reply.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import itertools
 import os
@@ -33,7 +34,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from gt_core.compile import repair
+from gt_core.compile import explain, repair
 from gt_core.stream.instructions import qualified_name
 from gt_core.stream.meta import ValueMeta, value_meta
 
@@ -109,11 +110,12 @@ class CompileProcess:
     def compile_graph(self, gm, examples: list, mode: str | None):
         """Compile an FX graph for ``examples``' metadata: (callable, seconds)."""
         metas = [value_meta(t) for t in examples]
-        return self._compile(("graph", pickle.dumps(gm)), metas, mode)
+        return self._compile(("graph", pickle.dumps(gm)), metas, mode)[:2]
 
     def compile_block(self, canon, ops: dict, out_paths, scalar_dtypes, device, mode, shared=None):
         """Compile a hot block (as ``build_graph`` takes it, for inductor, its inputs sharing
-        memory as ``shared`` says: see aliases): (callable, seconds).
+        memory as ``shared`` says: see aliases): (callable, seconds, info), info its code,
+        phases and cache use (see explain).
 
         The graph is built in the compile process, so not even that Python runs here.
         """
@@ -135,7 +137,7 @@ class CompileProcess:
             path = os.path.join(self._dir, f"{next(self._ids)}.bin")
             try:
                 self._conn.send((job, metas, options, path))
-                status, reason, evicted = self._conn.recv()
+                status, reason, evicted, info = self._conn.recv()
             except (EOFError, OSError) as exc:
                 code = self._stop()
                 raise CompileProcessDied(
@@ -146,7 +148,10 @@ class CompileProcess:
         repair.record(evicted)  # for this thread's compile event (see repair.evictions)
         if status != "ok":
             raise RuntimeError(reason)
-        return _load(path), time.perf_counter() - t0  # the next job compiles meanwhile
+        t1 = time.perf_counter()
+        fn = _load(path)  # (the next job compiles meanwhile)
+        info["phases"]["load"] = round(time.perf_counter() - t1, 4)
+        return fn, time.perf_counter() - t0, info
 
     def close(self) -> None:
         """Stop the process now, for good; a compile waiting on it ends with CompileProcessDied.
@@ -261,6 +266,27 @@ def _idle_priority() -> None:
             pass
 
 
+def _compile_job(job: tuple, metas: list, options: dict, info: dict):
+    """One job's compiled artifact; ``info`` gets its code, phases and cache use."""
+    import torch
+    from torch._inductor import standalone_compile
+
+    t0 = time.perf_counter()
+    gm = pickle.loads(job[1]) if job[0] == "graph" else _build(*job[1:])
+    lowering = time.perf_counter() - t0
+    examples = [
+        torch.empty_strided(shape, stride, dtype=dtype, device=device)
+        for shape, stride, dtype, device in metas
+    ]
+    with torch.enable_grad(), explain.measured() as m:  # (see compile_block)
+        art = standalone_compile(
+            gm, examples, dynamic_shapes="from_example_inputs", options=options
+        )
+    info.update(code=explain.code_of(gm, art), cache=m["cache"])
+    info["phases"] = {"lowering": round(lowering, 4), **m["phases"]}
+    return art
+
+
 def main(fd: int, folder: str, imports: tuple = (), path: list = ()) -> None:
     """The compile process: compile jobs from ``fd`` until the worker closes it.
 
@@ -272,7 +298,7 @@ def main(fd: int, folder: str, imports: tuple = (), path: list = ()) -> None:
     threading.Thread(
         target=_end_with, args=(os.getppid(), folder), name="gt-end-with-worker", daemon=True
     ).start()
-    import torch
+    import torch  # noqa: F401 (imported now, before the first job)
 
     from gt_core.stream.instructions import import_op_modules
 
@@ -283,7 +309,7 @@ def main(fd: int, folder: str, imports: tuple = (), path: list = ()) -> None:
     except Exception as exc:
         unknown = f" ({exc})"
     import torch._inductor.config as ic
-    from torch._inductor import standalone_compile
+    from torch._inductor import standalone_compile  # noqa: F401 (imported before the first job)
     from torch._inductor.cpu_vec_isa import pick_vec_isa
 
     ic.fallback_random = True  # as in the worker: compiled random ops draw like eager ones
@@ -295,23 +321,14 @@ def main(fd: int, folder: str, imports: tuple = (), path: list = ()) -> None:
         except (EOFError, OSError):
             return
 
-        def compile_job(job=job, metas=metas, options=options):
-            gm = pickle.loads(job[1]) if job[0] == "graph" else _build(*job[1:])
-            examples = [
-                torch.empty_strided(shape, stride, dtype=dtype, device=device)
-                for shape, stride, dtype, device in metas
-            ]
-            with torch.enable_grad():  # (see compile_block: inference graphs all the same)
-                return standalone_compile(
-                    gm, examples, dynamic_shapes="from_example_inputs", options=options
-                )
-
+        info: dict = {}  # what the explorer shows of it (see explain)
+        compile_job = functools.partial(_compile_job, job, metas, options, info)
         with repair.evictions() as evicted:  # damaged cache files found, removed, compiled again
             try:
                 repair.retrying(compile_job).save(path=path, format="binary")
-                reply = ("ok", None, evicted)
+                reply = ("ok", None, evicted, info)
             except Exception as exc:
-                reply = ("err", f"{type(exc).__name__}: {exc}{unknown}", evicted)
+                reply = ("err", f"{type(exc).__name__}: {exc}{unknown}", evicted, None)
         try:
             conn.send(reply)
         except OSError:  # the worker went away meanwhile

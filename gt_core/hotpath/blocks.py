@@ -66,6 +66,7 @@ class Block:
         self.signal = signal
         self.thread: threading.Thread | None = None
         self.value_meta = value_meta or {}  # value name -> shape and dtype, for the graph
+        self.op_ms: list | None = None  # ms per entry in the eager runs it was found in
         self.plan = None  # set when registered: what the client matches and RUNs carry
         self.free_slots: list = []  # the plan's freed values, in order (what a RUN frees)
         self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 import traceback
 
 import torch
 
-from gt_core.compile import aliases, repair
+from gt_core.compile import aliases, explain, repair
 from gt_core.compile.lower import (
     build_graph,
     compile_block,
@@ -155,7 +156,7 @@ class Compiler:
         with repair.evictions() as evicted:
             try:
                 with cudagraph_skips() if graphs else contextlib.nullcontext() as skips:
-                    fn, seconds = self._compiled_fn(block, cp, o)
+                    fn, seconds, info = self._compiled_fn(block, cp, o)
             except Exception as exc:
                 failure = exc
         for e in evicted:  # damaged files of inductor's cache it removed first (see repair)
@@ -174,11 +175,14 @@ class Compiler:
             extra = {}
             if graphs:  # CUDA graphs asked for: whether inductor records them, and if not, why
                 extra = {"cudagraphs": "skipped" if skips else "used", "cudagraph_skips": skips}
-            self.outbox.emit(ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds, **extra)
+            self.outbox.emit(
+                ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds, **info, **extra
+            )
 
     def _compiled_fn(self, block: Block, cp: CompileProcess | None, o: Options):
-        """(compiled callable, seconds): in the compile process, or here (where a compile cut
-        short left damaged files in inductor's cache, they are removed and it compiles again)."""
+        """(compiled callable, seconds, info: its code, phases, cache use): in the compile
+        process, or here (where a compile cut short left damaged files in inductor's cache,
+        they are removed and it compiles again)."""
         if cp is not None:
             return cp.compile_block(
                 block.canon,
@@ -192,6 +196,7 @@ class Compiler:
         return repair.retrying(lambda: self._compile_here(block, o))
 
     def _compile_here(self, block: Block, o: Options):
+        t0 = time.perf_counter()
         gm = build_graph(
             block.canon,
             block.ops,
@@ -209,8 +214,11 @@ class Compiler:
                 list(block.canon.input_meta), block.aliases, scalars
             )
         ]
-        with _DYNAMO:
-            return compile_block(gm, examples, o.backend, o.mode, o.dynamic)
+        lowering = time.perf_counter() - t0
+        with _DYNAMO, explain.measured() as m:
+            fn, seconds = compile_block(gm, examples, o.backend, o.mode, o.dynamic)
+        phases = {"lowering": round(lowering, 4), **m["phases"]}
+        return fn, seconds, {"code": explain.code_of(gm, fn), "phases": phases, "cache": m["cache"]}
 
 
 def _no_grad(fn):

@@ -16,6 +16,7 @@ and runs it like an occurrence it matched itself, with no per-instruction work.
 from __future__ import annotations
 
 import functools
+from time import perf_counter
 
 from gt_core.hotpath.blocks import Blocks
 from gt_core.hotpath.compiling import Compiler
@@ -162,8 +163,13 @@ class Engine:
         code = ins.code
         if code == FREE:
             self.history.remember(ins.vid)
-        result = self.ex.run_op(ins) if code == OP else self.ex.execute(ins)
-        dropped = self.history.append(ins, result, self.options.window)
+        if code == OP:
+            t0 = perf_counter()  # (a hot block's profile: see History.profile)
+            result = self.ex.run_op(ins)
+            ms = (perf_counter() - t0) * 1e3
+        else:
+            result, ms = self.ex.execute(ins), None
+        dropped = self.history.append(ins, result, self.options.window, ms)
         if dropped:
             self.next_detect = max(0, self.next_detect - dropped)
             self.signals.shift(dropped)
@@ -222,5 +228,6 @@ class Engine:
             paths = H.out_paths_of(range(begin, begin + c.length))
             dtypes = tuple(namer.dtypes) if c.lift else ()
             block = self.registry.form(canon, namer, paths, p, lift=c.lift, scalar_dtypes=dtypes)
+            block.op_ms = H.profile(c.occurrences, c.length)
             self.registry.adopt(block, len(c.occurrences), recording_t=H.started)
         return True

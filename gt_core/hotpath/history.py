@@ -25,6 +25,9 @@ class History:
         self.instrs: list = []
         self.keys: list = []
         self.paths: list = []  # out paths of the OP instructions' results (None for others)
+        # ms each OP instruction took to run (None for others): a block's profile, read
+        # when it is found (how the time of an occurrence splits over its ops and lines)
+        self.ms: list = []
         # Metadata of values freed lately: a block's input may be freed before it is named.
         self.freed_meta: dict[int, ValueMeta] = {}
         self.started: float | None = None  # time.time() of the first instruction kept
@@ -46,8 +49,9 @@ class History:
         if m is not None:
             self.freed_meta[vid] = m
 
-    def append(self, ins, result, window: int) -> int:
-        """Record an instruction run eagerly; how many old ones were dropped to make room."""
+    def append(self, ins, result, window: int, ms: float | None = None) -> int:
+        """Record an instruction run eagerly (in ``ms``); how many old ones were dropped to
+        make room."""
         if not self.instrs:
             self.started = time.time()
         # An upload's value is the worker's now; kept here, every batch uploaded would stay
@@ -59,17 +63,27 @@ class History:
         self.instrs.append(ins)
         self.keys.append(local_key(ins))
         self.paths.append(out_paths(result) if ins.code == OP else None)
+        self.ms.append(ms)
         if len(self.instrs) <= 2 * window:
             return 0
         drop = len(self.instrs) - window
-        del self.instrs[:drop], self.keys[:drop], self.paths[:drop]
+        del self.instrs[:drop], self.keys[:drop], self.paths[:drop], self.ms[:drop]
         if len(self.freed_meta) > 4 * window:
             self.freed_meta.clear()
         return drop
 
     def clear(self) -> None:
         """Forget the instructions (a hot occurrence ran: the period starts again)."""
-        self.instrs.clear(), self.keys.clear(), self.paths.clear()
+        self.instrs.clear(), self.keys.clear(), self.paths.clear(), self.ms.clear()
+
+    def profile(self, begins, length: int) -> list:
+        """ms per entry of a block found at ``begins`` (None where an entry is no op): the
+        fastest of its occurrences, as timeit reports, since a busy machine only adds time."""
+        out = []
+        for k in range(length):
+            ms = [self.ms[b + k] for b in begins if self.ms[b + k] is not None]
+            out.append(round(min(ms), 5) if ms else None)
+        return out
 
     def out_paths_of(self, positions) -> list:
         """The out paths of the OP instructions at ``positions``, in order."""

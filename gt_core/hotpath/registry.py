@@ -117,6 +117,7 @@ class Registry:
             signal=block.signal,
             canonical=data,
             values=block.value_meta,  # (the client draws the graph: gt_core.observe.graph)
+            op_ms=block.op_ms,  # its profile: ms per entry (History.profile), or None
         )
         for other in self.blocks.values():
             if (

@@ -26,11 +26,14 @@ __all__ = ["event", "EventLog", "load_log", "TYPES"]
 
 # Hot paths (published by the worker)
 RECORDING = "hotpath.recording"  # signature, ops, n_ops, signal (a signal's block, seen once)
-DETECTED = "hotpath.detected"  # signature, ops, n_ops, occurrences, recording_t, canonical, values
+# signature, ops, n_ops, occurrences, recording_t, canonical, values, op_ms (ms per entry)
+DETECTED = "hotpath.detected"
 COMPILE_STARTED = (
     "compile.started"  # signature, backend, mode, dynamic, where ("process" | "thread" | "inline")
 )
-COMPILE_FINISHED = "compile.finished"  # signature, seconds[, cudagraphs, cudagraph_skips]
+# signature, seconds, code {fx, generated}, phases {name: seconds}, cache ("hit" | "miss" |
+# None)[, cudagraphs, cudagraph_skips]
+COMPILE_FINISHED = "compile.finished"
 COMPILE_FAILED = "compile.failed"  # signature, reason
 CACHE_EVICTED = "compile.cache_evicted"  # signature, files, reason: damaged, removed, recompiled
 RECOMPILE = "recompile"  # signature, previous, reason
@@ -45,7 +48,12 @@ ITERATION = "iteration"  # signature, kind ("eager" | "compiled" | "compiling"),
 SIGNAL = "signal"  # name, phase ("enter" | "exit")
 JIT = "jit"  # function, name, state ("replaying" | "refused" | "ran"), signature, reason, frozen
 JIT_STATS = "jit.stats"  # function, name, signature, replayed, client_ms (cumulative)
+# syncs, uploads: {"file:line": n} since the session started (the explorer's Source tab)
+CLIENT_LINES = "client.lines"
 CLIENT_STATS = "client.stats"  # signature, runs, client_ms: the client's ms per occurrence
+SITES = (
+    "hotpath.sites"  # signature, entries: per canonical entry {source, text, module, phase} or None
+)
 PLAN = "hotpath.plan"  # signature, plan (a gt_core.stream.plan.Plan, or None to withdraw it): for the client's matcher, never logged
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause

@@ -14,7 +14,7 @@ import html
 from dataclasses import dataclass, field
 
 from gt_core.observe import events as ev
-from gt_core.observe import feeding, jit_summary, metrics, ranks
+from gt_core.observe import explore, feeding, jit_summary, metrics, ranks
 from gt_core.observe.fold import COUNTERS, Fold
 from gt_core.observe.rows import NUMERIC, STATUS_COLUMNS, status_rows
 from gt_core.observe.status import Status
@@ -42,6 +42,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
     from gt_core.observe.user_compiles import summarize_user_compiles  # noqa: PLC0415 (cycle-free, lazy)
 
     shown = _shown(events, since, fold.active)
+    explore.annotate(hot_paths, events)  # its form with lines, code and compile phases
     jit = jit_summary.summarize_jit(events, since)
     for j in jit:  # the block a jitted function made (its refusal may name no block)
         if j["signature"] in paths:
@@ -58,6 +59,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         "data": metrics.data(stats, hot_paths, shown),  # what crossed, per iteration
         "worker": fold.worker,
         "ranks": ranks.summarize_ranks(events),  # a worker group's (gt_core.observe.ranks)
+        "lines": explore.client_lines(events),  # syncs and uploads per user line
         "events": shown,
     }
 
