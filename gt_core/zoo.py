@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Zoo", "build", "names", "OPTIMIZERS"]
+__all__ = ["Zoo", "Decoder", "build", "decoder", "names", "OPTIMIZERS"]
 
 _VOCAB, _SEQ, _BATCH, _IMAGE, _LABELS = 64, 16, 4, 32, 10
 
@@ -175,6 +175,50 @@ def _batch(make_batch, seed: int) -> tuple:
     with torch.device("cpu"):
         batch = make_batch(torch.Generator().manual_seed(seed))
     return tuple(t.to(device) for t in batch)
+
+
+class Decoder(NamedTuple):
+    """A Llama generating greedily with a static KV cache, under ``torch.no_grad()``.
+
+    ``prefill()`` runs the prompt through the model (filling the cache) and returns the first
+    token; each ``step(token)`` then feeds one token at the cache's next position and returns
+    the next token and the step's logits. The position lives in the cache as a tensor
+    (``cumulative_length``, advanced in place), so every step is the same work.
+    """
+
+    model: torch.nn.Module
+    cache: object
+    prompt: torch.Tensor
+    prefill: Callable
+    step: Callable
+
+
+_PROMPT, _CACHE_LEN = 4, 32
+
+
+def decoder(seed: int = 0) -> Decoder:
+    """The Llama of ``build("llama")`` (from ``seed``, eval mode) with a static cache of
+    ``_CACHE_LEN`` positions and a prompt of ``_PROMPT`` tokens."""
+    import transformers
+
+    _, config_cls, config, _ = _MODELS["llama"]
+    config = getattr(transformers, config_cls)(**config)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    cache = transformers.StaticCache(config=config, max_cache_len=_CACHE_LEN)
+    (prompt,) = _batch(lambda g: (torch.randint(0, _VOCAB, (1, _PROMPT), generator=g),), seed)
+
+    def prefill():
+        with torch.no_grad():
+            logits = model(input_ids=prompt, cache=cache, use_cache=True).logits
+        return logits[:, -1:].argmax(-1)
+
+    def step(token):
+        with torch.no_grad():
+            logits = model(input_ids=token, cache=cache, use_cache=True).logits
+        return logits[:, -1:].argmax(-1), logits
+
+    return Decoder(model, cache, prompt, prefill, step)
 
 
 def _optimizer(name: str, model):

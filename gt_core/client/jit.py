@@ -30,7 +30,8 @@ Contract (what a replayed call does not repeat)
     replay: the step needs its Python.
   * Tensors the step reads must be reachable from its arguments, closure or globals (its
     own, or those of the Python functions it calls, three levels deep) through tensors,
-    modules, optimizers, LR schedulers, dicts, lists and tuples; outputs the same.
+    modules, optimizers, LR schedulers, dicts, lists, tuples and the attributes of
+    plain objects (a KV cache and its layers); outputs the same.
   * Outputs of a replayed call are detached (no autograd graph leads to them).
 Never a wrong replay: an input that no longer fits (a parameter replaced, its metadata
 changed) runs the function instead, with the reason as an event; the worker checks each

@@ -241,7 +241,7 @@ class Recipe:
                 raise Refused(
                     "the step reads a worker tensor jit cannot find again: not an argument, nor "
                     "reachable from its closure or globals, or those of the functions it calls "
-                    "(through modules, optimizers, dicts, lists)"
+                    "(through modules, optimizers, dicts, lists, objects' attributes)"
                 )
 
     def _place_outputs(self, rec: Recording, index: dict, metas: dict) -> None:
