@@ -127,10 +127,12 @@ def names() -> list[str]:
     return [*_MODELS, *_FROZEN_BN]
 
 
-def build(name: str, seed: int = 0, optimizer: str = "sgd", scheduler: bool = False) -> Zoo:
+def build(name: str, seed: int = 0, optimizer: str = "sgd", scheduler: bool | str = False) -> Zoo:
     """The model ``name`` built from ``seed``, its optimizer (``OPTIMIZERS``, default
-    arguments but the learning rate; with ``scheduler``, a StepLR the caller steps outside
-    the training step) and a fixed batch from the same seed."""
+    arguments but the learning rate; with ``scheduler``, an LR scheduler the caller steps
+    outside the training step: ``"step"`` (or True) a StepLR, ``"lambda"`` a LambdaLR and
+    ``"onecycle"`` a OneCycleLR, both changing the lr every step) and a fixed batch from
+    the same seed."""
     import transformers
 
     base = _FROZEN_BN.get(name, name)
@@ -147,7 +149,7 @@ def build(name: str, seed: int = 0, optimizer: str = "sgd", scheduler: bool = Fa
     batch = _batch(make_batch, seed)
     key = "pixel_values" if make_batch is _image else "input_ids"
     opt = _optimizer(optimizer, model)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9) if scheduler else None
+    sched = _scheduler(scheduler, opt)
 
     def step(x, labels):
         loss = model(**{key: x}, labels=labels).loss
@@ -219,6 +221,19 @@ def decoder(seed: int = 0) -> Decoder:
         return logits[:, -1:].argmax(-1), logits
 
     return Decoder(model, cache, prompt, prefill, step)
+
+
+def _scheduler(kind: bool | str, opt):
+    lrs = torch.optim.lr_scheduler
+    if not kind:
+        return None
+    if kind is True or kind == "step":
+        return lrs.StepLR(opt, step_size=5, gamma=0.9)
+    if kind == "lambda":
+        return lrs.LambdaLR(opt, lambda i: 1.0 / (1.0 + 0.1 * i))
+    if kind == "onecycle":  # (the lr rises then falls; SGD's momentum and Adam's beta1 cycle)
+        return lrs.OneCycleLR(opt, max_lr=10 * opt.param_groups[0]["lr"], total_steps=100)
+    raise ValueError(f"unknown scheduler {kind!r}: expected step, lambda or onecycle")
 
 
 def _optimizer(name: str, model):

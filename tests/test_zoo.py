@@ -141,6 +141,23 @@ def test_default_optimizers_with_an_lr_scheduler_replay_under_jit_and_equal_eage
     assert entry.refused is None and entry.replayed >= 4
 
 
+@pytest.mark.parametrize(
+    "optimizer, scheduler", [("sgd", "onecycle"), ("adamw", "lambda"), ("adam", "onecycle")]
+)
+def test_an_lr_that_changes_every_step_flows_into_the_replayed_block(zooed, optimizer, scheduler):
+    """A scheduler stepping every call (OneCycleLR also cycles SGD's momentum and Adam's
+    beta1): the settings become inputs of one block, replayed with each call's values, equal
+    to eager; nothing is recorded again, nor frozen stale."""
+    build = dict(optimizer=optimizer, scheduler=scheduler)
+    want_losses, want = _eager("bert", steps=12, **build)
+    losses, got, step = _through_gt("bert", jit=True, steps=12, **build)
+    assert losses == pytest.approx(want_losses, abs=TOL)
+    _equal(got, want)
+    (entry,) = step.entries.values()
+    assert entry.refused is None and entry.replayed >= 9  # (the first call makes the state)
+    assert (0, "lr") in entry.recipe.flowing, entry.recipe.flowing  # (an input, not frozen)
+
+
 def test_the_user_s_optimizer_keeps_its_settings(zooed):
     with gt_core.capture():
         z = zoo.build("bert", optimizer="adamw")
