@@ -15,12 +15,16 @@ its data-dependent checks), and the step's optimizers are ``capturable`` while i
 (restored after): the block then reads the step count, not a new Python number per call.
 
 Contract (what a replayed call does not repeat)
-  * Only tensors flow. Python values the step reads (a float learning rate) are frozen as
-    the recorded calls had them; where they differ between recorded calls, replay is
-    refused with the op and the values, and the function keeps running (compiled as any
-    hot path). The settings of the optimizers the step reaches (``lr``, betas, weight
-    decay) are compared before every replay: after a change (an LR scheduler's step) the
-    function records again, so a frozen lr is never replayed stale.
+  * Tensors flow, and so do the float settings of the optimizers the step reaches (``lr``,
+    betas, weight decay) that changed between the two recorded calls: the numbers the step
+    computed from them by arithmetic become inputs of the block, and a replayed call sends
+    them computed from the settings as they are now (``jit_knobs``; a per-step LR schedule
+    replays). Other Python values the step reads are frozen as the recorded calls had them;
+    where they differ between recorded calls, replay is refused with the op and the values,
+    and the function keeps running (compiled as any hot path). The settings that do not
+    flow are compared before every replay: after a change (a StepLR's step) the function
+    records one call again, compared with the last one recorded, so a frozen setting is
+    never replayed stale and the changed one flows from then on.
   * Tensors the step makes from host data (``torch.tensor([...])``, a cache's empty
     tensors) are frozen into the block when equal on the recorded calls, and listed with
     the line that made them; one that differs is data: replay is refused naming that line.
