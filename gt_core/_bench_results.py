@@ -107,8 +107,8 @@ def table(results: list[Result]) -> str:
             *(line(row) for row in cells),
             "ms per iteration: median of the steady state (the last third); speedup: eager ms"
             " / that ms (>1: faster than eager).",
-            "jit: the step through gt_core.jit once its block is compiled (replayed calls,"
-            " one sync at the end, so client and worker overlap).",
+            "jit: the step through gt_core.jit once its block is compiled and settled (replayed"
+            " calls, a sync every 10 so client and worker overlap; the median 10).",
             "torch.compile: the whole step function compiled by hand (training steps split at"
             " backward). vs eager: final loss (gt), final loss and parameters (torch.compile,"
             f" 'tc') within {RTOL:g} relative.",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -222,9 +223,16 @@ def _on(device: str, make):
     return made
 
 
+_SETTLE = 30  # calls after the compile: its check, the regression check's eager probes and
+# the worker's thread-count trials run there, once, not in the timed calls
+_CHUNK = 10  # timed calls per sync: the median chunk is the steady state
+
+
 def _jit_ms(make, iters: int, backend: str, mode: str | None = None, tick=None) -> float:
     """ms per call of the step through ``gt_core.jit`` in the steady state: warm-up calls,
-    the block compiled, then ``iters`` timed calls with one sync at the end."""
+    the block compiled and settled (see _SETTLE), then ``iters`` timed calls in chunks of
+    ``_CHUNK`` each ending in a sync (replayed calls do not wait for the worker: a call's
+    own time is not its time); the median chunk, per call, as _steady takes the others'."""
     gt_core.reset()
     with gt_core.capture(backend=backend, mode=mode, auto_compile=True, background=True):
         torch.manual_seed(0)
@@ -233,14 +241,19 @@ def _jit_ms(make, iters: int, backend: str, mode: str | None = None, tick=None) 
         for _ in range(20):
             f()
         gt_core.wait(compiles=True, timeout=600)  # the block compiled, as in a long run
+        for _ in range(_SETTLE):
+            f()
         f().item()
-        t0 = time.perf_counter()
-        for i in range(iters):
-            out = f()
+        chunks = []
+        for c in range(max(1, iters // _CHUNK)):
+            t0 = time.perf_counter()
+            for _ in range(_CHUNK):
+                out = f()
+            out.item()
+            chunks.append((time.perf_counter() - t0) / _CHUNK * 1e3)
             if tick:
-                tick(i + 1)
-        out.item()
-        return (time.perf_counter() - t0) / iters * 1e3
+                tick((c + 1) * _CHUNK)
+        return statistics.median(chunks)
 
 
 def _wrapped(step, wrap):
@@ -285,12 +298,23 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--mode", default=None, help="compile mode of every compiled way (e.g. reduce-overhead)"
     )
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="intra-op threads of this process and of the worker, fixed (on a shared CPU, two "
+        "threads' barriers stall when the other processes hold a core: every column then "
+        "measures the stalls)",
+    )
     return ap
 
 
 def main(argv=None) -> list[Result]:
     ap = _parser()
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+        gt_core.configure(worker_threads=args.threads)
     iters = args.iters or (30 if args.quick else 200)
     backend = args.backend or ("aot_eager" if args.quick else "inductor")
     known = MODELS if args.models else WORKLOADS

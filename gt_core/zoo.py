@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Zoo", "build", "names", "OPTIMIZERS"]
+__all__ = ["Zoo", "Decoder", "build", "decoder", "names", "OPTIMIZERS"]
 
 _VOCAB, _SEQ, _BATCH, _IMAGE, _LABELS = 64, 16, 4, 32, 10
 
@@ -127,10 +127,12 @@ def names() -> list[str]:
     return [*_MODELS, *_FROZEN_BN]
 
 
-def build(name: str, seed: int = 0, optimizer: str = "sgd", scheduler: bool = False) -> Zoo:
+def build(name: str, seed: int = 0, optimizer: str = "sgd", scheduler: bool | str = False) -> Zoo:
     """The model ``name`` built from ``seed``, its optimizer (``OPTIMIZERS``, default
-    arguments but the learning rate; with ``scheduler``, a StepLR the caller steps outside
-    the training step) and a fixed batch from the same seed."""
+    arguments but the learning rate; with ``scheduler``, an LR scheduler the caller steps
+    outside the training step: ``"step"`` (or True) a StepLR, ``"lambda"`` a LambdaLR and
+    ``"onecycle"`` a OneCycleLR, both changing the lr every step) and a fixed batch from
+    the same seed."""
     import transformers
 
     base = _FROZEN_BN.get(name, name)
@@ -147,7 +149,7 @@ def build(name: str, seed: int = 0, optimizer: str = "sgd", scheduler: bool = Fa
     batch = _batch(make_batch, seed)
     key = "pixel_values" if make_batch is _image else "input_ids"
     opt = _optimizer(optimizer, model)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.9) if scheduler else None
+    sched = _scheduler(scheduler, opt)
 
     def step(x, labels):
         loss = model(**{key: x}, labels=labels).loss
@@ -175,6 +177,63 @@ def _batch(make_batch, seed: int) -> tuple:
     with torch.device("cpu"):
         batch = make_batch(torch.Generator().manual_seed(seed))
     return tuple(t.to(device) for t in batch)
+
+
+class Decoder(NamedTuple):
+    """A Llama generating greedily with a static KV cache, under ``torch.no_grad()``.
+
+    ``prefill()`` runs the prompt through the model (filling the cache) and returns the first
+    token; each ``step(token)`` then feeds one token at the cache's next position and returns
+    the next token and the step's logits. The position lives in the cache as a tensor
+    (``cumulative_length``, advanced in place), so every step is the same work.
+    """
+
+    model: torch.nn.Module
+    cache: object
+    prompt: torch.Tensor
+    prefill: Callable
+    step: Callable
+
+
+_PROMPT, _CACHE_LEN = 4, 32
+
+
+def decoder(seed: int = 0) -> Decoder:
+    """The Llama of ``build("llama")`` (from ``seed``, eval mode) with a static cache of
+    ``_CACHE_LEN`` positions and a prompt of ``_PROMPT`` tokens."""
+    import transformers
+
+    _, config_cls, config, _ = _MODELS["llama"]
+    config = getattr(transformers, config_cls)(**config)
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(config).eval()
+    cache = transformers.StaticCache(config=config, max_cache_len=_CACHE_LEN)
+    (prompt,) = _batch(lambda g: (torch.randint(0, _VOCAB, (1, _PROMPT), generator=g),), seed)
+
+    def prefill():
+        with torch.no_grad():
+            logits = model(input_ids=prompt, cache=cache, use_cache=True).logits
+        return logits[:, -1:].argmax(-1)
+
+    def step(token):
+        with torch.no_grad():
+            logits = model(input_ids=token, cache=cache, use_cache=True).logits
+        return logits[:, -1:].argmax(-1), logits
+
+    return Decoder(model, cache, prompt, prefill, step)
+
+
+def _scheduler(kind: bool | str, opt):
+    lrs = torch.optim.lr_scheduler
+    if not kind:
+        return None
+    if kind is True or kind == "step":
+        return lrs.StepLR(opt, step_size=5, gamma=0.9)
+    if kind == "lambda":
+        return lrs.LambdaLR(opt, lambda i: 1.0 / (1.0 + 0.1 * i))
+    if kind == "onecycle":  # (the lr rises then falls; SGD's momentum and Adam's beta1 cycle)
+        return lrs.OneCycleLR(opt, max_lr=10 * opt.param_groups[0]["lr"], total_steps=100)
+    raise ValueError(f"unknown scheduler {kind!r}: expected step, lambda or onecycle")
 
 
 def _optimizer(name: str, model):

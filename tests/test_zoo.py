@@ -88,6 +88,47 @@ def test_the_eval_forward_equals_eager_plain_and_jitted(zooed, name):
             _equal([o], [want])
 
 
+DECODE_STEPS = 10
+
+
+def _decode(jit=False, steps=DECODE_STEPS):
+    """Greedy decoding with a static KV cache: the tokens, each step's logits, and the
+    cache's position and keys at the end (host copies)."""
+    d = zoo.decoder()
+    token = d.prefill()
+    step = gt_core.jit(d.step) if jit else d.step
+    out = []
+    for _ in range(steps):
+        token, logits = step(token)
+        out.append((token, logits))
+    layer = d.cache.layers[0]
+    got = [t.cpu() for pair in out for t in pair] + [
+        layer.cumulative_length.cpu(),
+        layer.keys.cpu(),
+    ]
+    return got, step
+
+
+def test_a_decode_step_with_a_static_kv_cache_compiles_and_replays_equal_to_eager(zooed):
+    """One new token per step at an advancing position (a tensor in the cache, advanced in
+    place): plain gt's block compiles, jit replays it, and both equal eager step by step."""
+    want, _ = _decode()
+    assert want[-2].item() == zoo._PROMPT + DECODE_STEPS
+    with gt_core.capture():
+        got, _ = _decode()
+    _equal(got, want)
+    steps = [p for p in _paths() if p["n_ops"] > 50]
+    assert steps and all(p["status"] == "compiled" for p in steps), steps
+    assert sum(p["compiled_runs"] for p in steps) >= 2
+
+    gt_core.reset()
+    with gt_core.capture():
+        got, step = _decode(jit=True)
+    _equal(got, want)
+    (entry,) = step.entries.values()
+    assert entry.refused is None and entry.replayed >= DECODE_STEPS - 3
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "adam", "rmsprop"])
 def test_default_optimizers_with_an_lr_scheduler_replay_under_jit_and_equal_eager(zooed, optimizer):
     """Default arguments (capturable=False, a float lr) and a StepLR stepping outside the
@@ -98,6 +139,23 @@ def test_default_optimizers_with_an_lr_scheduler_replay_under_jit_and_equal_eage
     _equal(got, want)
     (entry,) = step.entries.values()
     assert entry.refused is None and entry.replayed >= 4
+
+
+@pytest.mark.parametrize(
+    "optimizer, scheduler", [("sgd", "onecycle"), ("adamw", "lambda"), ("adam", "onecycle")]
+)
+def test_an_lr_that_changes_every_step_flows_into_the_replayed_block(zooed, optimizer, scheduler):
+    """A scheduler stepping every call (OneCycleLR also cycles SGD's momentum and Adam's
+    beta1): the settings become inputs of one block, replayed with each call's values, equal
+    to eager; nothing is recorded again, nor frozen stale."""
+    build = dict(optimizer=optimizer, scheduler=scheduler)
+    want_losses, want = _eager("bert", steps=12, **build)
+    losses, got, step = _through_gt("bert", jit=True, steps=12, **build)
+    assert losses == pytest.approx(want_losses, abs=TOL)
+    _equal(got, want)
+    (entry,) = step.entries.values()
+    assert entry.refused is None and entry.replayed >= 9  # (the first call makes the state)
+    assert (0, "lr") in entry.recipe.flowing, entry.recipe.flowing  # (an input, not frozen)
 
 
 def test_the_user_s_optimizer_keeps_its_settings(zooed):
@@ -127,3 +185,16 @@ def test_library_models_compile_under_inductor_and_equal_eager(process, name):
     steps = [p for p in _paths() if p["n_ops"] > 50]
     assert any(p["status"] == "compiled" and p["compiled_runs"] > 0 for p in steps), steps
     assert all(p["status"] != "failed" for p in steps), [p["fallback_reason"] for p in steps]
+
+
+@pytest.mark.inductor
+def test_the_decode_step_compiles_under_inductor_and_replays_equal_to_eager(process):
+    gt_core.configure(auto_compile=True, backend="inductor", background=False, threshold=3)
+    want, _ = _decode()
+    with gt_core.capture():
+        got, step = _decode(jit=True)
+    _equal(got, want)
+    (entry,) = step.entries.values()
+    assert entry.refused is None and entry.replayed >= DECODE_STEPS - 3
+    (path,) = [p for p in _paths() if p["n_ops"] > 50]
+    assert path["status"] == "compiled" and path["compiled_runs"] > 0, path

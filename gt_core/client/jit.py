@@ -15,12 +15,16 @@ its data-dependent checks), and the step's optimizers are ``capturable`` while i
 (restored after): the block then reads the step count, not a new Python number per call.
 
 Contract (what a replayed call does not repeat)
-  * Only tensors flow. Python values the step reads (a float learning rate) are frozen as
-    the recorded calls had them; where they differ between recorded calls, replay is
-    refused with the op and the values, and the function keeps running (compiled as any
-    hot path). The settings of the optimizers the step reaches (``lr``, betas, weight
-    decay) are compared before every replay: after a change (an LR scheduler's step) the
-    function records again, so a frozen lr is never replayed stale.
+  * Tensors flow, and so do the float settings of the optimizers the step reaches (``lr``,
+    betas, weight decay) that changed between the two recorded calls: the numbers the step
+    computed from them by arithmetic become inputs of the block, and a replayed call sends
+    them computed from the settings as they are now (``jit_knobs``; a per-step LR schedule
+    replays). Other Python values the step reads are frozen as the recorded calls had them;
+    where they differ between recorded calls, replay is refused with the op and the values,
+    and the function keeps running (compiled as any hot path). The settings that do not
+    flow are compared before every replay: after a change (a StepLR's step) the function
+    records one call again, compared with the last one recorded, so a frozen setting is
+    never replayed stale and the changed one flows from then on.
   * Tensors the step makes from host data (``torch.tensor([...])``, a cache's empty
     tensors) are frozen into the block when equal on the recorded calls, and listed with
     the line that made them; one that differs is data: replay is refused naming that line.
@@ -30,7 +34,8 @@ Contract (what a replayed call does not repeat)
     replay: the step needs its Python.
   * Tensors the step reads must be reachable from its arguments, closure or globals (its
     own, or those of the Python functions it calls, three levels deep) through tensors,
-    modules, optimizers, LR schedulers, dicts, lists and tuples; outputs the same.
+    modules, optimizers, LR schedulers, dicts, lists, tuples and the attributes of
+    plain objects (a KV cache and its layers); outputs the same.
   * Outputs of a replayed call are detached (no autograd graph leads to them).
 Never a wrong replay: an input that no longer fits (a parameter replaced, its metadata
 changed) runs the function instead, with the reason as an event; the worker checks each
@@ -50,6 +55,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from gt_core.client import capture as _capture
+from gt_core.client.jit_knobs import attribute, evaluate, groups, wrapped
 from gt_core.client.jit_places import reach_roots, tensor_slots
 from gt_core.client.jit_recipe import OUT, Recipe, Recording, Refused, differ
 from gt_core.client.jit_traced import as_traced, knobs, optimizers
@@ -161,7 +167,8 @@ class _Entry:
     def call(self, leaves, spec):
         if self.refused is None and self.recipe is None and len(self.recorded) >= 2:
             self._prepare()
-        if self.recipe is not None and self.recipe.knobs != knobs(self.recipe.optimizers):
+        r = self.recipe
+        if r is not None and r.knobs != knobs(r.optimizers, r.flowing):
             self._retune()
         if self.recipe is not None:
             t0 = time.perf_counter()
@@ -181,6 +188,8 @@ class _Entry:
         s = self.session
         args, kwargs = _unflatten(leaves, spec)
         roots = reach_roots(self.owner.fn, leaves)
+        opts = optimizers(obj for _, obj in roots)
+        settings, ledger = [dict(g) for g in groups(opts)], {}
         with LOCK:
             s.flush()
             before = tensor_slots(roots)
@@ -188,7 +197,7 @@ class _Entry:
             s.emit(Mark(MARK, self.name, "enter"))
             s.tee, s.tee_puts = tee, puts = [], []
         try:
-            with as_traced(optimizers(obj for _, obj in roots)):
+            with as_traced(opts), wrapped(opts, ledger):
                 result = self.owner.fn(*args, **kwargs)
         finally:
             with LOCK:
@@ -197,6 +206,7 @@ class _Entry:
                 s.flush()
         rec = Recording(leaves, roots, before, tensor_slots(roots), result, tee[:-1], puts)
         rec.syncs = s.counters["syncs"] - syncs
+        rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
         self.recorded = [*self.recorded[-1:], rec]
         self.calls += 1
         if self.calls >= RECORD_LIMIT and self.recipe is None and self.refused is None:
@@ -235,6 +245,7 @@ class _Entry:
             signature=sig,
             frozen=b.frozen(ops),
             constants=b.constants(),
+            flowing=sorted(key for _, key in self.recipe.flowing),  # settings sent each call
             inputs=len(self.recipe.inputs),
             outputs=len(self.recipe.outputs),
         )
@@ -267,7 +278,8 @@ class _Entry:
             out, freed = s.out, s.freed  # (out: a jit call being recorded sees them too)
             while freed:  # straight out: the RUN after them ends any occurrence they start
                 out(Free(FREE, freed.popleft()))
-            out(Run(RUN, r.sig, ids, produced, ()))
+            scalars = [evaluate(e, groups(r.optimizers)) for e in r.scalars] if r.scalars else ()
+            out(Run(RUN, r.sig, ids, produced, scalars))
             s.send_now()
             self.replayed += 1
             outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]
@@ -327,7 +339,7 @@ class _Entry:
     def _retune(self) -> None:
         """An optimizer's settings (a scheduler's new lr) changed since the recipe was made:
         its numbers are frozen in the block, so recording starts over (never a stale replay)."""
-        now = knobs(self.recipe.optimizers)
+        now = knobs(self.recipe.optimizers, self.recipe.flowing)
         changed = next(
             (f"{k}: {a!r} -> {b!r}" for x, y in zip(self.recipe.knobs, now, strict=True)
              for (k, a), (_, b) in zip(x, y, strict=True) if a != b),
@@ -346,7 +358,9 @@ class _Entry:
             reason=reason,
         )
         self.recipe, self.facts = None, None
-        self.recorded, self.calls = [], 0  # (its record limit too)
+        # The last recorded call stays: the next one is compared with it, so a setting that
+        # changed between them (a scheduler's step) flows into the block as an input.
+        self.recorded, self.calls = self.recorded[-1:], 0  # (its record limit starts over)
 
     def _unfit(self, src, p, k) -> None:
         where = f"argument {src}" if type(src) is int else src.describe()

@@ -53,7 +53,9 @@ class Place(NamedTuple):
         if self.how == "attr":
             if isinstance(self.obj, torch.Tensor):
                 return f"the .{self.key} of a tensor {list(self.obj.shape)}"
-            return f"the closure variable ({self.key})"
+            if isinstance(self.obj, types.CellType):
+                return f"the closure variable ({self.key})"
+            return f"attribute .{self.key} of a {type(self.obj).__name__}"
         return f"entry {self.key!r} of a {type(self.obj).__name__}"
 
 
@@ -150,15 +152,36 @@ def _visit(obj, out, seen, depth) -> None:
         for k, v in list(obj.items()):
             if isinstance(v, torch.Tensor):
                 _slot(Place("item", obj, k), v, out)
-            elif isinstance(v, (dict, list, tuple, torch.nn.Module, torch.optim.Optimizer)):
+            elif _holder(v):
                 _visit(v, out, seen, depth + 1)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             if isinstance(v, torch.Tensor):
                 if type(obj) is list:  # (a tuple's tensors cannot be put back: no place)
                     _slot(Place("item", obj, i), v, out)
-            elif isinstance(v, (dict, list, tuple, torch.nn.Module, torch.optim.Optimizer)):
+            elif _holder(v):
                 _visit(v, out, seen, depth + 1)
+    elif _plain(obj):  # a library's state object (a KV cache and its layers): its attributes
+        for k, v in list(vars(obj).items()):
+            if isinstance(v, torch.Tensor):
+                _slot(Place("attr", obj, k), v, out)
+            elif _holder(v):
+                _visit(v, out, seen, depth + 1)
+
+
+_NOT_PLAIN = (type, types.FunctionType, types.MethodType, types.ModuleType, torch.Tensor)
+
+
+def _plain(obj) -> bool:
+    """An instance of a Python class keeping its state in attributes (not a function,
+    class, module or tensor)."""
+    return hasattr(obj, "__dict__") and not isinstance(obj, _NOT_PLAIN)
+
+
+def _holder(v) -> bool:
+    """Whether ``v`` may hold tensors a step reads: containers, modules, optimizers, and
+    plain objects."""
+    return isinstance(v, (dict, list, tuple, torch.nn.Module, torch.optim.Optimizer)) or _plain(v)
 
 
 def _slot(place, t, out) -> None:

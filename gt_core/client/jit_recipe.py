@@ -12,11 +12,13 @@ import collections
 import torch
 from torch.utils._pytree import tree_flatten
 
+from gt_core.client.jit_knobs import evaluate, settings_in
 from gt_core.client.jit_places import Place, id_before
 from gt_core.client.jit_traced import knobs, optimizers
 from gt_core.client.plan_match import Candidate
 from gt_core.client.proxy import CONSTANT_NUMEL, Proxy
 from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
+from gt_core.stream.lift import Scalar
 
 OUT = "gt-jit-output"  # a result leaf that is the block's output (OUT, its index)
 
@@ -38,6 +40,13 @@ class Recording:
         self.instrs = instrs
         self.puts = list(puts)  # (value id, proxy, host copy or None, (file, line)) per upload
         self.syncs = 0
+        # The optimizers' settings as the call began ([{key: value}] per param group), the
+        # numbers computed from them that the call passed to ops (jit_knobs.attribute), and
+        # those that flow into the block: {site: expression}, filled in by differ.
+        self.settings: list = []
+        self.knob_floats: dict = {}
+        self.flowing: dict = {}
+        self.changed: set = set()  # settings (group, key) that differ from the call before
 
     def unreplayable(self) -> str | None:
         if self.syncs:
@@ -95,17 +104,25 @@ class Recording:
         return [_shape(ins) for ins in self.instrs]
 
     def floats(self) -> list:
-        """(op, argument, value) of every Python float the call passed to an op."""
+        """(op, argument, value, site) of every Python float the call passed to an op; its
+        site: (position among the OP and FREE instructions, path in the arguments)."""
         out = []
+        j = 0
         for ins in self.instrs:
             if ins.code == OP:
-                for where, v in _float_args(ins):
-                    out.append((ins.op, where, v))
+                for where, v, path in _float_args(ins):
+                    out.append((ins.op, where, v, (j, path)))
+            if ins.code in (OP, FREE):
+                j += 1
         return out
 
     def frozen(self, ops: dict) -> list[dict]:
         """The Python numbers a replay keeps as recorded: {op, arg, value, count} each."""
-        counts = collections.Counter((ops.get(i, str(i)), w, v) for i, w, v in self.floats())
+        counts = collections.Counter(
+            (ops.get(i, str(i)), w, v)
+            for i, w, v, site in self.floats()
+            if site not in self.flowing
+        )
         return [{"op": o, "arg": w, "value": v, "count": n} for (o, w, v), n in counts.items()]
 
 
@@ -113,8 +130,15 @@ def differ(a: Recording, b: Recording, ops: dict) -> str | None:
     """Why two recorded calls cannot share one replay (None: they can)."""
     if len(a.instrs) != len(b.instrs) or a.shape() != b.shape():
         return None  # other work: the worker sees another block; recording goes on
-    for (i, where, x), (_, _, y) in zip(a.floats(), b.floats(), strict=True):
-        if x != y:
+    b.flowing = {}
+    b.changed = {
+        (i, key)
+        for i, (x, y) in enumerate(zip(a.settings, b.settings, strict=False))  # (groups added)
+        for key in y
+        if _number(y.get(key)) and x.get(key) != y.get(key)
+    }
+    for (i, where, x, site), (_, _, y, _) in zip(a.floats(), b.floats(), strict=True):
+        if x != y and not _flows(a, b, site, x, y):
             return (
                 f"a Python number the step passes to {ops.get(i, i)} ({where}) changed between "
                 f"calls ({x!r} -> {y!r}): replay would freeze it. Make it a tensor (e.g. "
@@ -130,6 +154,25 @@ def differ(a: Recording, b: Recording, ops: dict) -> str | None:
         if type(x) is not Proxy and x != y:
             return f"the step returns a Python value that changes ({x!r} -> {y!r})"
     return None
+
+
+def _number(v) -> bool:
+    """A setting that can flow: a float, or a tuple of them (betas); never compared as a
+    tensor (that would be a sync)."""
+    return type(v) is float or (type(v) is tuple and all(type(x) is float for x in v))
+
+
+def _flows(a: Recording, b: Recording, site, x: float, y: float) -> bool:
+    """Whether the number at ``site`` (``x`` in call ``a``, ``y`` in ``b``) is the same
+    expression of each call's optimizer settings; if so, it flows (``b.flowing``)."""
+    for expr in b.knob_floats.get(site, ()):
+        try:
+            if evaluate(expr, a.settings) == x and evaluate(expr, b.settings) == y:
+                b.flowing[site] = expr
+                return True
+        except (IndexError, KeyError, TypeError, ValueError, ArithmeticError):
+            continue
+    return False
 
 
 def _at(where) -> str:
@@ -167,17 +210,17 @@ def _shape(ins) -> tuple:
 
 def _float_args(ins):
     for i, a in enumerate(ins.args):
-        yield from _floats(a, f"argument {i}")
+        yield from _floats(a, f"argument {i}", (i,))
     for k, v in ins.kwargs.items():
-        yield from _floats(v, k)
+        yield from _floats(v, k, (k,))
 
 
-def _floats(a, where):
+def _floats(a, where, path):
     if type(a) is float:
-        yield where, a
+        yield where, a, path
     elif type(a) in (list, tuple):
         for j, x in enumerate(a):
-            yield from _floats(x, f"{where}[{j}]")
+            yield from _floats(x, f"{where}[{j}]", (*path, j))
 
 
 class Recipe:
@@ -214,7 +257,13 @@ class Recipe:
         # The optimizers the step can reach, and their settings now: the block holds them as
         # numbers, so a change (an LR scheduler's step) means recording again (jit._retune).
         self.optimizers = optimizers(obj for _, obj in rec.all_roots)
-        self.knobs = knobs(self.optimizers)
+        # The block's lifted numbers, each an expression of those settings (jit_knobs); the
+        # settings that changed between the recorded calls flow, the others stay compared.
+        self.scalars = _scalar_exprs(plan, rec)
+        self.flowing = frozenset(
+            s for e in self.scalars for s in settings_in(e) if s in rec.changed
+        )
+        self.knobs = knobs(self.optimizers, self.flowing)
 
     def _find_inputs(self, occ: Candidate, rec: Recording) -> None:
         """``inputs``: per block input, (its place or argument index, its metadata key)."""
@@ -241,7 +290,7 @@ class Recipe:
                 raise Refused(
                     "the step reads a worker tensor jit cannot find again: not an argument, nor "
                     "reachable from its closure or globals, or those of the functions it calls "
-                    "(through modules, optimizers, dicts, lists)"
+                    "(through modules, optimizers, dicts, lists, objects' attributes)"
                 )
 
     def _place_outputs(self, rec: Recording, index: dict, metas: dict) -> None:
@@ -281,6 +330,40 @@ class Recipe:
             and rec.result_spec.num_nodes == 1
         )
         self.single = self.result[0][1] if one else None
+
+
+def _scalar_exprs(plan, rec: Recording) -> list:
+    """The expression of each lifted number of ``plan``'s block (refused: one without)."""
+    out: list = [None] * plan.n_scalars
+    for j, e in enumerate(plan.entries):
+        if e.kind == "op":
+            for k, path in _scalar_paths(e):
+                out[k] = rec.flowing.get((j, path))
+                if out[k] is None:
+                    raise Refused(
+                        f"a Python number the step passes to an op (entry {j}, {path}) changes "
+                        "between calls and is not computed from an optimizer's settings: make "
+                        "it a tensor, or keep calling without jit"
+                    )
+    return out
+
+
+def _scalar_paths(e):
+    """(k, path) of each lifted number (a Scalar) in a plan entry's arguments."""
+    found: list = []
+
+    def walk(t, path):
+        if type(t) is Scalar:
+            found.append((t.k, path))
+        elif type(t) in (list, tuple):
+            for i, x in enumerate(t):
+                walk(x, (*path, i))
+
+    for i, t in enumerate(e.args):
+        walk(t, (i,))
+    for k, t in e.kwargs.items():
+        walk(t, (k,))
+    return found
 
 
 def _matched(plan, rec: Recording) -> Candidate:

@@ -72,10 +72,11 @@ def _compiling():
         torch.compiler._is_compiling_flag = old
 
 
-def knobs(opts) -> list:
-    """The Python settings of ``opts``' param groups (lr, betas, weight decay...)."""
+def knobs(opts, flowing=frozenset()) -> list:
+    """The Python settings of ``opts``' param groups (lr, betas, weight decay...), but those
+    ``flowing`` into the block as inputs ((group index, key): see jit_knobs)."""
+    groups = [group for opt in opts for group in opt.param_groups]
     return [
-        tuple((k, v) for k, v in group.items() if k not in _NOT_KNOBS)
-        for opt in opts
-        for group in opt.param_groups
+        tuple((k, v) for k, v in group.items() if k not in _NOT_KNOBS and (i, k) not in flowing)
+        for i, group in enumerate(groups)
     ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from gt_core.observe import events as ev
 from gt_core.stream.canonical import Mismatch
 from gt_core.stream.instructions import BARRIERS, FREE, JIT_SIGNAL, OP, PUT
+from gt_core.stream.lift import float_positions
 
 __all__ = ["Signals"]
 
@@ -28,6 +29,12 @@ class Signals:
         self.jit_open = False  # inside a gt_core.jit call being recorded (a "jit:" signal)
         self.jit_ready: dict[str, str] = {}  # jit call name -> its block, seen twice alike
         self.seen: dict[str, str] = {}  # signal name -> the signature its segment last had
+        # jit call name -> (its last segment's signature with every liftable float an input,
+        # those floats' values): what the next call's floats are compared with
+        self.floats: dict[str, tuple] = {}
+        # jit call name -> its block with floats lifted, made once the client asks for it
+        # (only the client knows whether they are settings it can send: jit_plan)
+        self.lifted: dict[str, tuple] = {}
 
     def shift(self, dropped: int) -> None:
         """The history dropped its oldest ``dropped`` instructions."""
@@ -35,7 +42,16 @@ class Signals:
             self.start[s] -= dropped
 
     def jit_plan(self, name: str):
-        """(signature, plan) of a jit call's block if its last two calls made the same one."""
+        """(signature, plan) of a jit call's block if its last two calls made the same one (or
+        the same but for floats, lifted: made now)."""
+        lifted = self.lifted.pop(name, None)
+        if lifted is not None and lifted[0].id == self.seen.get(name):
+            canon, namer, paths, period, kw = lifted
+            if canon.id not in self.blocks:
+                self.registry.adopt(
+                    self.registry.form(canon, namer, paths, period, signal=name, **kw)
+                )
+            self.jit_ready[name] = canon.id
         block = self.blocks.get(self.seen.get(name))
         if block is not None and self.jit_ready.get(name) == block.sig:
             block.withdrawn = False
@@ -62,18 +78,27 @@ class Signals:
         between = (OP, FREE, PUT) if jit else (OP, FREE)
         if not seg or any(self.history[i].code not in between for i in range(seg[0], seg[-1] + 1)):
             return
+        instrs = [self.history[i] for i in seg]
+        lift = self._jit_lift(name, instrs) if jit else None
         try:
-            canon, namer = self.registry.canonicalize([self.history[i] for i in seg])
+            canon, namer = self.registry.canonicalize(instrs, lift)
         except Mismatch:
             return
         spec = {"compile": True} if jit else self.options.signals.get(name, {})
+        # (a lifted segment is alike the last one: they differed only in the lifted floats)
+        alike = lift is not None or self.seen.get(name) == canon.id
         if canon.id in self.blocks:
-            if jit and self.seen.get(name) == canon.id:
+            if jit and alike:
                 self.jit_ready[name] = canon.id
             self.seen[name] = canon.id
             return
-        if self.seen.get(name) == canon.id and spec.get("compile"):
+        if alike and spec.get("compile"):
             paths = self.history.out_paths_of(seg)
+            if lift:  # made when the client asks for it: the lifted floats are settings it sends
+                kw = dict(lift=lift, scalar_dtypes=tuple(namer.dtypes))
+                self.lifted[name] = (canon, namer, paths, len(seg) + 2, kw)
+                self.seen[name] = canon.id
+                return
             block = self.registry.form(canon, namer, paths, len(seg) + 2, signal=name)
             self.registry.adopt(block)
             if jit:
@@ -86,6 +111,42 @@ class Signals:
                 ev.RECORDING, signature=canon.id, ops=canon.ops, n_ops=len(canon.ops), signal=name
             )
         self.seen[name] = canon.id
+
+    def _jit_lift(self, name: str, instrs: list) -> dict | None:
+        """The floats to lift into inputs of a jit call's block: those that differ from the
+        call's previous recording, everything else alike (a learning rate a scheduler
+        changes every step). None where nothing differs, or more than floats do."""
+        ops, meta_of = self.registry.ex.ops, self.history.meta_of
+        every = {}
+        for pos, ins in enumerate(instrs):
+            if ins.code == OP:
+                found = float_positions(ops[ins.op], ins, meta_of)
+                if found:
+                    every[pos] = found
+        try:
+            canon, namer = self.registry.canonicalize(instrs, every) if every else (None, None)
+        except Mismatch:
+            canon = None
+        last = self.floats.pop(name, None)
+        if canon is None:
+            return None
+        self.floats[name] = (canon.id, namer.scalars)
+        if last is None or last[0] != canon.id:
+            return None
+        changed = {
+            k
+            for k, (a, b) in enumerate(zip(last[1], namer.scalars, strict=True))
+            if a != b and (a == a or b == b)  # (NaN on both calls: alike)
+        }
+        if not changed:
+            return None
+        lift, k = {}, 0  # (the namer numbers the floats in this order)
+        for pos, paths in every.items():
+            for path, dtype in paths.items():
+                if k in changed:
+                    lift.setdefault(pos, {})[path] = dtype
+                k += 1
+        return lift
 
     def compile_segment(self) -> None:
         """compile_all: the instructions since the previous sync point become a block at once."""

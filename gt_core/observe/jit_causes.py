@@ -84,7 +84,7 @@ JIT_CAUSES: tuple[Cause, ...] = (
         ("jit_refused",),
         r"reads a worker tensor jit cannot find again",
         "the step reads a tensor jit cannot find again (not an argument, nor reachable from "
-        "its closure or globals through modules, optimizers, dicts, lists)",
+        "its closure or globals through modules, optimizers, dicts, lists, objects' attributes)",
         "pass that tensor as an argument, or keep it on a module, an optimizer or a dict "
         "the step's closure or globals reach. " + _KEEPS_RUNNING,
     ),

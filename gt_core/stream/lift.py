@@ -18,7 +18,7 @@ import torch.fx as fx
 from gt_core.stream.canonical import Mismatch, Namer
 from gt_core.stream.instructions import OP, Ref
 
-__all__ = ["Scalar", "LiftNamer", "lift_positions", "lower", "has_scalars"]
+__all__ = ["Scalar", "LiftNamer", "lift_positions", "float_positions", "lower", "has_scalars"]
 
 _aten = torch.ops.aten
 _FLOATS = (torch.float32, torch.float64)
@@ -166,6 +166,8 @@ def _operand(op, args, kwargs, path):
         return args[1][0]
     elif op is _aten.scalar_tensor.default and path == (0,):
         return kwargs.get("dtype") or torch.get_default_dtype()
+    elif op is _aten.pow.Scalar and path == (0,):  # (Adam's beta ** step, a scheduled beta)
+        return args[1]
     return None
 
 
@@ -181,18 +183,47 @@ def lift_positions(op, a, b, meta_of) -> dict | None:
             return None
     out = {}
     for path in diffs:
-        operand = _operand(op, a.args, a.kwargs, path)
-        if isinstance(operand, torch.dtype):
-            dtype = operand
-        elif type(operand) is Ref:
-            meta = meta_of(operand.id)
-            dtype = None if meta is None else meta.dtype
-        else:
-            dtype = None
-        if dtype not in _FLOATS:
+        dtype = _dtype(op, a, path, meta_of)
+        if dtype is None:
             return None
         out[path] = dtype
     return out or None
+
+
+def float_positions(op, ins, meta_of) -> dict:
+    """{path: dtype} of every float of instruction ``ins`` that could be lifted (the
+    positions ``lift_positions`` would accept, were they to change)."""
+    paths: list = []
+    _float_paths(ins.args, (), paths)
+    for k, v in ins.kwargs.items():
+        _float_paths(v, (k,), paths)
+    out = {}
+    for path in paths:
+        dtype = _dtype(op, ins, path, meta_of)
+        if dtype is not None:
+            out[path] = dtype
+    return out
+
+
+def _float_paths(x, path, out) -> None:
+    if type(x) is float:
+        out.append(path)
+    elif type(x) is list or type(x) is tuple:
+        for i, v in enumerate(x):
+            _float_paths(v, (*path, i), out)
+
+
+def _dtype(op, ins, path, meta_of):
+    """The dtype a float at ``path`` of ``ins`` would be lifted as (None: not liftable)."""
+    operand = _operand(op, ins.args, ins.kwargs, path)
+    if isinstance(operand, torch.dtype):
+        dtype = operand
+    elif type(operand) is Ref:
+        meta = meta_of(operand.id)
+        dtype = None if meta is None else meta.dtype
+    else:
+        dtype = None
+    return dtype if dtype in _FLOATS else None
 
 
 def _float_diffs(x, y, path, out) -> bool:
@@ -260,6 +291,8 @@ def lower(g: fx.Graph, op, args: tuple, kwargs: dict):
         return call(_LERP[op], (args[0], args[1], _n(args[2])))
     if op is _aten.scalar_tensor.default:
         return call(_aten.clone.default, (_n(args[0]),))
+    if op is _aten.pow.Scalar:  # (eager: the base a number of the exponent's dtype)
+        return call(_aten.pow.Tensor_Tensor, (_n(args[0]), args[1]))
     if op in _FOREACH_BINARY:
         base, scalars = _FOREACH_BINARY[op], args[1]
         each = scalars if isinstance(scalars, (list, tuple)) else [scalars] * len(args[0])

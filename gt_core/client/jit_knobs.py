@@ -1,0 +1,157 @@
+"""Optimizer settings that flow into a replayed block: a learning rate a scheduler changes.
+
+While a jitted step records, each float setting of its optimizers' param groups (``lr``,
+``weight_decay``, the ``betas``...) is a :class:`Knob`: a float that remembers how it was
+computed from the settings, through the arithmetic an optimizer does with it (``-lr``,
+``1 - lr * weight_decay``). The numbers the recorded call passed to ops are then attributed
+to those expressions by value (``attribute``). Where two recorded calls passed different
+numbers at the same place (the worker lifts those into inputs of the block), and both are
+the same expression of their calls' settings, a replayed call computes that expression from
+the settings as they are now and sends it with the RUN (``evaluate``). A number that changed
+and is no such expression refuses replay, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+import threading
+
+from gt_core.stream.instructions import FREE as _FREE
+from gt_core.stream.instructions import OP as _OP
+
+__all__ = ["Knob", "wrapped", "attribute", "evaluate", "groups", "settings_in"]
+
+_here = threading.local()  # .ledger: {value: [expression]} of the call recording now
+
+
+class Knob(float):
+    """A float setting, or a number computed from settings; ``expr`` says how.
+
+    An expression is ``("k", group, key, index)`` (a setting: the ``group``-th param group
+    of the step's optimizers, its ``key``, ``index`` into a tuple such as ``betas`` or None),
+    ``("c", value)`` (a constant), ``("neg", e)``, or ``(name, left, right)`` of an
+    ``operator`` function of two numbers.
+    """
+
+    def __new__(cls, value: float, expr: tuple):
+        k = super().__new__(cls, value)
+        k.expr = expr
+        ledger = getattr(_here, "ledger", None)
+        if ledger is not None:
+            ledger.setdefault(float(value), []).append(expr)
+        return k
+
+    def __neg__(self):
+        return Knob(-float(self), ("neg", self.expr))
+
+    def __reduce__(self):  # (pickled as the plain number it is)
+        return (float, (float(self),))
+
+
+def _binary(name: str, reflected: bool):
+    fn = getattr(operator, name)
+
+    def method(self, other):
+        if type(other) is Knob:
+            right = other.expr
+        elif type(other) is float or type(other) is int:
+            right = ("c", other)
+        else:
+            return NotImplemented  # (a tensor: its own reflected method)
+        a, b = (float(other) if type(other) is Knob else other), float(self)
+        if reflected:
+            return Knob(fn(a, b), (name, right, self.expr))
+        return Knob(fn(b, a), (name, self.expr, right))
+
+    return method
+
+
+for _name in ("add", "sub", "mul", "truediv", "pow"):
+    setattr(Knob, f"__{_name}__", _binary(_name, False))
+    setattr(Knob, f"__r{_name}__", _binary(_name, True))
+
+
+def groups(opts) -> list:
+    """The param groups of ``opts``, in the order expressions number them."""
+    return [g for opt in opts for g in opt.param_groups]
+
+
+@contextlib.contextmanager
+def wrapped(opts, ledger: dict):
+    """The float settings of ``opts`` as Knobs while the step records (``ledger`` collects
+    the numbers computed from them); each is put back after, unless the step replaced it."""
+    _here.ledger = ledger  # (first: the settings themselves are numbers ops are passed)
+    put = []
+    for gi, group in enumerate(groups(opts)):
+        for key, v in list(group.items()):
+            if type(v) is float:
+                group[key] = Knob(v, ("k", gi, key, None))
+            elif type(v) is tuple and v and all(type(x) is float for x in v):
+                group[key] = tuple(Knob(x, ("k", gi, key, i)) for i, x in enumerate(v))
+            else:
+                continue
+            put.append((group, key, v, group[key]))
+    try:
+        yield
+    finally:
+        _here.ledger = None
+        for group, key, v, knob in put:
+            if group.get(key) is knob:
+                group[key] = v
+
+
+def attribute(instrs, ledger: dict) -> dict:
+    """{(position among the OP and FREE instructions, path): [expression]} for each float an
+    op was passed that a setting's arithmetic computed (matched by value)."""
+    out: dict = {}
+    if not ledger:
+        return out
+    j = 0
+    for ins in instrs:
+        if ins.code == _OP:
+            for path, v in _floats(ins):
+                exprs = ledger.get(v)
+                if exprs:
+                    out[(j, path)] = exprs
+        if ins.code in (_OP, _FREE):
+            j += 1
+    return out
+
+
+def evaluate(expr, groups_: list):
+    """The value of ``expr`` with the settings in ``groups_`` (computed as the optimizer
+    computed it, so the same float)."""
+    kind = expr[0]
+    if kind == "k":
+        v = groups_[expr[1]][expr[2]]
+        return float(v if expr[3] is None else v[expr[3]])
+    if kind == "c":
+        return expr[1]
+    if kind == "neg":
+        return -evaluate(expr[1], groups_)
+    return getattr(operator, kind)(evaluate(expr[1], groups_), evaluate(expr[2], groups_))
+
+
+def settings_in(expr) -> set:
+    """The settings ``(group, key)`` that ``expr`` reads."""
+    if expr[0] == "k":
+        return {(expr[1], expr[2])}
+    if expr[0] == "c":
+        return set()
+    return set().union(*(settings_in(e) for e in expr[1:]))
+
+
+def _floats(ins):
+    for i, a in enumerate(ins.args):
+        yield from _walk(a, (i,))
+    for k, v in ins.kwargs.items():
+        yield from _walk(v, (k,))
+
+
+def _walk(a, path):
+    if type(a) is float:
+        yield path, a
+    elif type(a) is list or type(a) is tuple:
+        for i, x in enumerate(a):
+            yield from _walk(x, (*path, i))
