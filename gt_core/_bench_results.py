@@ -38,6 +38,7 @@ class Result:
     verdict: str
     jit_ms: float | None = None  # the step through gt_core.jit (replayed calls, one sync)
     jit_speedup: float | None = None
+    torch_compile_error: str | None = None  # why torch.compile of the step did not run
 
 
 def _agrees(r: Result) -> str:
@@ -47,7 +48,10 @@ def _agrees(r: Result) -> str:
         for who, d in (("gt", r.gt_rel_diff), ("tc", r.torch_compile_rel_diff))
         if d is not None and not d <= RTOL  # nan is off too
     ]
-    return "DIFFERS: " + ", ".join(off) if off else "ok"
+    text = "DIFFERS: " + ", ".join(off) if off else "ok"
+    if r.torch_compile_error is not None:
+        text += f"; tc {r.torch_compile_error[:70]}"
+    return text
 
 
 def _fmt(v, spec: str, unit: str = "") -> str:

@@ -135,10 +135,8 @@ def run(
     progress.done(f"{name}: jit {jit:.3f} ms/it")
 
     tick = progress.phase(name, "torch.compile", iters)
-    tc_times, tc_value, state = _torch_compile_loop(make, iters, backend, mode, tick)
-    tc = _steady(tc_times)
-    tc_diff = _rel_diff([torch.tensor(tc_value), *state], expected)
-    progress.done(f"{name}: torch.compile {tc:.3f} ms/it")
+    tc, tc_total, tc_diff, tc_error = _baseline(make, iters, backend, mode, tick, expected)
+    progress.done(f"{name}: torch.compile " + (tc_error or f"{tc:.3f} ms/it"))
 
     # Warmup: the gt iterations before its per-iteration time settles near the steady state.
     warm = next((i for i, t in enumerate(gt_times) if t * 1e3 <= 1.5 * g), len(gt_times))
@@ -149,10 +147,10 @@ def run(
         gt_ms=g,
         torch_compile_ms=tc,
         speedup=metrics.speedup(e, g),
-        torch_compile_speedup=metrics.speedup(e, tc),
+        torch_compile_speedup=None if tc is None else metrics.speedup(e, tc),
         eager_total_s=sum(eager),
         gt_total_s=sum(gt_times),
-        torch_compile_total_s=sum(tc_times),
+        torch_compile_total_s=tc_total,
         gt_warmup_s=sum(gt_times[:warm]),
         gt_compile_s=compile_s,
         break_even=_break_even(gt_times, e),
@@ -162,6 +160,7 @@ def run(
         verdict=_verdict(metrics.speedup(e, g), status),
         jit_ms=jit,
         jit_speedup=metrics.speedup(e, jit),
+        torch_compile_error=tc_error,
     )
 
 
@@ -186,6 +185,19 @@ def _gt_loop(make, iters: int, backend: str, mode: str | None, tick) -> tuple:
     top = paths[0] if paths else None
     status = top["status"] if top else "no hot path"
     return times, value, status, top["compile_seconds"] if top else None
+
+
+def _baseline(make, iters: int, backend: str, mode: str | None, tick, expected) -> tuple:
+    """torch.compile's (ms, total s, difference from eager, None), or (None, None, None, why
+    it failed): the baseline failing is a figure of its own, not the end of the run."""
+    try:
+        times, value, state = _torch_compile_loop(make, iters, backend, mode, tick)
+    except Exception as exc:
+        torch._dynamo.reset()
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        return None, None, None, f"failed: {type(exc).__name__}: {first}"
+    diff = _rel_diff([torch.tensor(value), *state], expected)
+    return _steady(times), sum(times), diff, None
 
 
 def _torch_compile_loop(make, iters: int, backend: str, mode: str | None, tick) -> tuple:

@@ -178,3 +178,23 @@ def test_table_has_every_column():
         "-", "DIFFERS:", "tc", "5.0e-02", "faster",
     ]  # fmt: skip
     assert "ms per iteration" in text.splitlines()[0] and "total s" in text.splitlines()[0]
+
+
+def test_a_torch_compile_baseline_that_fails_is_a_figure_not_the_end_of_the_run(
+    inprocess, monkeypatch
+):
+    """torch.compile of a training step under CUDA graphs can raise (its optimizer graph reads
+    gradients another graph's replay overwrote): the row says so, and the run goes on."""
+
+    def fails(*args):
+        raise RuntimeError("accessing tensor output of CUDAGraphs that has been overwritten\nmore")
+
+    monkeypatch.setattr(bench, "_torch_compile_loop", fails)
+    r = bench.run("MLP training step", iters=6, backend="eager")
+    assert r.torch_compile_ms is None and r.torch_compile_speedup is None
+    assert r.torch_compile_error == (
+        "failed: RuntimeError: accessing tensor output of CUDAGraphs that has been overwritten"
+    )
+    row = bench.table([r]).splitlines()[3]
+    assert "tc failed: RuntimeError: accessing tensor output" in row
+    assert r.eager_ms > 0 and r.gt_ms > 0 and r.jit_ms > 0
