@@ -22,9 +22,9 @@ import tempfile
 import threading
 
 from gt_core.client.exits import exit_reason
-from gt_core.client.transport import ProcessTransport, no_modes, without_main
+from gt_core.client.remote import InlineStaging
+from gt_core.client.transport import ProcessTransport, without_main
 from gt_core.observe import events as ev
-from gt_core.stream import staging
 
 __all__ = ["GroupTransport"]
 
@@ -57,7 +57,7 @@ class _Fanout:
             c.close()
 
 
-class GroupTransport(ProcessTransport):
+class GroupTransport(InlineStaging, ProcessTransport):
     """N local ranks behind one transport; rank 0 is the worker the client talks to."""
 
     def __init__(self, options, on_events, start_timeout: float = 180.0):
@@ -105,13 +105,6 @@ class GroupTransport(ProcessTransport):
     @property
     def name(self) -> str:
         return f"gt worker group ({len(self.procs)} ranks, rank 0 pid {self.pid})"
-
-    def stage(self, t):
-        """``t``'s bytes in the PUT itself: every rank reads the same message."""
-        if self.cause is not None:
-            raise self._dead()
-        with no_modes():
-            return staging.inline(t)
 
     def _running(self) -> bool:
         return all(p.is_alive() for p in self.procs)

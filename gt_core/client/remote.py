@@ -20,7 +20,7 @@ from gt_core.options import remote_address
 from gt_core.remote.listen import PROTOCOL, nodelay, read_authkey
 from gt_core.stream import staging
 
-__all__ = ["RemoteTransport", "set_authkey", "authkey_for"]
+__all__ = ["InlineStaging", "RemoteTransport", "set_authkey", "authkey_for"]
 
 _KEYS: dict[str, bytes] = {}  # worker option (tcp://HOST:PORT) -> the key connect() was given
 _START_S = 30.0  # to hear the listener's answer to the hello
@@ -47,7 +47,19 @@ def authkey_for(worker: str, authkey_file: str | None) -> bytes:
         raise RemoteRefused(f"gt: cannot read the authkey for {worker}: {exc}") from None
 
 
-class RemoteTransport(Connected):
+class InlineStaging:
+    """A transport whose tensors travel inside its messages (a PUT carries the bytes): no
+    memory is shared with the worker, which is on another machine, or is each of a group's
+    ranks reading the same message."""
+
+    def stage(self, t):
+        if self.cause is not None:
+            raise self._dead()
+        with no_modes():
+            return staging.inline(t)
+
+
+class RemoteTransport(InlineStaging, Connected):
     """The worker behind ``tcp://HOST:PORT`` (see gt_core.remote.listen)."""
 
     local = False
@@ -97,13 +109,6 @@ class RemoteTransport(Connected):
     def name(self) -> str:
         pid = f"pid {self.pid} " if self.pid is not None else ""
         return f"gt remote worker ({pid}at {self.address[6:]})"
-
-    def stage(self, t):
-        """``t``'s bytes, carried in the PUT itself."""
-        if self.cause is not None:
-            raise self._dead()
-        with no_modes():
-            return staging.inline(t)
 
     def _running(self) -> bool:
         """Whether the connection is open (a peek: end of file means the worker ended)."""
