@@ -251,76 +251,89 @@ def compiles(user_compiles: list[dict]):
 
 
 def _timeline_marks(td: dict) -> tuple[list[dict], list[dict]]:
+    """The shapes and notes over a timeline: the compile window, the break-even, the speedup."""
     shapes, notes = [], []
     if td["window"]:
-        x0, x1 = td["window"]
-        shapes.append(
-            {
-                "type": "rect",
-                "xref": "x",
-                "yref": "paper",
-                "x0": x0,
-                "x1": x1,
-                "y0": 0,
-                "y1": 1,
-                "fillcolor": COLORS["window"],
-                "line": {"width": 0},
-                "layer": "below",
-            }
-        )
-        text = td["window_label"] + (
-            f" {td['compile_ms'] / 1000:.3g} s" if td["compile_ms"] else ""
-        )
-        notes.append(
-            {
-                "x": (x0 + x1) / 2,
-                "y": 1,
-                "xref": "x",
-                "yref": "paper",
-                "yanchor": "bottom",
-                "text": text,
-                "showarrow": False,
-                "font": {"size": 11},
-            }
-        )
+        shapes.append(_window_band(*td["window"]))
+        notes.append(_window_note(td))
     if td["break_even"] is not None:
-        x = td["break_even"]
-        shapes.append(
-            {
-                "type": "line",
-                "xref": "x",
-                "yref": "paper",
-                "x0": x,
-                "x1": x,
-                "y0": 0,
-                "y1": 1,
-                "line": {"color": COLORS["break_even"], "dash": "dash", "width": 1.5},
-            }
-        )
-        notes.append(
-            {
-                "x": x,
-                "y": 0.9,
-                "xref": "x",
-                "yref": "paper",
-                "xanchor": "left",
-                "text": f" break-even at {x}",
-                "showarrow": False,
-                "font": {"color": COLORS["break_even"], "size": 11},
-            }
-        )
+        shapes.append(_break_even_line(td["break_even"]))
+        notes.append(_break_even_note(td["break_even"]))
     if td["speedup"]:
-        notes.append(
-            {
-                "x": 1,
-                "y": 1,
-                "xref": "paper",
-                "yref": "paper",
-                "xanchor": "right",
-                "yanchor": "bottom",
-                "text": f"steady state {td['speedup']:.2f}x ({td['baseline_ms']:.3g} → {td['steady_ms']:.3g} ms)",
-                "showarrow": False,
-                "font": {"size": 11},
-            }
-        )
+        notes.append(_speedup_note(td))
     return shapes, notes
+
+
+def _window_band(x0, x1) -> dict:
+    """The compile window: a band behind the points, across the iterations it spanned."""
+    return {
+        "type": "rect",
+        "xref": "x",
+        "yref": "paper",
+        "x0": x0,
+        "x1": x1,
+        "y0": 0,
+        "y1": 1,
+        "fillcolor": COLORS["window"],
+        "line": {"width": 0},
+        "layer": "below",
+    }
+
+
+def _window_note(td: dict) -> dict:
+    """The compile window's label above its band, with the compile's seconds when known."""
+    x0, x1 = td["window"]
+    text = td["window_label"] + (f" {td['compile_ms'] / 1000:.3g} s" if td["compile_ms"] else "")
+    return {
+        "x": (x0 + x1) / 2,
+        "y": 1,
+        "xref": "x",
+        "yref": "paper",
+        "yanchor": "bottom",
+        "text": text,
+        "showarrow": False,
+        "font": {"size": 11},
+    }
+
+
+def _break_even_line(x) -> dict:
+    """A dashed vertical line at the first iteration from which gt's total stays below eager's."""
+    return {
+        "type": "line",
+        "xref": "x",
+        "yref": "paper",
+        "x0": x,
+        "x1": x,
+        "y0": 0,
+        "y1": 1,
+        "line": {"color": COLORS["break_even"], "dash": "dash", "width": 1.5},
+    }
+
+
+def _break_even_note(x) -> dict:
+    """The break-even line's label, right of the line near the top."""
+    return {
+        "x": x,
+        "y": 0.9,
+        "xref": "x",
+        "yref": "paper",
+        "xanchor": "left",
+        "text": f" break-even at {x}",
+        "showarrow": False,
+        "font": {"color": COLORS["break_even"], "size": 11},
+    }
+
+
+def _speedup_note(td: dict) -> dict:
+    """The steady-state speedup and medians, above the plot's top right corner."""
+    return {
+        "x": 1,
+        "y": 1,
+        "xref": "paper",
+        "yref": "paper",
+        "xanchor": "right",
+        "yanchor": "bottom",
+        "text": f"steady state {td['speedup']:.2f}x ({td['baseline_ms']:.3g} → {td['steady_ms']:.3g} ms)",
+        "showarrow": False,
+        "font": {"size": 11},
+    }

@@ -215,7 +215,6 @@ LONG_FUNCTIONS_LEFT = {
     "gt_jupyter/_svg.py:svg",
     "gt_jupyter/_figures.py:timeline",
     "gt_jupyter/_graphs.py:graph",
-    "gt_jupyter/_figures.py:_timeline_marks",
 }
 # Kept whole on purpose: the per-op recording paths (an op recorded inline, an op followed by
 # a plan), inline because each call they would make costs every recorded op
