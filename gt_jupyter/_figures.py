@@ -107,48 +107,60 @@ def timeline(td: dict, points: int = MAX_POINTS):
         ("compiling", "eager (compiling)"),
         ("compiled", "compiled"),
     ):
-        pts = [(x, m) for x, k, m in zip(td["x"], td["kinds"], td["ms"], strict=False) if k == kind]
-        xs, ys = thin([p[0] for p in pts], [p[1] for p in pts], points)
-        over = [cap is not None and y > cap for y in ys]
-        marker = {"color": COLORS[kind], "size": 5}
-        extra = {}
-        if any(over):  # per-point marks only when something is clipped (smaller messages)
-            marker["size"] = [8 if o else 5 for o in over]
-            marker["symbol"] = ["triangle-up" if o else "circle" for o in over]
-            extra["customdata"] = ys
-        value = "%{customdata:.3g}" if extra else "%{y:.3g}"
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=[cap if o else y for y, o in zip(ys, over, strict=True)],
-                mode="markers",
-                name=name,
-                marker=marker,
-                hovertemplate="iteration %{x}<br>" + value + " ms<extra>" + name + "</extra>",
-                **extra,
-            )
-        )
+        fig.add_trace(_iteration_trace(go, td, kind, name, cap, points))
     for key, name, dash in (
         ("cum_eager", "total, eager only (est.)", "dot"),
         ("cum_gt", "total, with gt", "solid"),
     ):
-        xs, ys = thin(td["x"], [v / 1000.0 for v in td[key]], points)
-        fig.add_trace(
-            go.Scatter(
-                x=xs,
-                y=ys,
-                mode="lines",
-                name=name,
-                yaxis="y2",
-                line={
-                    "color": COLORS["compiled" if key == "cum_gt" else "eager"],
-                    "dash": dash,
-                    "width": 1.5,
-                },
-                hovertemplate="iteration %{x}<br>%{y:.3g} s<extra>" + name + "</extra>",
-            )
-        )
+        fig.add_trace(_total_trace(go, td, key, name, dash, points))
     shapes, notes = _timeline_marks(td)
+    fig.update_layout(**_timeline_layout(td, cap), shapes=shapes, annotations=notes)
+    return fig
+
+
+def _iteration_trace(go, td: dict, kind: str, name: str, cap: float | None, points: int):
+    """The ms of each iteration of one kind as markers; those above ``cap`` drawn at the cap."""
+    pts = [(x, m) for x, k, m in zip(td["x"], td["kinds"], td["ms"], strict=False) if k == kind]
+    xs, ys = thin([p[0] for p in pts], [p[1] for p in pts], points)
+    over = [cap is not None and y > cap for y in ys]
+    marker = {"color": COLORS[kind], "size": 5}
+    extra = {}
+    if any(over):  # per-point marks only when something is clipped (smaller messages)
+        marker["size"] = [8 if o else 5 for o in over]
+        marker["symbol"] = ["triangle-up" if o else "circle" for o in over]
+        extra["customdata"] = ys
+    value = "%{customdata:.3g}" if extra else "%{y:.3g}"
+    return go.Scatter(
+        x=xs,
+        y=[cap if o else y for y, o in zip(ys, over, strict=True)],
+        mode="markers",
+        name=name,
+        marker=marker,
+        hovertemplate="iteration %{x}<br>" + value + " ms<extra>" + name + "</extra>",
+        **extra,
+    )
+
+
+def _total_trace(go, td: dict, key: str, name: str, dash: str, points: int):
+    """A running total in seconds (``cum_eager`` or ``cum_gt``) as a line on the right axis."""
+    xs, ys = thin(td["x"], [v / 1000.0 for v in td[key]], points)
+    return go.Scatter(
+        x=xs,
+        y=ys,
+        mode="lines",
+        name=name,
+        yaxis="y2",
+        line={
+            "color": COLORS["compiled" if key == "cum_gt" else "eager"],
+            "dash": dash,
+            "width": 1.5,
+        },
+        hovertemplate="iteration %{x}<br>%{y:.3g} s<extra>" + name + "</extra>",
+    )
+
+
+def _timeline_layout(td: dict, cap: float | None) -> dict:
+    """The timeline's title and axes: ms per iteration on the left, total s on the right."""
     title = (
         f"timeline {td['signature']}"
         if td["x"]
@@ -161,25 +173,22 @@ def timeline(td: dict, points: int = MAX_POINTS):
     yaxis = {"title": "ms per iteration", "rangemode": "tozero", **GRID}
     if cap is not None:
         yaxis["range"] = [0, cap * 1.05]
-    fig.update_layout(
+    return {
         **THEME,
-        title={"text": title, "font": {"size": 13}},
-        height=320,
-        autosize=True,
-        xaxis={"title": "iteration", **GRID},
-        yaxis=yaxis,
-        yaxis2={
+        "title": {"text": title, "font": {"size": 13}},
+        "height": 320,
+        "autosize": True,
+        "xaxis": {"title": "iteration", **GRID},
+        "yaxis": yaxis,
+        "yaxis2": {
             "title": "total s",
             "overlaying": "y",
             "side": "right",
             "rangemode": "tozero",
             "showgrid": False,
         },
-        legend={"orientation": "h", "y": -0.25},
-        shapes=shapes,
-        annotations=notes,
-    )
-    return fig
+        "legend": {"orientation": "h", "y": -0.25},
+    }
 
 
 def compiles_data(user_compiles: list[dict]) -> list[dict]:
