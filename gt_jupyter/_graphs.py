@@ -156,60 +156,72 @@ def graph(
     go = plotly_go()
     g, notes = prepare_graph(graph_data, hide_ops, max_nodes)
     pos = _layout(g)
+    fig = go.Figure()
+    fig.add_trace(_edge_trace(go, g, pos))
+    labels = len(g) <= LABEL_NODES
+    for kind, name in (("input", "inputs"), ("op", "ops"), ("output", "outputs")):
+        fig.add_trace(_node_trace(go, g, pos, kind, name, labels))
+    fig.update_layout(**_graph_layout(g, pos, notes, title))
+    return fig
+
+
+def _edge_trace(go, g: nx.DiGraph, pos: dict):
+    """Every dependency as one line trace (segments split by None), without hover or legend."""
     ex, ey = [], []
     for u, v in g.edges():
         ex += [pos[u][0], pos[v][0], None]
         ey += [pos[u][1], pos[v][1], None]
-    fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(
-            x=ex,
-            y=ey,
-            mode="lines",
-            name="dependencies",
-            hoverinfo="skip",
-            line={"color": COLORS["edge"], "width": 1},
-            showlegend=False,
-        )
+    return go.Scatter(
+        x=ex,
+        y=ey,
+        mode="lines",
+        name="dependencies",
+        hoverinfo="skip",
+        line={"color": COLORS["edge"], "width": 1},
+        showlegend=False,
     )
-    labels = len(g) <= LABEL_NODES
-    for kind, name in (("input", "inputs"), ("op", "ops"), ("output", "outputs")):
-        nodes = [n for n in g if g.nodes[n].get("kind") == kind]
-        attrs = [g.nodes[n] for n in nodes]
-        fig.add_trace(
-            go.Scatter(
-                x=[pos[n][0] for n in nodes],
-                y=[pos[n][1] for n in nodes],
-                mode="markers+text" if labels else "markers",
-                name=name,
-                text=[str(a.get("label", n)) for n, a in zip(nodes, attrs, strict=False)],
-                textposition="top center",
-                textfont={"size": 10, "color": COLORS[kind]},
-                hovertext=[_hover(a) for a in attrs],
-                hoverinfo="text",
-                customdata=nodes,
-                marker={
-                    "color": COLORS[kind],
-                    "size": 11 if kind == "op" else 9,
-                    "symbol": ["circle-open" if a.get("freed") else "circle" for a in attrs],
-                    "line": {"width": 2, "color": COLORS[kind]},
-                },
-            )
-        )
+
+
+def _node_trace(go, g: nx.DiGraph, pos: dict, kind: str, name: str, labels: bool):
+    """The nodes of one kind as markers (open when freed), labelled when ``labels``."""
+    nodes = [n for n in g if g.nodes[n].get("kind") == kind]
+    attrs = [g.nodes[n] for n in nodes]
+    return go.Scatter(
+        x=[pos[n][0] for n in nodes],
+        y=[pos[n][1] for n in nodes],
+        mode="markers+text" if labels else "markers",
+        name=name,
+        text=[str(a.get("label", n)) for n, a in zip(nodes, attrs, strict=False)],
+        textposition="top center",
+        textfont={"size": 10, "color": COLORS[kind]},
+        hovertext=[_hover(a) for a in attrs],
+        hoverinfo="text",
+        customdata=nodes,
+        marker={
+            "color": COLORS[kind],
+            "size": 11 if kind == "op" else 9,
+            "symbol": ["circle-open" if a.get("freed") else "circle" for a in attrs],
+            "line": {"width": 2, "color": COLORS[kind]},
+        },
+    )
+
+
+def _graph_layout(g: nx.DiGraph, pos: dict, notes: list[str], title: str) -> dict:
+    """The title with the op count, a height for the tallest column, the notes above the plot."""
     n_ops = sum(1 for n in g if g.nodes[n].get("kind") == "op")
     note = "; ".join(notes + ["open circles: freed inside the block"])
     depth = max((p[0] for p in pos.values()), default=0)
     tallest = max(Counter(p[0] for p in pos.values()).values(), default=1)
-    fig.update_layout(
+    return {
         **THEME,
-        title={"text": f"{title} ({n_ops} op nodes)", "font": {"size": 13}},
-        height=int(min(700, max(320, 40 + 22 * tallest))),
-        autosize=True,
+        "title": {"text": f"{title} ({n_ops} op nodes)", "font": {"size": 13}},
+        "height": int(min(700, max(320, 40 + 22 * tallest))),
+        "autosize": True,
         # a column's labels are centred on it: half a column of room each side keeps them in
-        xaxis={"visible": False, "range": [-0.8, depth + 0.8]},
-        yaxis={"visible": False},
-        legend={"orientation": "h", "y": -0.08},
-        annotations=[
+        "xaxis": {"visible": False, "range": [-0.8, depth + 0.8]},
+        "yaxis": {"visible": False},
+        "legend": {"orientation": "h", "y": -0.08},
+        "annotations": [
             {
                 "x": 0,
                 "y": 1,
@@ -222,6 +234,5 @@ def graph(
                 "font": {"size": 11},
             }
         ],
-        hovermode="closest",
-    )
-    return fig
+        "hovermode": "closest",
+    }

@@ -213,7 +213,6 @@ FUNCTION_LINES = 60  # a function read at a glance; a longer one hides a seam (a
 # Functions still longer, each to be split (the list only shrinks).
 LONG_FUNCTIONS_LEFT = {
     "gt_jupyter/_svg.py:svg",
-    "gt_jupyter/_graphs.py:graph",
 }
 # Kept whole on purpose: the per-op recording paths (an op recorded inline, an op followed by
 # a plan), inline because each call they would make costs every recorded op
