@@ -89,15 +89,46 @@ def svg(fig: dict, width: int = WIDTH) -> str:
         if t.get("type", "scatter") == "scatter" and t.get("visible", True) is not False
     ]
     colors = [PALETTE[i % len(PALETTE)] for i in range(len(traces))]
-    height = int(layout.get("height") or 320)
     title = title_of(layout.get("title"))
-    notes_above = any(
-        a.get("yref") == "paper" and (num(a.get("y")) or 0) >= 1
-        for a in layout.get("annotations") or ()
-    )
-    has = {t_id: [t for t in traces if (t.get("yaxis") or "y") == t_id] for t_id in ("y", "y2")}
+    xs, ys = _extents(traces, layout)
+    f = _Frame(layout, traces, title, xs, ys, _legend_entries(traces, colors), width)
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{f.height}" '
+        f'viewBox="0 0 {width} {f.height}" font-family="sans-serif" fill="currentColor" '
+        f'role="img" aria-label="{esc(title or "figure")}" style="max-width:100%;height:auto">'
+    ]
+    out += _axes(f.x, f.y1, f.y2, f.left, f.top, f.plot_w, f.plot_h, width)
+    out += _marks(layout, traces, colors, f, width)
+    if not any(x is not None for x in xs):
+        out.append(
+            text_el(
+                f.left + f.plot_w / 2,
+                f.top + f.plot_h / 2,
+                "no data",
+                12,
+                "middle",
+                fill_opacity=0.6,
+            )
+        )
+    if title:
+        spec = layout["title"] if isinstance(layout["title"], dict) else {}
+        size = float((spec.get("font") or {}).get("size") or 13)
+        out.append(text_el(10, 17, title, size, "start", font_weight="600"))
+    out += _legend(f.rows, f.n_rows, f.height)
+    return "".join(out) + "</svg>"
+
+
+def _extents(traces: list[dict], layout: dict) -> tuple[list, dict[str, list]]:
+    """The x values, and the y values of each y axis, that the axes' ranges must hold.
+
+    The traces' points, the shapes' corners placed on the data and the x of annotations
+    placed on the data (paper positions need no room on an axis).
+    """
     xs = [num(v) for t in traces for v in as_list(t.get("x"))]
-    ys = {k: [num(v) for t in ts for v in as_list(t.get("y"))] for k, ts in has.items()}
+    ys = {
+        k: [num(v) for t in traces if (t.get("yaxis") or "y") == k for v in as_list(t.get("y"))]
+        for k in ("y", "y2")
+    }
     for s in layout.get("shapes") or ():
         if s.get("xref", "x") == "x":
             xs += [num(s.get("x0")), num(s.get("x1"))]
@@ -106,8 +137,12 @@ def svg(fig: dict, width: int = WIDTH) -> str:
     for a in layout.get("annotations") or ():
         if a.get("xref", "x") == "x":
             xs.append(num(a.get("x")))
+    return xs, ys
 
-    entries = [
+
+def _legend_entries(traces: list[dict], colors: list[str]) -> list[tuple[dict, str]]:
+    """The traces the legend lists, with their colours: named, shown, with a point to draw."""
+    return [
         (t, c)
         for t, c in zip(traces, colors, strict=False)
         if t.get("name")
@@ -117,62 +152,82 @@ def svg(fig: dict, width: int = WIDTH) -> str:
             for a, b in zip(as_list(t.get("x")), as_list(t.get("y")), strict=False)
         )
     ]
-    # Vertical bands: title, notes above the plot, the plot, tick labels, x title, legend.
-    top = (24 if title else 6) + (18 if notes_above else 0)
-    rows, n_rows = legend_rows(entries, 10, width - 20)
-    xspec = layout.get("xaxis") or {}
-    xvisible = xspec.get("visible", True) is not False
-    bottom = (20 + (18 if title_of(xspec.get("title")) else 0) if xvisible else 6) + 18 * n_rows + 6
-    plot_h = max(height - top - bottom, 120)
-    height = top + plot_h + bottom
-    y1 = Axis(layout.get("yaxis") or {}, ys["y"], plot_h)
-    y2 = Axis(layout.get("yaxis2"), ys["y2"], plot_h) if has["y2"] or layout.get("yaxis2") else None
-    left = 10 + (y1.label_width() + 8 + (18 if y1.title and y1.visible else 0) if y1.visible else 0)
-    right = 16 + (y2.label_width() + 8 + (18 if y2.title else 0) if y2 and y2.visible else 0)
-    plot_w = max(width - left - right, 120)
-    x = Axis(xspec, xs, int(plot_w))
 
-    def sx(v: float) -> float:
-        return left + x.frac(v) * plot_w
 
-    def sy_of(axis: Axis):
-        return lambda v: top + (1 - axis.frac(v)) * plot_h
+class _Frame:
+    """Where the plot sits in the picture, and how a data or paper position maps to a pixel.
 
-    def px(ref: str, v: float) -> float:
-        return left + v * plot_w if ref == "paper" else sx(v)
+    Vertical bands: title, notes above the plot, the plot, tick labels, x title, legend;
+    the y axes' tick labels and titles take room left and right of the plot.
+    """
 
-    def py(ref: str, v: float) -> float:
-        if ref == "paper":
-            return top + (1 - v) * plot_h
-        return sy_of(y2 if ref == "y2" and y2 else y1)(v)
-
-    out = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-        f'viewBox="0 0 {width} {height}" font-family="sans-serif" fill="currentColor" '
-        f'role="img" aria-label="{esc(title or "figure")}" style="max-width:100%;height:auto">'
-    ]
-    out += _axes(x, y1, y2, left, top, plot_w, plot_h, width)
-    shapes, taken = layout.get("shapes") or [], []
-    out += [_shape(s, px, py) for s in shapes if s.get("layer") == "below"]
-    for t, c in zip(traces, colors, strict=False):
-        out.append(trace_el(t, c, sx, sy_of(y2 if t.get("yaxis") == "y2" and y2 else y1), taken))
-    out += [_shape(s, px, py) for s in shapes if s.get("layer") != "below"]
-    out += [_annotation(a, px, py, width) for a in layout.get("annotations") or ()]
-    if not any(x is not None for x in xs):
-        out.append(
-            text_el(left + plot_w / 2, top + plot_h / 2, "no data", 12, "middle", fill_opacity=0.6)
+    def __init__(self, layout, traces, title, xs, ys, entries, width: int):
+        notes_above = any(
+            a.get("yref") == "paper" and (num(a.get("y")) or 0) >= 1
+            for a in layout.get("annotations") or ()
         )
-    if title:
-        spec = layout["title"] if isinstance(layout["title"], dict) else {}
-        size = float((spec.get("font") or {}).get("size") or 13)
-        out.append(text_el(10, 17, title, size, "start", font_weight="600"))
+        self.top = (24 if title else 6) + (18 if notes_above else 0)
+        self.rows, self.n_rows = legend_rows(entries, 10, width - 20)
+        xspec = layout.get("xaxis") or {}
+        xvisible = xspec.get("visible", True) is not False
+        xtitle = 18 if title_of(xspec.get("title")) else 0
+        bottom = (20 + xtitle if xvisible else 6) + 18 * self.n_rows + 6
+        self.plot_h = max(int(layout.get("height") or 320) - self.top - bottom, 120)
+        self.height = self.top + self.plot_h + bottom
+        on_y2 = any((t.get("yaxis") or "y") == "y2" for t in traces)
+        y1 = self.y1 = Axis(layout.get("yaxis") or {}, ys["y"], self.plot_h)
+        y2 = self.y2 = (
+            Axis(layout.get("yaxis2"), ys["y2"], self.plot_h)
+            if on_y2 or layout.get("yaxis2")
+            else None
+        )
+        self.left = 10 + (
+            y1.label_width() + 8 + (18 if y1.title and y1.visible else 0) if y1.visible else 0
+        )
+        right = 16 + (y2.label_width() + 8 + (18 if y2.title else 0) if y2 and y2.visible else 0)
+        self.plot_w = max(width - self.left - right, 120)
+        self.x = Axis(xspec, xs, int(self.plot_w))
+
+    def sx(self, v: float) -> float:
+        return self.left + self.x.frac(v) * self.plot_w
+
+    def sy_of(self, axis: Axis):
+        return lambda v: self.top + (1 - axis.frac(v)) * self.plot_h
+
+    def y_axis(self, ref) -> Axis:
+        """The y axis a trace or mark names: the second only where there is one."""
+        return self.y2 if ref == "y2" and self.y2 else self.y1
+
+    def px(self, ref: str, v: float) -> float:
+        return self.left + v * self.plot_w if ref == "paper" else self.sx(v)
+
+    def py(self, ref: str, v: float) -> float:
+        if ref == "paper":
+            return self.top + (1 - v) * self.plot_h
+        return self.sy_of(self.y_axis(ref))(v)
+
+
+def _marks(layout: dict, traces: list[dict], colors: list[str], f: _Frame, width) -> list[str]:
+    """Shapes below the traces, the traces, the other shapes over them, then the annotations."""
+    shapes, taken = layout.get("shapes") or [], []
+    out = [_shape(s, f.px, f.py) for s in shapes if s.get("layer") == "below"]
+    for t, c in zip(traces, colors, strict=False):
+        out.append(trace_el(t, c, f.sx, f.sy_of(f.y_axis(t.get("yaxis"))), taken))
+    out += [_shape(s, f.px, f.py) for s in shapes if s.get("layer") != "below"]
+    out += [_annotation(a, f.px, f.py, width) for a in layout.get("annotations") or ()]
+    return out
+
+
+def _legend(rows: list[list], n_rows: int, height) -> list[str]:
+    """The legend's rows along the bottom: each entry a swatch and its name."""
+    out = []
     base = height - 18 * n_rows - 2
     for i, row in enumerate(rows if n_rows else []):
         for t, c, lx in row:
             ly = base + 18 * i + 9
             out.append(legend_swatch(t, c, lx, ly))
             out.append(text_el(lx + 26, ly + 4, plain_text(t["name"]), 11))
-    return "".join(out) + "</svg>"
+    return out
 
 
 def _axes(x: Axis, y1: Axis, y2: Axis | None, left, top, w, h, width) -> list[str]:
