@@ -67,6 +67,18 @@ def test_the_graph_shows_groups_collapsed_until_opened(data):
     }
 
 
+def test_the_explorer_opens_on_a_hot_path_whose_lines_are_known(data):
+    """A block whose first matched occurrence has not come yet has no lines, modules or
+    phases: the explorer opens on the latest hot path that has them."""
+    last, first = data["hot_paths"][-1], data["hot_paths"][0]
+    for e in last["canonical"]["entries"]:
+        e["source"] = e["module"] = e["phase"] = None
+    assert explore(data=data).selector.value == first["signature"]
+    for e in first["canonical"]["entries"]:
+        e["source"] = None
+    assert explore(data=data).selector.value == last["signature"]  # none has: the latest
+
+
 def test_the_selector_switches_the_graph(data):
     a, b = (p["signature"] for p in data["hot_paths"])
     ex = Explorer(data, a)

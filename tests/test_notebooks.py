@@ -166,7 +166,7 @@ def test_explore(tmp_path):
     assert html.count("<b>gt explore</b>") == 3 and "data:image/svg+xml;base64," in html
     assert "aten.addmm.default" in cell_text_html(nb, "import gt_jupyter")  # the node picked
     assert "def call(" in cell_text_html(nb, "code = gt_jupyter.explore()")  # the Code tab
-    lines = cell_text(nb, "path = gt_core.report()")
+    lines = cell_text(nb, "from gt_jupyter import explore")
     assert "loss.backward()" in lines and "opt.step()" in lines and "%" in lines
     assert "('forward', '0')" in lines and "('forward', '2')" in lines
     compiled = cell_text(nb, 'print(path["compile_phases"]')

@@ -9,16 +9,17 @@ from __future__ import annotations
 
 import sys
 
+from . import _data
 from ._widget import TABS, Explorer
 
 __all__ = ["explore", "Explorer", "TABS"]
 
 
 def explore(sig: str | None = None, data: dict | None = None, namespace=None) -> Explorer:
-    """The explorer of hot path ``sig`` (a prefix will do; None: the step's), over ``data``
-    (default: the report of everything gt saw since the last reset); the user's compiled
-    functions are looked up by name in ``namespace`` (default: the caller's globals) for
-    their guards."""
+    """The explorer of hot path ``sig`` (a prefix will do; None: the step's, or where its lines
+    are not known yet the latest one whose are), over ``data`` (default: the report of
+    everything gt saw since the last reset); the user's compiled functions are looked up by
+    name in ``namespace`` (default: the caller's globals) for their guards."""
     if data is None:
         import gt_core  # noqa: PLC0415
 
@@ -26,7 +27,9 @@ def explore(sig: str | None = None, data: dict | None = None, namespace=None) ->
     if sig is None:
         from .._tables import primary  # noqa: PLC0415
 
-        sig = primary(data) if data["hot_paths"] else None
+        if data["hot_paths"]:
+            keys = [k for _, k in _data.choices(data)]
+            sig = _data.first_shown(data, keys, primary(data))
     if namespace is None:
         namespace = sys._getframe(1).f_globals
     return Explorer(data, sig, namespace)

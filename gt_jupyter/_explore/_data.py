@@ -35,6 +35,21 @@ def choices(data: dict) -> list[tuple[str, str]]:
     return out
 
 
+def first_shown(data: dict, keys: list[str], default: str | None) -> str | None:
+    """The hot path to open on: ``default`` where its ops carry their lines, else the last
+    listed one whose ops do (a block whose lines were not taken yet draws no module groups:
+    see gt_core.client.sites), else ``default``."""
+
+    def sited(key: str | None) -> bool:
+        p = path_of(data, key or "")
+        entries = (p or {}).get("canonical", {}).get("entries", [])
+        return any(e.get("source") for e in entries)
+
+    if sited(default):
+        return default
+    return next((k for k in reversed(keys) if sited(k)), default)
+
+
 def path_of(data: dict, sig: str) -> dict | None:
     return next((p for p in data["hot_paths"] if p["signature"] == sig), None)
 
