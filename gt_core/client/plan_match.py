@@ -200,20 +200,19 @@ class PlanMatcher:
             c = cands[0]
             e = c.entries[c.pos]
             if e.kind == "free" and c.bind(e.value, vid):
-                if c.sites is not None:
-                    c.sited(False)
-                c.pos += 1
-                self.kept.append(None)
-                if c.pos == c.n:
-                    self._complete(c)
+                self._took(c, False)
                 return
         self.feed(Free(FREE, vid))
 
     def followed_op(self, c: Candidate) -> None:
         """``c``'s next entry was recorded by following it: kept as None (see release)."""
         self.followed += 1
+        self._took(c, True)
+
+    def _took(self, c: Candidate, op: bool) -> None:
+        """``c``'s next entry (an op or a free) was taken without ``match``: kept as None."""
         if c.sites is not None:
-            c.sited(True)
+            c.sited(op)
         c.pos += 1
         self.kept.append(None)
         if c.pos == c.n:

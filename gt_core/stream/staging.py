@@ -104,18 +104,11 @@ class InlineWriter:
 
     @staticmethod
     def stage(t: torch.Tensor) -> Inline:
-        return inline(t.cpu() if t.device.type != "cpu" else t)
+        return inline(t)  # (a GPU tensor is copied into a dense host tensor there)
 
     def rewind(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-def _from_inline(s: Inline, device: torch.device) -> torch.Tensor:
-    out = torch.empty_strided(s.shape, s.stride, dtype=s.dtype)
-    if s.data:
-        ctypes.memmove(out.data_ptr(), s.data, len(s.data))
-    return out if device.type == "cpu" else out.to(device)
 
 
 STAGED = (Staged, Inline)  # what a PUT or a tensor answer carries
@@ -150,22 +143,21 @@ def _copy_in(seg: _Segment, s: Staged, t: torch.Tensor) -> None:
         seg.view(s).copy_(t)
 
 
-def _copy_out(seg: _Segment, s: Staged, out: torch.Tensor) -> None:
-    """``seg``'s bytes where ``s`` says into ``out`` (made with ``s``'s layout).
+def _copy_out(src: int, nbytes: int, out: torch.Tensor) -> None:
+    """``nbytes`` from address ``src`` into ``out`` (made with their layout).
 
-    To a GPU the bytes go through pinned host memory and on to the device asynchronously, in
-    the current stream's order (every later op on ``out`` comes after the copy): the host
-    side returns after one memcpy. The pinned block returns to torch's caching host
-    allocator, which hands it out again only once the copy's event has passed.
+    To another device the bytes go through host memory, pinned for a GPU, and on to the
+    device asynchronously in the current stream's order (every later op on ``out`` comes
+    after the copy): the host side returns after one memcpy. The pinned block returns to
+    torch's caching host allocator, which hands it out again only once the copy has run.
     """
     if out.device.type == "cpu":
-        ctypes.memmove(out.data_ptr(), seg.base + s.offset, s.nbytes)
-    elif out.device.type == "cuda":
-        host = torch.empty_strided(s.shape, s.stride, dtype=s.dtype, pin_memory=True)
-        ctypes.memmove(host.data_ptr(), seg.base + s.offset, s.nbytes)
-        out.copy_(host, non_blocking=True)
-    else:
-        out.copy_(seg.view(s))
+        ctypes.memmove(out.data_ptr(), src, nbytes)
+        return
+    pinned = out.device.type == "cuda"
+    host = torch.empty_strided(out.shape, out.stride(), dtype=out.dtype, pin_memory=pinned)
+    ctypes.memmove(host.data_ptr(), src, nbytes)
+    out.copy_(host, non_blocking=pinned)
 
 
 def _path(name: str) -> str:
@@ -323,12 +315,13 @@ class Reader:
         """A tensor holding ``s``'s bytes, on ``device`` (default: the reader's); its place in
         the area is free again once this returns."""
         device = self.device if device is None else device
-        if type(s) is Inline:
-            return _from_inline(s, device)
+        if type(s) is Inline:  # (the bytes object lives in ``s`` through the copy)
+            src = ctypes.cast(ctypes.c_char_p(s.data), ctypes.c_void_p).value
+            return self._copy(src, len(s.data), s, device)
         if s.end < 0:
             seg = _Segment(s.segment)
             try:
-                return self._copy(seg, s, device)
+                return self._copy(seg.base + s.offset, s.nbytes, s, device)
             finally:
                 seg.close()
         ring = self.ring
@@ -336,17 +329,18 @@ class Reader:
             if ring is not None:
                 ring.close()  # the writer moved on: nothing more will be read from it
             ring = self.ring = _Segment(s.segment)
-        out = self._copy(ring, s, device)
+        out = self._copy(ring.base + s.offset, s.nbytes, s, device)
         _TAIL.pack_into(ring.map, 0, s.end)
         return out
 
-    def _copy(self, seg: _Segment, s: Staged, device: torch.device) -> torch.Tensor:
+    def _copy(self, src: int, nbytes: int, s, device: torch.device) -> torch.Tensor:
+        """A tensor of ``s``'s layout on ``device`` holding the ``nbytes`` at ``src``."""
         if device.type == "cpu":
-            out = self.pool.empty(s.shape, s.stride, s.dtype, s.nbytes)
+            out = self.pool.empty(s.shape, s.stride, s.dtype, nbytes)
         else:
             out = torch.empty_strided(s.shape, s.stride, dtype=s.dtype, device=device)
-        if s.nbytes:
-            _copy_out(seg, s, out)
+        if nbytes:
+            _copy_out(src, nbytes, out)
         return out
 
     def close(self) -> None:
