@@ -105,6 +105,20 @@ def make_opt(model: nn.Module, workload: str = "mlp"):
     return torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9), None
 
 
+def training_step(model: nn.Module, opt, loss_fn):
+    """``step(x, y)``: forward, ``loss_fn``, backward, the optimizer's step, zero_grad; the
+    loss."""
+
+    def step(x, y):
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        return loss
+
+    return step
+
+
 def step_fn(batch: int, workload: str = "mlp", device=None, seed: int = 0, args: bool = False):
     """One training step of a workload, returning the loss, built from ``seed``.
 
@@ -114,12 +128,10 @@ def step_fn(batch: int, workload: str = "mlp", device=None, seed: int = 0, args:
     """
     model, x, y, loss_fn = make(batch, workload, device, seed)
     opt, sched = make_opt(model, workload)
+    train_on = training_step(model, opt, loss_fn)
 
     def step_on(x, y):
-        loss = loss_fn(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        loss = train_on(x, y)
         if sched is not None:
             sched.step()
         return loss

@@ -61,10 +61,15 @@ def test_many_uploads_in_flight_each_keep_their_values(cuda_worker):
     assert_close(got, torch.full((256, 1024), float(sum(range(200)))), atol=0, rtol=0)
 
 
-torch.manual_seed(0)
-_START = torch.nn.Sequential(
-    torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
-).state_dict()
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+
+
+def _start() -> dict:
+    """One start for both sides, drawn without touching the global generator."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return _mlp().state_dict()
 
 
 def _train(on_worker: bool, steps: int = 30):
@@ -75,10 +80,8 @@ def _train(on_worker: bool, steps: int = 30):
         generator=torch.Generator().manual_seed(1), pin_memory=not on_worker,
     )  # fmt: skip
     with contextlib.nullcontext() if on_worker else torch.device("cuda"):
-        model = torch.nn.Sequential(
-            torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10)
-        )
-    model.load_state_dict(_START)  # the same start on both (host tensors: uploaded)
+        model = _mlp()
+    model.load_state_dict(_start())  # the same start on both (host tensors: uploaded)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     done = 0
     while done < steps:

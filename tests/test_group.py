@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 import gt_core
 from gt_core.client import capture as _capture
 from gt_core.options import from_env, load_signals
-from gt_core.workloads import TRANSFORMER, mlp
+from gt_core.workloads import TRANSFORMER, mlp, training_step
 from gt_jupyter._render import to_html
 
 STEPS = 50
@@ -53,14 +53,7 @@ def _run(make_model, make_data, loss_fn, on_worker, jit=False, lr=0.05):
         model = make_model()
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
         x, y = make_data()
-
-        def step(x, y):
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-
+        step = training_step(model, opt, loss_fn)
         fn = gt_core.jit(step) if jit else step
         for _ in range(STEPS):
             loss = fn(x, y)

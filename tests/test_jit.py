@@ -14,7 +14,7 @@ import gt_core
 from gt_core.client import capture as _capture
 from gt_core.client.patches import patch_capturable
 from gt_core.stream.instructions import RUN
-from gt_core.workloads import step_fn
+from gt_core.workloads import step_fn, training_step
 
 
 def _jit_events(state=None):
@@ -44,14 +44,7 @@ def _run(make_model, make_opt, make_data, loss_fn, steps, on_worker, *, jit, sch
         opt = make_opt(model.parameters())
         scheduler = sched(opt) if sched else None
         x, y = make_data()
-
-        def step(x, y):
-            loss = loss_fn(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-
+        step = training_step(model, opt, loss_fn)
         fn = gt_core.jit(step) if jit else step
         losses = []
         for _ in range(steps):
