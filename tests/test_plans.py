@@ -408,6 +408,29 @@ def test_the_worker_inbox_knows_when_the_client_waits():
     assert inbox.next() == ("batch", [2]) and inbox.requests == 0
 
 
+def test_the_worker_inbox_knows_when_a_jit_client_far_ahead_waits_for_a_mark():
+    """gt_core.jit posts marks without waiting; one that says which earlier mark the client
+    waits for next means the client waits until the worker has passed that one."""
+    import multiprocessing as mp
+
+    from gt_core.client.jit import IN_FLIGHT, _MARK_EVERY
+    from gt_core.remote.serve import _Inbox
+
+    a, b = mp.Pipe()
+    inbox = _Inbox(b)
+    window = IN_FLIGHT // _MARK_EVERY
+    for rid in range(window):  # the client runs ahead: not waiting
+        a.send(("batch", [rid]))
+        a.send(("mark", rid, None))
+    assert not inbox.waited()
+    a.send(("mark", window, 0))  # one too many in flight: it waits for mark 0
+    assert inbox.waited()
+    for rid in range(window):
+        assert inbox.next() == ("batch", [rid]) and inbox.waits == (rid == 0)
+        assert inbox.next() == ("mark", rid, None) and not inbox.waits  # answered: it goes on
+    assert inbox.next() == ("mark", window, 0) and not inbox.waits
+
+
 @pytest.mark.parametrize("duplex", [True, False], ids=["socket", "pipe"])
 def test_the_worker_inbox_reads_every_frame_whole(duplex):
     """Frames read in bulk (a socket) or one by one (a plain pipe) come out whole and in
@@ -423,7 +446,7 @@ def test_the_worker_inbox_reads_every_frame_whole(duplex):
     inbox = serve._Inbox(reader)
     assert (inbox.sock is not None) == duplex
     big = ("batch", [bytes(range(256)) * (3 * serve._READ // 256)])
-    msgs = [("batch", [1]), ("mark", 7), big, ("req", 9, "fetch", 3), ("batch", [2])]
+    msgs = [("batch", [1]), ("mark", 7, None), big, ("req", 9, "fetch", 3), ("batch", [2])]
     sender = threading.Thread(target=lambda: [writer.send(m) for m in msgs])
     sender.start()
     got = [inbox.next() for _ in msgs]

@@ -332,8 +332,9 @@ class _Entry:
         if self.replayed % _MARK_EVERY:
             return
         t = self.session.transport
-        self.marks.append(t.post_mark())
-        while len(self.marks) > IN_FLIGHT // _MARK_EVERY:
+        window = IN_FLIGHT // _MARK_EVERY
+        self.marks.append(t.post_mark(self.marks[0] if len(self.marks) >= window else None))
+        while len(self.marks) > window:
             t.wait_mark(self.marks.popleft())
 
     def _retune(self) -> None:

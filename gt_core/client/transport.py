@@ -76,8 +76,10 @@ class Transport:
     def drain(self, timeout: float = 10.0) -> None:
         """Return once the worker's events so far are in the client's log (here: at once)."""
 
-    def post_mark(self) -> int:
-        """Ask, without waiting, to hear when the worker has run everything sent so far."""
+    def post_mark(self, then_waits_for: int | None = None) -> int:  # noqa: ARG002
+        """Ask, without waiting, to hear when the worker has run everything sent so far.
+        ``then_waits_for``: the earlier mark the client waits for right after posting this
+        one; until the worker has passed it, its runs are not beside the client's work."""
         return 0
 
     def wait_mark(self, mark: int) -> None:
@@ -260,14 +262,14 @@ class Connected(Transport):
             self.copy_ms = (time.perf_counter() - t0) * 1e3
         return value
 
-    def post_mark(self) -> int:
+    def post_mark(self, then_waits_for: int | None = None) -> int:
         if self.cause is not None:
             raise self._dead()
         rid = next(self._ids)
         self._marks[rid] = False
         try:
             with self._lock:
-                self._conn.send_bytes(pickle.dumps(("mark", rid), _PROTOCOL))
+                self._conn.send_bytes(pickle.dumps(("mark", rid, then_waits_for), _PROTOCOL))
         except (BrokenPipeError, EOFError, OSError):
             raise self.death("sending work") from None
         except KeyboardInterrupt:

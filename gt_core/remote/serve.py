@@ -185,7 +185,7 @@ def _loop(w: Worker, conn, inbox, uploads, downloads) -> None:
             msg = inbox.next()
         except (EOFError, OSError):
             return  # the client went away
-        share.set(inbox.requests > 0 or msg[0] == "req", w.engine.compiler.compiling > 0)
+        share.set(inbox.waits or msg[0] == "req", w.engine.compiler.compiling > 0)
         if msg[0] == "batch":
             batch = from_wire(msg[1])
             if msg[2]:  # it names staged uploads: copied out now, in stream order
@@ -259,9 +259,6 @@ def _refuse(conn, exc: BaseException) -> None:
         pass
 
 
-_WAITED = ("req", "mark")
-
-
 class _Inbox:
     """The worker's incoming messages, read as soon as they are sent: knows if a request waits.
 
@@ -275,10 +272,13 @@ class _Inbox:
     def __init__(self, conn):
         self.conn = conn
         self.queue: collections.deque = collections.deque()
-        # Requests and marks queued: the client is blocked on one, or (a mark: gt_core.jit's
-        # replayed calls) is far enough ahead that it soon will be; either way the worker's
-        # runs are not beside the client's recording, and take every core.
+        # Requests queued: the client is blocked on one's answer, so the worker's runs are not
+        # beside the client's recording and take every core. gt_core.jit's replayed calls
+        # post marks ahead and block only when too far ahead: a mark says which earlier mark
+        # the client then waits for (blocked_on); a mark taken out is answered at once (passed).
         self.requests = 0
+        self.blocked_on: int | None = None
+        self.passed = -1
         self.buf = bytearray()
         self.sock = _socket_of(conn)
 
@@ -293,12 +293,19 @@ class _Inbox:
                 self._read(wait=True)
             self._read(wait=False)  # what arrived since: a request waiting behind
         msg = self.queue.popleft()
-        if msg[0] in _WAITED:
+        if msg[0] == "req":
             self.requests -= 1
+        elif msg[0] == "mark":
+            self.passed = msg[1]
         return msg
 
+    @property
+    def waits(self) -> bool:
+        """Whether the client waits for the worker now (as far as what has arrived says)."""
+        return self.requests > 0 or (self.blocked_on is not None and self.passed < self.blocked_on)
+
     def waited(self) -> bool:
-        """Whether a request or mark waits, once what has arrived since is read."""
+        """Whether the client waits (see waits), once what has arrived since is read."""
         try:
             if self.sock is None:
                 while self.conn.poll(0):
@@ -307,7 +314,7 @@ class _Inbox:
                 self._read(wait=False)
         except (EOFError, OSError):
             pass  # the client went away: the loop's next read says so
-        return self.requests > 0
+        return self.waits
 
     def _read(self, wait: bool) -> None:
         """Queue every whole frame that has arrived (``wait``: block until some bytes do)."""
@@ -335,8 +342,10 @@ class _Inbox:
 
     def _take(self, msg) -> None:
         self.queue.append(msg)
-        if msg[0] in _WAITED:
+        if msg[0] == "req":
             self.requests += 1
+        elif msg[0] == "mark" and msg[2] is not None:
+            self.blocked_on = msg[2]
 
 
 _READ = 1 << 20  # bytes read at once at most
