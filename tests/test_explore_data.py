@@ -144,3 +144,36 @@ def test_syncs_and_uploads_are_counted_on_the_users_lines(inprocess):
             for m in ("UPLOAD", "SYNC")}  # fmt: skip
     assert uploads == {line["UPLOAD"]: 1}
     assert syncs[line["SYNC"]] == 3
+
+
+def test_the_diff_marks_an_inserted_op_alone_not_every_op_after_it(inprocess):
+    """Two hot paths of one loop, the second with one more op in its forward (and so one
+    more in its backward): the Diff marks those two ops of B and nothing of A."""
+    from gt_jupyter._explore._data import differing
+
+    def train(scale: bool):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(5, 8), torch.randn(5, 4)
+        for _ in range(STEPS):
+            h = model(x)
+            if scale:
+                h = h * 2.0
+            loss = torch.nn.functional.mse_loss(h, y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+        return loss.item()
+
+    gt_core.configure(auto_compile=True, threshold=3)
+    with gt_core.capture():
+        got = [train(False), train(True)]
+    gt_core.wait()
+    assert got == [pytest.approx(train(s), rel=1e-6) for s in (False, True)]  # eager
+    a, b = (p["canonical"] for p in gt_core.report().to_data()["hot_paths"])
+    ops_b = [e for e in b["entries"] if e["kind"] == "op"]
+    words, marked_a, marked_b = differing(a, b)
+    assert "aten.mul.Tensor" in words
+    assert marked_a == set()
+    assert [ops_b[int(k[2:])]["op"] for k in sorted(marked_b)] == ["aten.mul.Tensor"] * 2

@@ -5,6 +5,8 @@ draws these, and tests read them.
 
 from __future__ import annotations
 
+import difflib
+
 from gt_core.observe.graph import consumed, diff_text, graph_data
 
 from ._groups import auto_open, chain, groups, ops_of, shown_as
@@ -241,22 +243,33 @@ def user_rows(u: dict) -> list[dict]:
     return rows
 
 
+def _op_key(e: dict) -> str:
+    """An op as the Diff aligns it: its name and arguments, a value it reads named only as an
+    input or an op's result, not by its number (every op inserted before it shifts those)."""
+    return repr((e["op"], _unnumbered(e["args"]), _unnumbered(e["kwargs"])))
+
+
+def _unnumbered(a):
+    if isinstance(a, str) and a.startswith("%"):
+        return a.rstrip("0123456789")
+    if isinstance(a, list | tuple):
+        return [_unnumbered(x) for x in a]
+    if isinstance(a, dict):
+        return {k: _unnumbered(v) for k, v in a.items()}
+    return a
+
+
 def differing(a: dict, b: dict) -> tuple[str, set[str], set[str]]:
-    """``%gt diff``'s words for two forms, and the nodes that differ on each side (ops by
-    op and arguments, position by position; inputs by metadata)."""
+    """``%gt diff``'s words for two forms, and the nodes that differ on each side: ops by op
+    and arguments, the two sequences aligned (difflib) so that one op inserted or removed
+    marks that op alone, not every op after it; inputs by metadata."""
     oa, ob = _ops(a), _ops(b)
     da, db = set(), set()
-    for k in range(max(len(oa), len(ob))):
-        x = oa[k] if k < len(oa) else None
-        y = ob[k] if k < len(ob) else None
-        same = (
-            x is not None and y is not None and all(x[f] == y[f] for f in ("op", "args", "kwargs"))
-        )
-        if not same:
-            if x is not None:
-                da.add(f"op{k}")
-            if y is not None:
-                db.add(f"op{k}")
+    match = difflib.SequenceMatcher(None, [_op_key(x) for x in oa], [_op_key(y) for y in ob])
+    for tag, i1, i2, j1, j2 in match.get_opcodes():
+        if tag != "equal":
+            da.update(f"op{k}" for k in range(i1, i2))
+            db.update(f"op{k}" for k in range(j1, j2))
     ia = {i["name"]: i for i in a["inputs"]}
     for i in b["inputs"]:
         j = ia.get(i["name"])
