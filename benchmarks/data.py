@@ -18,7 +18,9 @@ same batches: eager; plain gt (the loop inside a capture); ``gt_core.jit`` of th
 batch is its argument); ``torch.compile`` of the step (eager, in this process). ms per step
 (the median over the repeats of steady-state steps, one sync at the end), the ratio to eager,
 and the largest difference of a parameter from eager's after the same steps (beside it, that
-of eager itself with its threads alternating: rounding alone, see rounding_reference). Variants
+of eager itself with its threads alternating: rounding alone, see rounding_reference), and the
+CPU time per step of this process and of the worker (both over the timed steps: where a way
+spends two cores' time, or one waits for the other). Variants
 alternate within each repeat, so ratios compare runs made side by side; timings on a shared
 2-core CPU vary ±30% between runs.
 """
@@ -30,6 +32,7 @@ import contextlib
 import statistics
 import time
 
+import psutil
 import torch
 
 import gt_core
@@ -77,11 +80,19 @@ def _transfer(name: str, host: list, idx, repeats: int) -> tuple:
     return name, sync_ms, up_ms, nbytes / up_ms / 1e6, down_ms, nbytes / down_ms / 1e6
 
 
+def _cpu_ms(proc: psutil.Process | None) -> float:
+    if proc is None:
+        return 0.0
+    t = proc.cpu_times()
+    return (t.user + t.system) * 1e3
+
+
 def loop(
     variant: str, batch: int, steps: int, backend: str, mode: str | None = None
-) -> tuple[float, list, dict]:
-    """(ms per step, the parameters after training, the report's data figures) of one way of
-    running the DataLoader loop: warm-up steps, then ``steps`` timed ones. Eager and
+) -> tuple[float, list, dict, tuple[float, float]]:
+    """(ms per step, the parameters after training, the report's data figures, CPU ms per
+    step of this process and of the worker) of one way of running the DataLoader loop:
+    warm-up steps, then ``steps`` timed ones. Eager and
     torch.compile run on the worker's kind of device (on a GPU: the loader pins each batch
     and the step moves it there); gt's loop is the same code without a device."""
     on_worker = variant in ("gt", "jit")
@@ -103,16 +114,20 @@ def loop(
         if on_worker:
             gt_core.wait(compiles=True, timeout=600)  # compiled, as in a long run
         run(*next(batches)).item()
+        me = psutil.Process()
+        worker = psutil.Process(gt_core.worker().pid) if on_worker else None
+        c0, w0 = _cpu_ms(me), _cpu_ms(worker)
         t0 = time.perf_counter()
         for _ in range(steps):
             loss = run(*next(batches))
         loss.item()
         ms = (time.perf_counter() - t0) / steps * 1e3
+        cpu = ((_cpu_ms(me) - c0) / steps, (_cpu_ms(worker) - w0) / steps)
         params = [p.detach().cpu() for p in f.params]
         figures = gt_core.report().to_data().get("data", {}) if on_worker else {}
     if variant == "torch.compile":
         torch._dynamo.reset()
-    return ms, params, figures
+    return ms, params, figures, cpu
 
 
 def rounding_reference(batch: int, steps: int) -> list:
@@ -170,22 +185,30 @@ def main(argv=None) -> None:
         f"a shuffled batch each step, {a.steps} steps x {a.repeats}, backend {a.backend}"
     )
     ms: dict[str, list[float]] = {v: [] for v in VARIANTS}
+    cpu: dict[str, list[tuple]] = {v: [] for v in VARIANTS}
     params: dict[str, list] = {}
     figures: dict = {}
     loop("eager", a.batch, 20, a.backend)  # (the first loop in a process runs slow)
     for _ in range(a.repeats):
         for v in VARIANTS:
-            t, params[v], got = loop(v, a.batch, a.steps, a.backend, a.mode)
+            t, params[v], got, c = loop(v, a.batch, a.steps, a.backend, a.mode)
             ms[v].append(t)
+            cpu[v].append(c)
             figures = figures or got
     eager = statistics.median(ms["eager"])
-    print(f"{'way':>14} {'ms/step':>8} {'vs eager':>9} {'max |param - eager|':>20}")
+    print(
+        f"{'way':>14} {'ms/step':>8} {'vs eager':>9} {'max |param - eager|':>20} "
+        f"{'cpu ms: here':>13} {'worker':>7}"
+    )
     for v in VARIANTS:
         m = statistics.median(ms[v])
         diff = max(
             (p - e).abs().max().item() for p, e in zip(params[v], params["eager"], strict=True)
         )
-        print(f"{v:>14} {m:>8.3f} {eager / m:>8.2f}x {diff:>20.2e}")
+        here = statistics.median(c[0] for c in cpu[v])
+        worker = statistics.median(c[1] for c in cpu[v]) if v in ("gt", "jit") else None
+        w = f"{worker:>7.3f}" if worker is not None else f"{'-':>7}"
+        print(f"{v:>14} {m:>8.3f} {eager / m:>8.2f}x {diff:>20.2e} {here:>13.3f} {w}")
     if torch.device(gt_core.worker().device).type == "cpu":
         ref = rounding_reference(a.batch, a.steps)
         diff = max((p - e).abs().max().item() for p, e in zip(ref, params["eager"], strict=True))
