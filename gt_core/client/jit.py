@@ -101,8 +101,11 @@ class Jit:
         s = _capture.current_session()
         if s is None:  # outside a capture: an ordinary call
             return self.fn(*args, **kwargs)
-        if not kwargs and all(type(a) is Proxy for a in args):
+        if not kwargs and all(isinstance(a, torch.Tensor) for a in args):
             leaves, spec = list(args), len(args)  # the common case, without pytree
+            if not all(type(a) is Proxy for a in leaves):  # (a host batch: uploaded)
+                with LOCK:
+                    leaves = [a if type(a) is Proxy else upload(s, a) for a in leaves]
         else:
             leaves, spec = tree_flatten((args, kwargs))
             with LOCK:
