@@ -207,9 +207,9 @@ def test_int_lists_and_scalar_keywords_take_the_fast_path(inprocess, monkeypatch
     slow = []
     real = _recording._record
 
-    def counting(func, args, kwargs):
+    def counting(cls, func, args, kwargs):
         slow.append(str(func))
-        return real(func, args, kwargs)
+        return real(cls, func, args, kwargs)
 
     def f(a, b):
         c = a.view(3, 8).add_(b.view(3, 8), alpha=0.5)
@@ -278,7 +278,9 @@ def test_the_inline_cache_key_equals_the_one_the_slow_path_builds(inprocess, mon
     real_slow = _recording._record
     monkeypatch.setattr(_recording, "meta_cache", Keys())
     monkeypatch.setattr(
-        _recording, "_record", lambda f, a, k: (log.append(("slow", f)), real_slow(f, a, k))[1]
+        _recording,
+        "_record",
+        lambda c, f, a, k: (log.append(("slow", f)), real_slow(c, f, a, k))[1],
     )
     with gt_core.capture():
         torch.manual_seed(0)

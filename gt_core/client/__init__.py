@@ -1,10 +1,7 @@
 """The client, in the kernel's process: proxies, recording, plans followed, the session, jit.
 
-A proxy's behaviour comes from three modules: proxy (the class), record (its ops, recorded:
-``__torch_dispatch__``) and tensor_io (pickling, copies, moves): imported here, so a proxy
-is whole whichever client module is imported first.
+A proxy's class (``proxy.Proxy``) names each of its behaviours in its body: its ops are
+recorded (``__torch_dispatch__`` calls ``record``, passing the class), pickling, copies and
+moves are ``tensor_io``'s. The modules below it take the class from their caller and never
+import it, so importing any client module gives whole proxies.
 """
-
-from gt_core.client import proxy as _proxy  # noqa: F401
-from gt_core.client import record as _record  # noqa: F401
-from gt_core.client import tensor_io as _tensor_io  # noqa: F401

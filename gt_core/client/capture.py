@@ -25,8 +25,9 @@ from gt_core.client.patches import (
     unpatch_seed,
     unpatch_threads,
 )
-from gt_core.client.proxy import Proxy, upload
+from gt_core.client.proxy import Proxy
 from gt_core.client.session import LOCK, Session, set_live_session
+from gt_core.client.uploads import upload
 from gt_core.diagnostics.stance import in_worker as _in_worker
 from gt_core.diagnostics.stance import routing
 from gt_core.errors import CaptureError, ConfigError
@@ -246,7 +247,7 @@ def capture(**options):
         # The user's torch.compile'd functions run eagerly here: their ops join the stream
         # and gt's hot path compiles them (see gt_core.diagnostics). Before CaptureMode: the
         # hook imports torch._dynamo, whose import must not be recorded.
-        with held(), routing(_on_routed(), lambda: _in_worker.active), CaptureMode():
+        with held(), routing(_on_routed(), lambda: _in_worker.active), CaptureMode(Proxy):
             yield s
         ok = True
     finally:
@@ -340,7 +341,7 @@ def _to_worker(obj):
     if isinstance(obj, Proxy):
         return obj
     if isinstance(obj, torch.Tensor):
-        p = upload(s, obj, cache=False)
+        p = upload(Proxy, s, obj, cache=False)
         if obj.requires_grad:
             p = p.detach().requires_grad_(True)
         return (

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from gt_core.client.meta import ANY_FLOAT, SCALARS, Alias, New, floats_free
-from gt_core.client.proxy import Proxy
 from gt_core.stream.lift import Scalar
 from gt_core.stream.plan import Slot
 
@@ -24,8 +23,9 @@ class Learned(NamedTuple):
     n_proxies: int  # its proxy arguments
 
 
-def follow(session, func, args, kwargs):
-    """The op the plan of the occurrence being matched expects next, recorded by the plan.
+def follow(cls, session, func, args, kwargs):
+    """The op the plan of the occurrence being matched expects next, recorded by the plan
+    (its output a proxy of class ``cls``).
 
     Taken only where recording that entry once found this op, and the parts of its cache key
     that can vary between occurrences (its tensors' metadata, its lifted scalars' kind) are
@@ -45,7 +45,7 @@ def follow(session, func, args, kwargs):
     proxies = []
     for tmpl, a in zip(eargs, args):  # noqa: B905 (lengths checked)
         ta = type(a)
-        if ta is Proxy:
+        if ta is cls:
             if a._gt_s is not session or a._gt_v is not None or type(tmpl) is not Slot:
                 return None
             if not c.bind(tmpl, a._gt_id):
@@ -83,7 +83,7 @@ def follow(session, func, args, kwargs):
         if not c.produce(e.outs[0], vid):  # (the op's one output)
             return None
         session.next_id = vid + 1
-        result = Proxy(session, vid, t.meta, t.mid)
+        result = cls(session, vid, t.meta, t.mid)
     else:
         result = proxies[t.index]
     session.counters["ops"] += 1
@@ -96,12 +96,13 @@ def _scalar_part(a, func):
     return ANY_FLOAT if type(a) is float and floats_free(func) else (type(a), a)
 
 
-def varying(e, args, kwargs, func) -> tuple:
+def varying(cls, e, args, kwargs, func) -> tuple:
     """The parts of an op's cache key a plan entry's template leaves free: its tensors'
-    metadata and its lifted scalars' (the template's literals fix the rest)."""
+    (proxies of class ``cls``) metadata and its lifted scalars' (the template's literals fix
+    the rest)."""
     parts = []
     for tmpl, a in zip(e.args, args):  # noqa: B905 (the entry matched these arguments)
-        if type(a) is Proxy:
+        if type(a) is cls:
             parts.append(a._gt_k)
         elif type(tmpl) is Scalar:
             parts.append(_scalar_part(a, func))

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from gt_core.client.proxy import Proxy, upload
 from gt_core.client.session import live_session
 from gt_core.client.shadows import written_args
+from gt_core.client.uploads import upload
 
 __all__ = ["takes_generator", "has_generator", "run_here"]
 
@@ -69,47 +69,48 @@ _SELF_UNREAD = {
 }
 
 
-def run_here(func, args, kwargs, record):
-    """Run ``func`` here on plain copies of its worker tensors; results go to the worker.
+def run_here(cls, func, args, kwargs, record):
+    """Run ``func`` here on plain copies of its worker tensors (proxies of class ``cls``);
+    results go to the worker.
 
     ``record`` records the write-backs (passed in: the recording module calls this one).
     """
-    written = {id(p) for p in written_args(func, args, kwargs) if isinstance(p, Proxy)}
+    written = {id(p) for p in written_args(func, args, kwargs) if isinstance(p, cls)}
     unread = set()  # worker tensors whose old value the op does not read: not fetched
     if func in _SELF_UNREAD and not any(x is args[0] for x in (*args[1:], *kwargs.values())):
         unread.add(id(args[0]))
-    copies: dict[int, tuple[Proxy, torch.Tensor]] = {}  # id(proxy) -> (proxy, its plain copy)
-    plain_args = [_home(a, copies, unread) for a in args]
-    plain_kwargs = {k: _home(v, copies, unread) for k, v in kwargs.items()}
+    copies: dict[int, tuple] = {}  # id(proxy) -> (proxy, its plain copy)
+    plain_args = [_home(cls, a, copies, unread) for a in args]
+    plain_kwargs = {k: _home(cls, v, copies, unread) for k, v in kwargs.items()}
     session = next(iter(copies.values()))[0]._gt_s if copies else live_session()
     session.check()
     with torch._C._DisableTorchDispatch():
         out = func(*plain_args, **plain_kwargs)
     # What a returned tensor stands for: a plain tensor argument itself (written in place
     # here, as in eager), or the worker tensor whose written copy it is.
-    proxy_of = {id(t): t for t in _plain_tensors((*args, *kwargs.values()))}
+    proxy_of = {id(t): t for t in _plain_tensors(cls, (*args, *kwargs.values()))}
     for key in written:
         p, c = copies[key]
         if c.shape != p.shape:  # an out= tensor the op resized
-            record(aten.resize_.default, (p, list(c.shape)), {})
-        record(aten.copy_.default, (p, upload(session, c, cache=False)), {})
+            record(cls, aten.resize_.default, (p, list(c.shape)), {})
+        record(cls, aten.copy_.default, (p, upload(cls, session, c, cache=False)), {})
         proxy_of[id(c)] = p
-    return _away(out, proxy_of, session)
+    return _away(cls, out, proxy_of, session)
 
 
-def _home(a, copies, unread):
+def _home(cls, a, copies, unread):
     """The argument with its worker tensors replaced by plain copies of their values."""
-    if isinstance(a, Proxy):
+    if isinstance(a, cls):
         hit = copies.get(id(a))
         if hit is None:
             hit = copies[id(a)] = (a, _copy_of(a, read=id(a) not in unread))
         return hit[1]
     if type(a) in (list, tuple):
-        return type(a)(_home(x, copies, unread) for x in a)
+        return type(a)(_home(cls, x, copies, unread) for x in a)
     return a
 
 
-def _copy_of(p: Proxy, read: bool) -> torch.Tensor:
+def _copy_of(p, read: bool) -> torch.Tensor:
     """A plain tensor laid out as ``p`` (a draw fills elements in memory order, and an output
     follows its inputs' strides), holding ``p``'s value when ``read``."""
     with torch._C._DisableTorchDispatch():
@@ -125,19 +126,19 @@ def _copy_of(p: Proxy, read: bool) -> torch.Tensor:
     return c
 
 
-def _plain_tensors(xs):
+def _plain_tensors(cls, xs):
     for x in xs:
         if type(x) in (list, tuple):
-            yield from _plain_tensors(x)
-        elif isinstance(x, torch.Tensor) and not isinstance(x, Proxy):
+            yield from _plain_tensors(cls, x)
+        elif isinstance(x, torch.Tensor) and not isinstance(x, cls):
             yield x
 
 
-def _away(r, proxy_of, session):
+def _away(cls, r, proxy_of, session):
     """The op's result as the caller sees it: worker tensors in place of plain ones."""
     if isinstance(r, torch.Tensor):
         p = proxy_of.get(id(r))
-        return p if p is not None else upload(session, r, cache=False)
+        return p if p is not None else upload(cls, session, r, cache=False)
     if type(r) in (list, tuple):
-        return type(r)(_away(x, proxy_of, session) for x in r)
+        return type(r)(_away(cls, x, proxy_of, session) for x in r)
     return r

@@ -59,8 +59,9 @@ from gt_core.client.jit_knobs import attribute, evaluate, groups, wrapped
 from gt_core.client.jit_places import reach_roots, tensor_slots
 from gt_core.client.jit_recipe import OUT, Recipe, Recording, Refused, differ
 from gt_core.client.jit_traced import as_traced, knobs, optimizers
-from gt_core.client.proxy import Proxy, upload
+from gt_core.client.proxy import Proxy
 from gt_core.client.session import LOCK
+from gt_core.client.uploads import upload
 from gt_core.observe import events as ev
 from gt_core.observe import metrics
 from gt_core.stream.instructions import FREE, JIT_SIGNAL, MARK, RUN, Free, Mark, Run, op_name
@@ -105,11 +106,11 @@ class Jit:
             leaves, spec = list(args), len(args)  # the common case, without pytree
             if not all(type(a) is Proxy for a in leaves):  # (a host batch: uploaded)
                 with LOCK:
-                    leaves = [a if type(a) is Proxy else upload(s, a) for a in leaves]
+                    leaves = [a if type(a) is Proxy else upload(Proxy, s, a) for a in leaves]
         else:
             leaves, spec = tree_flatten((args, kwargs))
             with LOCK:
-                leaves = [upload(s, x) if _plain_tensor(x) else x for x in leaves]
+                leaves = [upload(Proxy, s, x) if _plain_tensor(x) else x for x in leaves]
         key = _key(leaves, spec)
         if key is None:
             return self.fn(*args, **kwargs)  # an argument that cannot be a key: no cache

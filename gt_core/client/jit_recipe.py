@@ -16,7 +16,8 @@ from gt_core.client.jit_knobs import evaluate, settings_in
 from gt_core.client.jit_places import Place, id_before
 from gt_core.client.jit_traced import knobs, optimizers
 from gt_core.client.plan_match import Candidate
-from gt_core.client.proxy import CONSTANT_NUMEL, Proxy
+from gt_core.client.proxy import Proxy
+from gt_core.client.uploads import CONSTANT_NUMEL
 from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
 from gt_core.stream.lift import Scalar
 

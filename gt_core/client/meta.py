@@ -16,11 +16,21 @@ from typing import Any, NamedTuple
 
 import torch
 
-from gt_core.client.proxy import Proxy, meta_id
 from gt_core.errors import UnsupportedOperation
 from gt_core.stream.meta import TensorMeta, tensor_meta
 
 meta_cache: dict = {}
+_meta_ids: dict[TensorMeta, int] = {}
+
+
+def meta_id(meta: TensorMeta) -> int:
+    """A small int per distinct metadata: what cache keys hold for a tensor (cheap to hash)."""
+    mid = _meta_ids.get(meta)
+    if mid is None:
+        mid = _meta_ids[meta] = len(_meta_ids)
+    return mid
+
+
 SYNC_OP = object()  # cache marker: this op runs on the worker at once
 
 
@@ -86,9 +96,9 @@ def floats_free(func) -> bool:
     return r
 
 
-def _to_meta(a, metas: list):
+def _to_meta(a, metas: list, cls):
     if isinstance(a, torch.Tensor):
-        shape, stride, dtype, offset = a._gt_m if isinstance(a, Proxy) else tensor_meta(a)
+        shape, stride, dtype, offset = a._gt_m if isinstance(a, cls) else tensor_meta(a)
         m = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
         if offset:
             # (an empty view needs no element past its offset: (s - 1) would go negative)
@@ -99,7 +109,7 @@ def _to_meta(a, metas: list):
         metas.append(m)
         return m
     if type(a) in (list, tuple):
-        return type(a)(_to_meta(x, metas) for x in a)
+        return type(a)(_to_meta(x, metas, cls) for x in a)
     return a
 
 
@@ -110,13 +120,14 @@ def scalar_result(func) -> bool:
     )
 
 
-def infer(func, args, kwargs):
-    """The output template of ``func`` from a meta run, or SYNC_OP if it needs real data."""
+def infer(cls, func, args, kwargs):
+    """The output template of ``func`` from a meta run, or SYNC_OP if it needs real data
+    (``cls``: the proxy class, whose instances carry their metadata)."""
     if scalar_result(func):
         return SYNC_OP  # a Python scalar or bool result: only the worker knows it
     metas: list = []
-    margs = _to_meta(args, metas)
-    mkwargs = {k: _to_meta(v, metas) for k, v in kwargs.items()}
+    margs = _to_meta(args, metas, cls)
+    mkwargs = {k: _to_meta(v, metas, cls) for k, v in kwargs.items()}
     if any(a.name == "device" for a in func._schema.arguments):
         mkwargs["device"] = torch.device("meta")
     before = [tensor_meta(m) for m in metas]

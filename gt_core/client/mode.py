@@ -6,33 +6,46 @@
 from __future__ import annotations
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
-from gt_core.client.proxy import Proxy
 from gt_core.client.record import in_forked_child, record
 from gt_core.client.session import FORKED, LOCK
 
-__all__ = ["CaptureMode"]
+__all__ = ["CaptureMode", "capture_mode"]
 
 
 class CaptureMode(TorchDispatchMode):
-    """Inside capture, every aten op (factories included) is recorded for the worker."""
+    """Inside capture, every aten op (factories included) is recorded for the worker, its
+    new tensors proxies of ``proxy_cls`` (gt_core.client.proxy's, which capture passes)."""
+
+    def __init__(self, proxy_cls):
+        super().__init__()
+        self.proxy_cls = proxy_cls
+
+
+def capture_mode() -> CaptureMode | None:
+    """The capture's mode when one is active on this thread, else None."""
+    for m in _get_current_dispatch_mode_stack():
+        if isinstance(m, CaptureMode):
+            return m
+    return None
 
 
 def _capture_dispatch(self, func, types, args=(), kwargs=None):
     kwargs = kwargs or {}
+    cls = self.proxy_cls
     if FORKED[0]:  # a fork of the kernel (a DataLoader's worker): its tensors are plain
-        return in_forked_child(func, args, kwargs)
+        return in_forked_child(cls, func, args, kwargs)
     # ``types``: the tensor subclasses among the arguments (lists and out= included), found
     # by torch in C; the scans below run only for ops that may make a tensor from nothing.
-    if Proxy in types or _made_here(func, args, kwargs):
+    if cls in types or _made_here(func, args, kwargs):
         # an op on worker tensors, or a factory: the new tensor lives on the worker
         with LOCK:
             if HELD["pending"]:
                 check_interrupt()
-            return record(func, args, kwargs)
+            return record(cls, func, args, kwargs)
     # Plain tensors from outside stay plain (numpy(), printing, torch internals and a
     # DataLoader's indexing and collate use them), and so do bookkeeping ops such as
     # profiler ranges.

@@ -1,5 +1,9 @@
 """Recording: every aten op on proxies becomes one OP instruction, its outputs new proxies.
 
+The proxy class's ``__torch_dispatch__`` (``gt_core.client.proxy``) calls ``record`` with
+itself as ``cls``: the proxies met and made here are of that class, which this module never
+imports (the class imports this module to dispatch to it).
+
 The steady state's common case is inline in ``record`` (the metadata cache hit, one new
 tensor or an input returned); inside a hot block's occurrence, ``follow`` binds the op from
 the plan first. Everything else (first sights, uploads, shadows, ops that need real data)
@@ -13,8 +17,6 @@ import torch
 
 from gt_core.client.follow import Learned, follow, varying
 from gt_core.client.generators import has_generator, run_here, takes_generator
-from gt_core.client.interrupt import STATE as HELD
-from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import user_line
 from gt_core.client.meta import (
     ANY_FLOAT,
@@ -26,11 +28,12 @@ from gt_core.client.meta import (
     floats_free,
     infer,
     meta_cache,
+    meta_id,
     scalar_result,
 )
-from gt_core.client.proxy import Proxy, meta_id, rebind, upload
-from gt_core.client.session import FORKED, LOCK, live_session
+from gt_core.client.session import live_session
 from gt_core.client.shadows import on_shadows, update_shadows
+from gt_core.client.uploads import rebind, upload
 from gt_core.errors import UnsupportedOperation, WorkerLost
 from gt_core.stream.instructions import OP, Op, Ref, new
 from gt_core.stream.meta import Made, TensorMeta
@@ -52,13 +55,14 @@ class _Walk:
     argument proxies alive until the garbage collector runs, and delay their frees.
     """
 
-    __slots__ = ("func", "session", "proxies", "plain", "floats_free")
+    __slots__ = ("cls", "func", "session", "proxies", "plain", "floats_free")
 
-    def __init__(self, func):
+    def __init__(self, cls, func):
+        self.cls = cls  # the proxy class
         self.func = func
         self.floats_free = floats_free(func)
         self.session = None
-        self.proxies: list[Proxy] = []
+        self.proxies: list = []
         self.plain: dict[int, torch.Tensor] = {}  # index in proxies -> plain tensor uploaded there
 
     def walk(self, a):
@@ -68,7 +72,7 @@ class _Walk:
         1, 1.0 and True stay apart and never collide with a metadata id.
         """
         t = type(a)
-        if t is Proxy and a._gt_s is self.session:  # the common case, first
+        if t is self.cls and a._gt_s is self.session:  # the common case, first
             self.proxies.append(a)
             return a._gt_k, Ref(a._gt_id)
         if t is float and self.floats_free:
@@ -76,11 +80,11 @@ class _Walk:
         if t is int or t is float or t is bool or a is None:
             return (t, a), a
         if isinstance(a, torch.Tensor):
-            if not isinstance(a, Proxy):
+            if not isinstance(a, self.cls):
                 if self.session is None:
                     self.session = _current_session()
                 self.plain[len(self.proxies)] = a
-                a = upload(self.session, a)
+                a = upload(self.cls, self.session, a)
             s = a._gt_s
             if s.dead is not None and not s.closed:  # died, not yet restarted
                 s.check()  # raises WorkerDied with the cause
@@ -103,19 +107,20 @@ class _Walk:
         return (t, a), a
 
 
-def record(func, args, kwargs):
-    """Record ``func(*args, **kwargs)`` as an instruction and return proxies for its outputs."""
+def record(cls, func, args, kwargs):
+    """Record ``func(*args, **kwargs)`` as an instruction and return proxies (of class
+    ``cls``) for its outputs."""
     # Inside a hot block's occurrence: the op the plan expects next, checked against what
     # recording it found before, bound without building an instruction (see follow).
     if args:
         a = args[0]
-        if type(a) is Proxy:
+        if type(a) is cls:
             s = a._gt_s
             if s.matcher.cands and not s.closed and s.dead is None:
                 if s.freed:
                     s.drain_frees()  # they come first, as emit would put them
                 if len(s.matcher.cands) == 1:
-                    out = follow(s, func, args, kwargs)
+                    out = follow(cls, s, func, args, kwargs)
                     if out is not None:
                         return out
     # The steady state's common case, inline: proxies, scalars, int lists and scalar keyword
@@ -126,7 +131,7 @@ def record(func, args, kwargs):
     proxies = []
     for a in args:
         t = type(a)
-        if t is Proxy:
+        if t is cls:
             if a._gt_v is not None:
                 break  # shadowed: the slow path keeps the shadow up to date
             s = a._gt_s
@@ -178,10 +183,10 @@ def record(func, args, kwargs):
                     session.emit(new(Op, (OP, idx, tuple(sent), kwargs, outs)))
                     if c is not None and c.pos == pos + 1:
                         # matched as the plan's entry pos: what the next occurrences reuse
-                        want = varying(c.entries[pos], args, kwargs, func)
+                        want = varying(cls, c.entries[pos], args, kwargs, func)
                         c.learn(pos, Learned(func, want, t, len(proxies)))
-                    return Proxy(session, vid, t.meta, t.mid) if kind is New else proxies[t.index]
-    return _record(func, args, kwargs)
+                    return cls(session, vid, t.meta, t.mid) if kind is New else proxies[t.index]
+    return _record(cls, func, args, kwargs)
 
 
 _SET_STORAGE = (
@@ -190,12 +195,13 @@ _SET_STORAGE = (
 )
 
 
-def _record(func, args, kwargs):
+def _record(cls, func, args, kwargs):
     if func in _SET_STORAGE and isinstance(args[1], torch.UntypedStorage):
-        return set_host_storage(func, args, kwargs)  # torch.load builds tensors this way
+        return set_host_storage(cls, func, args, kwargs)  # torch.load builds tensors this way
     if takes_generator(func) and has_generator(args, kwargs):
-        return run_here(func, args, kwargs, record)  # the user's generator draws here, as in eager
-    w = _Walk(func)
+        # the user's generator draws here, as in eager
+        return run_here(cls, func, args, kwargs, record)
+    w = _Walk(cls, func)
     walk = w.walk
     pa = [walk(a) for a in args]
     session, proxies, plain = w.session, w.proxies, w.plain
@@ -215,7 +221,7 @@ def _record(func, args, kwargs):
     except TypeError:  # an unhashable argument: infer every time
         key, entry = None, None
     if entry is None:
-        entry = infer(func, args, kwargs)
+        entry = infer(cls, func, args, kwargs)
         if key is not None:
             meta_cache[key] = entry
         where = user_line()  # a first sight: worth the frame walk (errors name the line)
@@ -224,8 +230,8 @@ def _record(func, args, kwargs):
     shadowed = any(p._gt_v is not None for p in proxies)
     if entry is SYNC_OP:
         if shadowed and all(p._gt_v is not None for p in proxies) and scalar_result(func):
-            return on_shadows(func, args, kwargs)  # .item() of a step counter: no round trip
-        return _run_now(session, func, sent_args, sent_kwargs, proxies)
+            return on_shadows(cls, func, args, kwargs)  # .item() of a step counter: no round trip
+        return _run_now(cls, session, func, sent_args, sent_kwargs, proxies)
     template, n_new, mask = entry
     idx = session.op(func)
     ids = session.new_ids(n_new) if n_new else ()
@@ -238,9 +244,9 @@ def _record(func, args, kwargs):
     session.emit(new(Op, (OP, idx, sent_args, sent_kwargs, outs)))
     if where is not None and ids:
         session.site(ids[0], where)
-    out = _build(template, session, iter(ids), proxies)
+    out = _build(cls, template, session, iter(ids), proxies)
     if shadowed:
-        update_shadows(session, func, args, kwargs, out, proxies)
+        update_shadows(cls, session, func, args, kwargs, out, proxies)
     if plain and type(template) is Alias and template.index in plain and func._schema.is_mutable:
         # In place on a plain tensor with a worker argument: bring the result home.
         target = plain[template.index]
@@ -250,10 +256,10 @@ def _record(func, args, kwargs):
     return out
 
 
-def _build(template, session, ids, proxies):
+def _build(cls, template, session, ids, proxies):
     kind = type(template)
     if kind is New:
-        return Proxy(session, next(ids), template.meta, template.mid)
+        return cls(session, next(ids), template.meta, template.mid)
     if kind is Alias:
         p = proxies[template.index]
         after = template.after
@@ -262,17 +268,17 @@ def _build(template, session, ids, proxies):
         return p
     if kind is Const:
         return template.value
-    return template.kind(_build(t, session, ids, proxies) for t in template.items)
+    return template.kind(_build(cls, t, session, ids, proxies) for t in template.items)
 
 
-def _restride(p: Proxy, meta: TensorMeta) -> None:
+def _restride(p, meta: TensorMeta) -> None:
     shape, stride, _, offset = meta
     with torch._C._DisableTorchDispatch():
         torch._C.TensorBase.as_strided_(p, shape, stride, offset)
     p._gt_m, p._gt_k = meta, meta_id(meta)
 
 
-def _run_now(session, func, args, kwargs, proxies):
+def _run_now(cls, session, func, args, kwargs, proxies):
     """Flush and run ``func`` on the worker now; its outputs come back described."""
     idx = session.op(func)
     session.counters["ops"] += 1
@@ -282,34 +288,34 @@ def _run_now(session, func, args, kwargs, proxies):
     if type(described) in (int, float, bool, complex) and proxies:  # .item(): a value fetched
         session.counters["fetches"] += 1
         session.counters["bytes_down"] += proxies[0].element_size()
-    return _described(described, session, {p._gt_id: p for p in proxies})
+    return _described(cls, described, session, {p._gt_id: p for p in proxies})
 
 
-def _described(d, session, by_id):
+def _described(cls, d, session, by_id):
     """Proxies for the worker's description of a sync op's outputs."""
     if type(d) is Ref:
         return by_id[d.id]
     if type(d) is Made:
-        return Proxy(session, d.vid, d.meta)
+        return cls(session, d.vid, d.meta)
     if type(d) in (list, tuple):
-        return type(d)(_described(x, session, by_id) for x in d)
+        return type(d)(_described(cls, x, session, by_id) for x in d)
     return d
 
 
-def set_host_storage(func, args, kwargs) -> Proxy:
+def set_host_storage(cls, func, args, kwargs):
     """``p.set_(storage, ...)`` with a plain CPU storage: ``p`` takes that data, uploaded."""
     p = args[0]
     with torch._C._DisableTorchDispatch():
         plain = torch.empty(0, dtype=p.dtype)
         func(plain, *args[1:], **kwargs)
-    rebind(p, upload(p._gt_s, plain, cache=False))
+    rebind(p, upload(cls, p._gt_s, plain, cache=False))
     return p
 
 
-def in_forked_child(func, args, kwargs):
+def in_forked_child(cls, func, args, kwargs):
     """An op in a fork of the kernel (a DataLoader's worker process): run plainly; a worker
-    tensor cannot be used there (its worker answers the kernel alone)."""
-    if _has_proxy((*args, *kwargs.values())):
+    tensor (of class ``cls``) cannot be used there (its worker answers the kernel alone)."""
+    if _has_proxy(cls, (*args, *kwargs.values())):
         raise UnsupportedOperation(
             f"{func}: a gt worker tensor was used in a forked process (a DataLoader worker "
             "process with num_workers > 0?). Its value lives on the kernel's gt worker, which "
@@ -319,23 +325,9 @@ def in_forked_child(func, args, kwargs):
     return func(*args, **kwargs)
 
 
-def _has_proxy(xs) -> bool:
+def _has_proxy(cls, xs) -> bool:
     """Whether a worker tensor is among ``xs`` (or in a list or tuple there)."""
     for x in xs:
-        if isinstance(x, Proxy) or (type(x) in (list, tuple) and _has_proxy(x)):
+        if isinstance(x, cls) or (type(x) in (list, tuple) and _has_proxy(cls, x)):
             return True
     return False
-
-
-def _dispatch(cls, func, types, args=(), kwargs=None):
-    if FORKED[0]:
-        return in_forked_child(func, args, kwargs or {})
-    with LOCK:
-        if HELD["pending"]:
-            check_interrupt()  # a Ctrl-C held during gt's last op: raised here, between ops
-        return record(func, args, kwargs or {})
-
-
-# Every aten op on a proxy is recorded. Set here, not in the class body: recording makes
-# proxies, so the class cannot import it.
-Proxy.__torch_dispatch__ = classmethod(_dispatch)

@@ -1,7 +1,7 @@
 """Shadows of small values: plain copies of worker values, kept equal to them here.
 
 Small tensors uploaded from the client (0-d ones: optimizer step counters,
-``torch.tensor(1.0)``) carry a shadow in ``Proxy._gt_v``, kept up to date by running here as
+``torch.tensor(1.0)``) carry a shadow in ``gt_core.Proxy._gt_v``, kept up to date by running here as
 well the ops made only of shadowed tensors. ``.item()`` of a shadowed proxy then answers
 without a round trip: Adam's bias corrections do not sync every step.
 """
@@ -10,38 +10,38 @@ from __future__ import annotations
 
 import torch
 
-from gt_core.client.proxy import Proxy
-
 _SHADOW_MAX = 64  # elements: a new (non-view) result larger than this keeps no shadow
 
 
-def _plain(a):
-    """Arguments with shadowed proxies replaced by their shadows."""
-    if isinstance(a, Proxy):
+def _plain(a, cls):
+    """Arguments with shadowed proxies (of class ``cls``) replaced by their shadows."""
+    if isinstance(a, cls):
         return a._gt_v
     if type(a) in (list, tuple):
-        return type(a)(_plain(x) for x in a)
+        return type(a)(_plain(x, cls) for x in a)
     return a
 
 
-def on_shadows(func, args, kwargs):
+def on_shadows(cls, func, args, kwargs):
+    """``func`` run here on the shadows of its proxies (of class ``cls``)."""
     with torch._C._DisableTorchDispatch():
-        return func(*_plain(args), **{k: _plain(v) for k, v in kwargs.items()})
+        return func(*_plain(args, cls), **{k: _plain(v, cls) for k, v in kwargs.items()})
 
 
-def update_shadows(session, func, args, kwargs, out, proxies) -> None:
-    """Keep shadows equal to the worker's values after ``func`` was recorded on ``proxies``."""
+def update_shadows(cls, session, func, args, kwargs, out, proxies) -> None:
+    """Keep shadows equal to the worker's values after ``func`` was recorded on ``proxies``
+    (of class ``cls``)."""
     if (
         all(p._gt_v is not None for p in proxies)
         and torch.Tag.nondeterministic_seeded not in func.tags
     ):
         try:
-            res, ok = on_shadows(func, args, kwargs), True
+            res, ok = on_shadows(cls, func, args, kwargs), True
         except Exception:
             res, ok = None, False
         if ok:
             storages = {p._gt_v.untyped_storage().data_ptr() for p in proxies}
-            _bind_shadows(out, res, storages)
+            _bind_shadows(cls, out, res, storages)
             return
         for p in proxies:  # could not follow: these values are asked of the worker from now on
             p._gt_v = None
@@ -51,7 +51,7 @@ def update_shadows(session, func, args, kwargs, out, proxies) -> None:
         # copy goes into the shadow's storage, so views sharing it follow). Only what the op
         # writes: a shadowed input it only reads (`param.mul_(1 - lr * wd)`) stays as it is.
         for p in written_args(func, args, kwargs):
-            if type(p) is Proxy and p._gt_v is not None:
+            if type(p) is cls and p._gt_v is not None:
                 fresh = session.fetch(p._gt_id)
                 with torch._C._DisableTorchDispatch():
                     p._gt_v.copy_(fresh)
@@ -68,12 +68,12 @@ def written_args(func, args, kwargs) -> list:
     return out
 
 
-def _bind_shadows(out, res, storages) -> None:
-    if isinstance(out, Proxy):
+def _bind_shadows(cls, out, res, storages) -> None:
+    if isinstance(out, cls):
         if isinstance(res, torch.Tensor) and (
             res.numel() <= _SHADOW_MAX or res.untyped_storage().data_ptr() in storages
         ):
             out._gt_v = res
     elif type(out) in (list, tuple) and type(res) in (list, tuple) and len(out) == len(res):
         for o, r in zip(out, res, strict=True):
-            _bind_shadows(o, r, storages)
+            _bind_shadows(cls, o, r, storages)

@@ -25,7 +25,8 @@ import weakref
 
 import torch
 
-from gt_core.client.proxy import Proxy, is_fetched, mark_fetched, upload
+from gt_core.client.mode import capture_mode
+from gt_core.client.uploads import upload
 
 __all__ = [
     "reduce",
@@ -39,17 +40,33 @@ __all__ = [
 ]
 
 
-def _is_param(p: Proxy) -> bool:
+_fetched: dict[int, weakref.ref] = {}  # id(plain tensor) -> weakref: values fetched from a proxy
+
+
+def mark_fetched(t: torch.Tensor) -> torch.Tensor:
+    """Remember that ``t`` is a value fetched from the worker (a move to the CPU)."""
+    key = id(t)
+    _fetched[key] = weakref.ref(t, lambda _r, k=key: _fetched.pop(k, None))
+    return t
+
+
+def is_fetched(t: torch.Tensor) -> bool:
+    """Whether ``t`` is a value fetched from the worker (see mark_fetched)."""
+    ref = _fetched.get(id(t))
+    return ref is not None and ref() is t
+
+
+def _is_param(p) -> bool:
     # nn.Parameter(subclass instance) keeps the subclass and marks the instance instead.
     return isinstance(p, torch.nn.Parameter)
 
 
-def _attributes(p: Proxy) -> dict:
+def _attributes(p) -> dict:
     """The user's attributes on ``p`` (not gt's bookkeeping nor Parameter's marker)."""
     return {k: v for k, v in p.__dict__.items() if not k.startswith("_gt_") and k != "_is_param"}
 
 
-def _plain_like(p: Proxy, value: torch.Tensor) -> torch.Tensor:
+def _plain_like(p, value: torch.Tensor) -> torch.Tensor:
     """``value`` (a plain tensor) dressed as ``p`` is: Parameter-ness, requires_grad, attributes."""
     if _is_param(p):
         out = torch.nn.Parameter(value, requires_grad=p.requires_grad)
@@ -59,12 +76,12 @@ def _plain_like(p: Proxy, value: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def reduce(p: Proxy, protocol: int):
+def reduce(p, protocol: int):
     """What pickle stores for ``p``: the plain tensor eager would have had (a fetch)."""
     return _plain_like(p, p.cpu()).__reduce_ex__(protocol)
 
 
-def deepcopy(p: Proxy, memo: dict) -> Proxy:
+def deepcopy(p, memo: dict):
     """A copy of ``p`` made on the worker, independent of ``p``, as eager deepcopy makes one."""
     hit = memo.get(id(p))
     if hit is not None:
@@ -90,7 +107,7 @@ def deepcopy(p: Proxy, memo: dict) -> Proxy:
     return new
 
 
-def shallow_copy(p: Proxy) -> Proxy:
+def shallow_copy(p):
     """``copy.copy(p)``: a new tensor sharing ``p``'s value on the worker, as eager shares
     storage; Parameter-ness, ``requires_grad`` and attributes kept."""
     new = torch.ops.aten.alias.default(p)
@@ -102,14 +119,14 @@ def shallow_copy(p: Proxy) -> Proxy:
     return new
 
 
-def become_plain(p: Proxy, value: torch.Tensor) -> None:
+def become_plain(p, value: torch.Tensor) -> None:
     """``p.data = value`` with a value fetched from the worker: ``p`` becomes a plain tensor.
 
     ``p`` keeps its identity (modules and optimizers still hold it), its Parameter-ness and
     its ``requires_grad``; its ``.grad`` moves with it; its worker value is freed.
     """
     grad = p.grad
-    if isinstance(grad, Proxy):
+    if isinstance(grad, type(p)):  # a worker tensor too
         # Moved here, not through its own `.data` (as Module._apply asks next): p's autograd
         # metadata holds the grad, so it cannot be swapped in place; the plain copy set now
         # is what `p.grad.data = ...` then updates.
@@ -134,7 +151,7 @@ def become_plain(p: Proxy, value: torch.Tensor) -> None:
         p.grad = grad
 
 
-def to(p: Proxy, args: tuple, kwargs: dict):
+def to(p, args: tuple, kwargs: dict):
     """``p.to(...)``: to an explicit CPU device outside a capture, a fetch; else torch's ``to``.
 
     Proxies report device cpu, so torch's ``to("cpu")`` returns the proxy itself. Inside a
@@ -147,19 +164,11 @@ def to(p: Proxy, args: tuple, kwargs: dict):
     if (
         isinstance(device, str | torch.device)
         and torch.device(device).type == "cpu"
-        and not _capturing()
+        and capture_mode() is None
     ):
         # the rest (dtype, memory_format, copy) applies to the fetched copy by torch's rules
         return mark_fetched(p.cpu().to(*args, **kwargs))
     return torch._C.TensorBase.to(p, *args, **kwargs)
-
-
-def _capturing() -> bool:
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    from gt_core.client.mode import CaptureMode
-
-    return any(isinstance(m, CaptureMode) for m in _get_current_dispatch_mode_stack())
 
 
 _placed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # optimizer -> its state dict
@@ -173,20 +182,13 @@ def place_optimizer_state(opt: torch.optim.Optimizer, args, kwargs) -> None:  # 
     dict (``load_state_dict`` replaces it), so a steady step pays one lookup.
     """
     state = opt.state
-    if _placed.get(opt) is state or not _capturing():
+    mode = capture_mode()
+    if _placed.get(opt) is state or mode is None:
         return
+    cls = mode.proxy_cls
     for p, entries in state.items():
-        if isinstance(p, Proxy):
+        if isinstance(p, cls):
             for k, v in entries.items():
-                if isinstance(v, torch.Tensor) and not isinstance(v, Proxy):
-                    entries[k] = upload(p._gt_s, v, cache=False)
+                if isinstance(v, torch.Tensor) and not isinstance(v, cls):
+                    entries[k] = upload(cls, p._gt_s, v, cache=False)
     _placed[opt] = state
-
-
-# A Proxy's moves to files, copies and devices: its methods, defined here.
-Proxy.to = lambda self, *args, **kwargs: to(self, args, kwargs)
-Proxy.to.__doc__ = "torch's ``to``; outside a capture, ``to('cpu')`` fetches (see tensor_io.to)."
-Proxy.__reduce_ex__ = reduce  # pickled (torch.save) as the plain tensor it stands for
-Proxy.__copy__ = shallow_copy  # shares this value on the worker, as copy.copy shares storage
-Proxy.__deepcopy__ = deepcopy  # a copy made on the worker (a recorded clone)
-Proxy._gt_become_plain = become_plain  # ``p.data = fetched`` (Module.cpu()): p turns plain

@@ -1,0 +1,102 @@
+"""Uploads: plain tensors an op meets, sent to the worker once and cached while unchanged.
+
+Proxies are made here without importing their class: the caller passes it (``cls``; the
+proxy class's own dispatch passes itself, see ``proxy``). A 0-d upload carries a shadow, a
+plain copy of its value (see ``shadows``).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from gt_core.client.interrupt import user_line
+from gt_core.errors import UnsupportedOperation
+from gt_core.stream.instructions import OP, PUT, Op, Put
+from gt_core.stream.meta import TensorMeta, tensor_meta
+from gt_core.stream.staging import layout
+
+__all__ = ["upload", "rebind", "CONSTANT_NUMEL"]
+
+# A tensor a jitted step makes from host data is frozen into its block when equal on the
+# recorded calls; one larger than this is data, never frozen (pass it as an argument).
+CONSTANT_NUMEL = 1 << 16
+_SCALAR_TENSOR = torch.ops.aten.scalar_tensor.default
+_CPU = torch.device("cpu")
+
+_uploads: dict[int, tuple] = {}  # id(plain tensor) -> (weakref, version, session gen, proxy ref)
+
+
+def upload(cls, session, t: torch.Tensor, cache: bool = True):
+    """A proxy (of class ``cls``) holding a copy of the plain tensor ``t`` (cached while
+    ``t`` is unchanged)."""
+    if t.device.type == "meta":
+        raise UnsupportedOperation("a meta tensor has no data to send to the gt worker")
+    if t.layout != torch.strided:
+        raise UnsupportedOperation(
+            f"a {t.layout} tensor cannot be sent to the gt worker: worker tensors are dense "
+            "(strided) only. Use it outside gt_core.capture(), or send t.to_dense()."
+        )
+    key = id(t)
+    hit = _uploads.get(key)
+    if hit is not None:
+        ref, version, gen, pref = hit
+        p = pref()
+        if ref() is t and version == t._version and gen == session.gen and p is not None:
+            return p
+    p = _send(cls, session, t)
+    if not cache:
+        return p
+    try:
+        _uploads[key] = (
+            weakref.ref(t, lambda _r, k=key, d=_uploads: d.pop(k, None)),  # (d: at exit too)
+            t._version,
+            session.gen,
+            weakref.ref(p),
+        )
+    except TypeError:
+        pass
+    return p
+
+
+def _send(cls, session, t: torch.Tensor):
+    """A new proxy of class ``cls`` for a copy of ``t``, its value in the stream."""
+    vid = session.new_ids(1)[0]
+    session.matcher.lines.count("uploads", session.counters)
+    with torch._C._DisableTorchDispatch():
+        data = t.detach()
+        if data.device.type != "cpu":
+            data = data.cpu()
+        if data.dim() == 0 and not data.is_complex():
+            # A scalar travels as an op with its value in the arguments: no upload barrier
+            # cuts the block (Adam's foreach step adds torch.tensor(1.0) every step), and a
+            # value that changes is lifted into an input of the compiled block like any float.
+            data = data.clone()  # its shadow: must not change when the user's tensor does
+            idx = session.op(_SCALAR_TENSOR)
+            session.emit(Op(OP, idx, (data.item(),), {"dtype": data.dtype, "device": _CPU}, (vid,)))
+            p = cls(session, vid, tensor_meta(data))
+            p._gt_v = data
+            return p
+        # The copy the worker gets is taken now (the user may change t before it is sent),
+        # laid out as clone() lays it out, lazy conjugate and negative bits applied.
+        stride, _ = layout(data)
+        session.emit(Put(PUT, vid, session.stage(data)))
+        p = cls(session, vid, TensorMeta(tuple(data.shape), stride, data.dtype, 0))
+        if session.tee_puts is not None:  # a jit call records: it may be a constant
+            keep = data.clone() if data.numel() <= CONSTANT_NUMEL else None
+            session.tee_puts.append((vid, p, keep, user_line()))
+    return p
+
+
+def rebind(p, fresh) -> None:
+    """Make the proxy ``p`` refer to the proxy ``fresh``'s value and metadata (``fresh`` is
+    consumed)."""
+    torch._C.TensorBase.data.__set__(p, fresh)  # shallow-copies sizes/strides into p
+    old = p._gt_id
+    p._gt_id, p._gt_m, p._gt_k = fresh._gt_id, fresh._gt_m, fresh._gt_k
+    p._gt_v = fresh._gt_v
+    fresh.__dict__["_gt_s"] = None  # fresh's id now belongs to p
+    s = p._gt_s
+    if not s.closed:
+        s.freed.append(old)
