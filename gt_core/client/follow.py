@@ -43,28 +43,8 @@ def follow(cls, session, func, args, kwargs):
         return None
     parts = []
     proxies = []
-    for tmpl, a in zip(eargs, args):  # noqa: B905 (lengths checked)
-        ta = type(a)
-        if ta is cls:
-            if a._gt_s is not session or a._gt_v is not None or type(tmpl) is not Slot:
-                return None
-            if not c.bind(tmpl, a._gt_id):
-                return None
-            parts.append(a._gt_k)
-            proxies.append(a)
-        elif type(tmpl) is Scalar:
-            if ta is not float and ta is not int:
-                return None
-            c.lift(tmpl.k, float(a))
-            parts.append(_scalar_part(a, func))
-        else:  # a literal: only record's inline kinds, equal to the template's
-            if ta is list or ta is tuple:
-                if not all(type(x) is int for x in a):
-                    return None  # (before comparing: a proxy in a list must not be compared)
-            elif ta not in SCALARS:
-                return None
-            if type(tmpl) is not ta or tmpl != a:
-                return None
+    if not _positional(cls, session, c, func, eargs, args, parts, proxies):
+        return None
     for k, v in kwargs.items():
         tmpl = ekw.get(k, _MISSING)
         tv = type(v)
@@ -89,6 +69,35 @@ def follow(cls, session, func, args, kwargs):
     session.counters["ops"] += 1
     rp.followed_op(c)
     return result
+
+
+def _positional(cls, session, c, func, eargs, args, parts, proxies) -> bool:
+    """Whether the positional ``args`` fit the entry's ``eargs`` (lengths equal), bound and
+    lifted into ``c`` as they are checked; their cache key parts and proxies are appended to
+    ``parts`` and ``proxies``."""
+    for tmpl, a in zip(eargs, args):  # noqa: B905 (lengths checked)
+        ta = type(a)
+        if ta is cls:
+            if a._gt_s is not session or a._gt_v is not None or type(tmpl) is not Slot:
+                return False
+            if not c.bind(tmpl, a._gt_id):
+                return False
+            parts.append(a._gt_k)
+            proxies.append(a)
+        elif type(tmpl) is Scalar:
+            if ta is not float and ta is not int:
+                return False
+            c.lift(tmpl.k, float(a))
+            parts.append(_scalar_part(a, func))
+        else:  # a literal: only record's inline kinds, equal to the template's
+            if ta is list or ta is tuple:
+                if not all(type(x) is int for x in a):
+                    return False  # (before comparing: a proxy in a list must not be compared)
+            elif ta not in SCALARS:
+                return False
+            if type(tmpl) is not ta or tmpl != a:
+                return False
+    return True
 
 
 def _scalar_part(a, func):

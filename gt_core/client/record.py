@@ -162,31 +162,35 @@ def record(cls, func, args, kwargs):
             if entry is not None and entry is not SYNC_OP:
                 t = entry.template
                 kind = type(t)
-                # one new tensor out, or an input returned unchanged (in place): the
-                # two most common op shapes of all
                 if kind is New or (kind is Alias and t.after is None):
-                    session.counters["ops"] += 1
-                    idx = session.op_index.get(func)
-                    if idx is None:
-                        idx = session.op(func)
-                    if kind is New:
-                        vid = session.next_id
-                        session.next_id = vid + 1
-                        outs = (vid,)
-                    else:
-                        outs = (None,)
-                    if session.freed:
-                        session.drain_frees()  # first, so the position below is this op's
-                    cands = session.matcher.cands
-                    c = cands[0] if len(cands) == 1 else None
-                    pos = c.pos if c is not None else -1
-                    session.emit(new(Op, (OP, idx, tuple(sent), kwargs, outs)))
-                    if c is not None and c.pos == pos + 1:
-                        # matched as the plan's entry pos: what the next occurrences reuse
-                        want = varying(cls, c.entries[pos], args, kwargs, func)
-                        c.learn(pos, Learned(func, want, t, len(proxies)))
-                    return cls(session, vid, t.meta, t.mid) if kind is New else proxies[t.index]
+                    return _inline(cls, session, func, t, sent, args, kwargs, proxies)
     return _record(cls, func, args, kwargs)
+
+
+def _inline(cls, session, func, t, sent, args, kwargs, proxies):
+    """An op whose cache entry's template ``t`` is one new tensor out, or an input returned
+    unchanged (in place), the two most common op shapes of all: emitted as built inline."""
+    session.counters["ops"] += 1
+    idx = session.op_index.get(func)
+    if idx is None:
+        idx = session.op(func)
+    if type(t) is New:
+        vid = session.next_id
+        session.next_id = vid + 1
+        outs = (vid,)
+    else:
+        outs = (None,)
+    if session.freed:
+        session.drain_frees()  # first, so the position below is this op's
+    cands = session.matcher.cands
+    c = cands[0] if len(cands) == 1 else None
+    pos = c.pos if c is not None else -1
+    session.emit(new(Op, (OP, idx, tuple(sent), kwargs, outs)))
+    if c is not None and c.pos == pos + 1:
+        # matched as the plan's entry pos: what the next occurrences reuse
+        want = varying(cls, c.entries[pos], args, kwargs, func)
+        c.learn(pos, Learned(func, want, t, len(proxies)))
+    return cls(session, vid, t.meta, t.mid) if type(t) is New else proxies[t.index]
 
 
 _SET_STORAGE = (
