@@ -98,6 +98,36 @@ def test_a_withdrawn_plan_is_not_matched():
     assert out == occurrence()
 
 
+def test_a_free_from_outside_the_occurrence_waits_for_its_run():
+    """An input freed midway (a call's temporary argument, freed with the call's frame or when
+    the call returns, as the interpreter chooses) and a value the block never met: their
+    frees go out after the RUN, so the occurrence still completes."""
+    r, out, _ = replay()
+    occ = occurrence()
+    for ins in occ[:2] + [Free(FREE, 2), Free(FREE, 77)] + occ[2:]:
+        r.feed(ins)
+    assert out == [(RUN, "sig", [1, 2], [10, 11], [0.5]), Free(FREE, 2), Free(FREE, 77)]
+
+
+def test_a_free_of_a_value_the_occurrence_made_out_of_place_breaks_it_in_order():
+    r, out, _ = replay()
+    occ = occurrence()
+    broken = occ[:2] + [Free(FREE, 11)] + occ[2:]  # t1 freed before the plan frees t0
+    for ins in broken:
+        r.feed(ins)
+    r.release()
+    assert out == broken and r.runs == 0
+
+
+def test_a_released_occurrence_sends_the_frees_it_held_after_its_instructions():
+    r, out, _ = replay()
+    occ = occurrence()
+    for ins in occ[:2] + [Free(FREE, 2)]:
+        r.feed(ins)
+    r.release()  # a flush midway
+    assert out == occ[:2] + [Free(FREE, 2)]
+
+
 # -- through the worker ----------------------------------------------------------------------
 @pytest.fixture
 def hot(inprocess):
@@ -316,6 +346,39 @@ def test_same_ops_on_other_shapes_run_correctly_and_withdraw_the_plan(hot):
     assert s.matcher.runs >= 1
     blocks = gt_core.report().to_data()["hot_paths"]
     assert len(blocks) == 2  # the new size is a block of its own, found by the worker
+
+
+def test_a_step_given_a_temporary_batch_follows_the_plan_its_held_batches_made(hot):
+    """Batches held by a list make the plan (each freed after the step); then each batch is a
+    temporary freed inside the step's call: the same block, every step one RUN."""
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            w, acc = torch.randn(16, 8), torch.zeros(16, 8)
+            X = torch.randn(20 * 16, 8)
+
+            def step(x):
+                y = torch.tanh(x * w)
+                acc.mul_(0.5).add_(y).sub_(y.mean())
+
+            for x in X.split(16):  # held by the list: freed after each step
+                step(x)
+            if on_worker:
+                gt_core.wait(compiles=True, timeout=60)
+                runs = gt_core.client.capture.session().matcher.runs
+            for i in range(20):
+                step(X[i * 16 : (i + 1) * 16] * 1.0)  # a temporary: freed with step's frame
+            out = acc.cpu()
+            if on_worker:
+                return out, gt_core.client.capture.session().matcher.runs - runs
+            return out, None
+
+    got, runs = run(True)
+    want, _ = run(False)
+    assert_close(got, want)
+    assert runs == 20
 
 
 def test_a_step_that_differs_midway_runs_its_instructions_eagerly(hot):

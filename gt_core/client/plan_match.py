@@ -149,6 +149,7 @@ class PlanMatcher:
         self.by_first: dict = {}
         self.cands: list[Candidate] = []
         self.kept: list = []  # the instructions of the occurrence being matched
+        self.later: list[int] = []  # values from outside it freed meanwhile (see _later)
         self.runs = 0  # occurrences sent as one RUN
         self.client_ms: dict[str, deque] = {}  # signature -> the client's ms per occurrence
         self.client_runs: dict[str, int] = {}  # signature -> occurrences timed so (all of them)
@@ -173,6 +174,8 @@ class PlanMatcher:
         if len(cands) == 1:  # the common case, without the list
             c = cands[0]
             if not c.match(ins):
+                if self._later(ins):
+                    return
                 self.release()
                 self._start(ins)
                 return
@@ -182,6 +185,8 @@ class PlanMatcher:
             return
         alive = [c for c in cands if c.match(ins)]
         if not alive:
+            if self._later(ins):
+                return
             self.release()
             self._start(ins)
             return
@@ -191,6 +196,23 @@ class PlanMatcher:
             if c.pos == c.n:
                 self._complete(c)
                 return
+
+    def _later(self, ins) -> bool:
+        """A free the plan does not expect here, of a value the occurrence did not make (an
+        input it read, or a value it never met), waits for the occurrence's end: the worker
+        keeps that value until the block has run, as it must for an input. When a call's
+        argument is freed is the interpreter's choice, not the block's: a frame evaluation
+        hook (Dynamo's, left installed after a compile error; a debugger's) keeps a call's
+        arguments until it returns, where an inlined call frees them with its frame."""
+        if ins.code != FREE or any(ins.vid in c.produced for c in self.cands):
+            return False
+        self.later.append(ins.vid)
+        return True
+
+    def _send_later(self) -> None:
+        for vid in self.later:
+            self._sink(Free(FREE, vid))
+        self.later = []
 
     def free(self, vid: int) -> None:
         """A free: taken as the one candidate's next entry where it names this value (kept
@@ -255,6 +277,8 @@ class PlanMatcher:
             self.client_runs[sig] = self.client_runs.get(sig, 0) + 1
         self._last = (sig, now)
         self._sink(Run(RUN, c.plan.sig, c.inputs, c.produced, c.scalars))
+        if self.later:
+            self._send_later()
         self._ready()
 
     def release(self) -> None:
@@ -270,6 +294,8 @@ class PlanMatcher:
             if ins is None:
                 ins = instruction(c.entries[k], c.inputs, c.produced, c.scalars)
             self._sink(ins)
+        if self.later:
+            self._send_later()
 
     def forget(self) -> None:
         """Drop every plan and the occurrence in progress (its instructions with it)."""
@@ -277,7 +303,7 @@ class PlanMatcher:
         self.plans.clear()
         self.by_first.clear()
         self.unsited.clear()
-        self.cands, self.kept = [], []
+        self.cands, self.kept, self.later = [], [], []
         self.live = False
 
     def _take_inbox(self) -> None:
