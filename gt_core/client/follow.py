@@ -80,7 +80,7 @@ def _positional(cls, session, c, func, eargs, args, parts, proxies) -> bool:
         if ta is cls:
             if a._gt_s is not session or a._gt_v is not None or type(tmpl) is not Slot:
                 return False
-            if not c.bind(tmpl, a._gt_id):
+            if not c.bind(tmpl, a._gt_id, a._gt_m):
                 return False
             parts.append(a._gt_k)
             proxies.append(a)

@@ -1,5 +1,10 @@
 """The client's plan matcher: each recorded instruction matched against the next entry of the
 plans the worker sent; a complete occurrence goes out as one RUN (see gt_core.stream.plan).
+
+Plans may share their ops and differ in their inputs' shapes (one step at two batch sizes):
+a candidate takes an input only where its metadata fits the plan's (as the worker checks a
+RUN's), so each occurrence completes as the plan it fits, and a RUN that cannot fit is not
+sent: its instructions go out as they are.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ class Candidate:
     """One candidate occurrence of a plan in the client's stream: position and bindings."""
 
     __slots__ = ("plan", "entries", "n", "pos", "inputs", "produced", "scalars", "bound")
-    __slots__ += ("siting", "sites")
+    __slots__ += ("siting", "sites", "fit")
 
     def __init__(self, plan: Plan, siting=None):
         self.plan = plan
@@ -31,12 +36,15 @@ class Candidate:
         self.produced: list[int] = []
         self.scalars = [0.0] * plan.n_scalars
         self.bound: set[int] = set()  # ids named so far (an id has one name per occurrence)
+        self.fit = plan.input_meta  # (shape, stride, dtype) per input, or () unchecked
         # Where each entry was recorded (gt_core.client.sites), taken in one occurrence of a
         # new plan only: None in all the others.
         self.siting = siting
         self.sites: list | None = None if siting is None else []
 
-    def match(self, ins) -> bool:
+    def match(self, ins, proxies=()) -> bool:
+        """Whether ``ins`` is the next entry (bound); ``proxies``: its tensor arguments, whose
+        metadata a new input must fit."""
         e = self.entries[self.pos]
         if e.kind == "free":
             if ins.code != FREE or not self.bind(e.value, ins.vid):
@@ -48,13 +56,13 @@ class Candidate:
             if len(args) != len(eargs):
                 return False
             for t, a in zip(eargs, args):  # noqa: B905 (lengths checked)
-                if not self._arg(t, a):
+                if not self._arg(t, a, proxies):
                     return False
             kwargs, ekw = ins.kwargs, e.kwargs
             if len(kwargs) != len(ekw):
                 return False
             for k, t in ekw.items():
-                if k not in kwargs or not self._arg(t, kwargs[k]):
+                if k not in kwargs or not self._arg(t, kwargs[k], proxies):
                     return False
             outs, eouts = ins.outs, e.outs
             if len(outs) != len(eouts):
@@ -100,8 +108,9 @@ class Candidate:
         self.bound.add(vid)
         return True
 
-    def bind(self, slot: Slot, vid: int) -> bool:
-        """``vid`` takes ``slot``'s name: True where it has that name and no other."""
+    def bind(self, slot: Slot, vid: int, meta=None) -> bool:
+        """``vid`` takes ``slot``'s name: True where it has that name and no other, and where
+        a new input's metadata ``meta`` (a TensorMeta, None: not known) fits the plan's."""
         k = slot.k
         if slot.kind == "t":
             return k < len(self.produced) and self.produced[k] == vid
@@ -109,19 +118,25 @@ class Candidate:
             return self.inputs[k] == vid
         if k != len(self.inputs) or vid in self.bound:
             return False
+        if meta is not None and self.fit and not fits(meta, self.fit[k]):
+            return False
         self.inputs.append(vid)
         self.bound.add(vid)
         return True
 
-    def _arg(self, t, a) -> bool:
+    def _arg(self, t, a, proxies) -> bool:
         tt = type(t)
         if tt is Slot:
-            return type(a) is Ref and self.bind(t, a.id)
+            if type(a) is not Ref:
+                return False
+            if proxies and t.kind == "i" and t.k == len(self.inputs):  # a new input
+                return self.bind(t, a.id, _meta_of(proxies, a.id))
+            return self.bind(t, a.id)
         if tt is list or tt is tuple:
             if type(a) is not tt or len(a) != len(t):
                 return False
             for x, y in zip(t, a):  # noqa: B905 (lengths checked)
-                if not self._arg(x, y):
+                if not self._arg(x, y, proxies):
                     return False
             return True
         if tt is Scalar:
@@ -130,6 +145,25 @@ class Candidate:
             self.scalars[t.k] = float(a)
             return True
         return type(a) is tt and a == t
+
+
+def fits(meta, want: tuple) -> bool:
+    """Whether a value of TensorMeta ``meta`` fits a plan input's (shape, stride, dtype), as
+    the worker checks it; strides where a dim holds more than one element (a size-1 dim's
+    stride is free, and the one inferred here may differ from the worker's: that RUN the
+    worker still checks)."""
+    shape, stride, dtype = want
+    if tuple(meta[0]) != shape or meta[2] != dtype:
+        return False
+    return all(a == b for n, a, b in zip(shape, meta[1], stride) if n > 1)  # noqa: B905
+
+
+def _meta_of(proxies, vid: int):
+    """The metadata of the proxy with id ``vid`` among ``proxies`` (None: not there)."""
+    for p in proxies:
+        if p._gt_id == vid:
+            return p._gt_m
+    return None
 
 
 class PlanMatcher:
@@ -166,29 +200,30 @@ class PlanMatcher:
         self.inbox.append((sig, plan))
         self.live = True
 
-    def feed(self, ins) -> None:
+    def feed(self, ins, proxies=()) -> None:
+        """One instruction; ``proxies``: its tensor arguments (their metadata), if any."""
         cands = self.cands
         if not cands:
-            self._start(ins)
+            self._start(ins, proxies)
             return
         if len(cands) == 1:  # the common case, without the list
             c = cands[0]
-            if not c.match(ins):
+            if not c.match(ins, proxies):
                 if self._later(ins):
                     return
                 self.release()
-                self._start(ins)
+                self._start(ins, proxies)
                 return
             self.kept.append(ins)
             if c.pos == c.n:
                 self._complete(c)
             return
-        alive = [c for c in cands if c.match(ins)]
+        alive = [c for c in cands if c.match(ins, proxies)]
         if not alive:
             if self._later(ins):
                 return
             self.release()
-            self._start(ins)
+            self._start(ins, proxies)
             return
         self.kept.append(ins)
         self.cands = alive
@@ -240,7 +275,7 @@ class PlanMatcher:
         if c.pos == c.n:
             self._complete(c)
 
-    def _start(self, ins) -> None:
+    def _start(self, ins, proxies=()) -> None:
         if self.inbox:
             self._take_inbox()
         code = ins.code
@@ -248,7 +283,7 @@ class PlanMatcher:
         if plans:
             unsited = self.unsited
             cands = [Candidate(p, unsited.get(p.sig)) for p in plans]
-            cands = [c for c in cands if c.match(ins)]
+            cands = [c for c in cands if c.match(ins, proxies)]
             if cands:
                 self.cands = cands
                 self.kept.append(ins)

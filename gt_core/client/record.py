@@ -185,7 +185,7 @@ def _inline(cls, session, func, t, sent, args, kwargs, proxies):
     cands = session.matcher.cands
     c = cands[0] if len(cands) == 1 else None
     pos = c.pos if c is not None else -1
-    session.emit(new(Op, (OP, idx, tuple(sent), kwargs, outs)))
+    session.emit(new(Op, (OP, idx, tuple(sent), kwargs, outs)), proxies)
     if c is not None and c.pos == pos + 1:
         # matched as the plan's entry pos: what the next occurrences reuse
         want = varying(cls, c.entries[pos], args, kwargs, func)
@@ -245,7 +245,7 @@ def _record(cls, func, args, kwargs):
         it = iter(ids)
         outs = tuple(next(it) if new else None for new in mask)
     session.counters["ops"] += 1
-    session.emit(new(Op, (OP, idx, sent_args, sent_kwargs, outs)))
+    session.emit(new(Op, (OP, idx, sent_args, sent_kwargs, outs)), proxies)
     if where is not None and ids:
         session.site(ids[0], where)
     out = _build(cls, template, session, iter(ids), proxies)

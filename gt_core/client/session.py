@@ -149,12 +149,13 @@ class Session:
         return idx
 
     # -- the stream ----------------------------------------------------------------------
-    def emit(self, ins) -> None:
-        """Add one instruction to the stream."""
+    def emit(self, ins, proxies=()) -> None:
+        """Add one instruction to the stream (``proxies``: its tensor arguments, whose
+        metadata the plan matcher checks)."""
         if self.freed:
             self.drain_frees()
         if self.matcher.live and self.tee is None:
-            self.matcher.feed(ins)
+            self.matcher.feed(ins, proxies)
         else:
             self.out(ins)
 

@@ -2,7 +2,8 @@
 
 When the worker finds a hot block it sends the client the block's plan: its canonical
 entries with op indices, argument templates in which values are slots (``in k`` for the
-block's k-th input, ``t k`` for its k-th produced value) and lifted floats are scalars. The
+block's k-th input, ``t k`` for its k-th produced value) and lifted floats are scalars, and
+its inputs' shapes, strides and dtypes (a candidate whose input does not fit them ends). The
 client matches every instruction it records against the next entry of the plans it holds,
 keeping the instructions aside; a complete occurrence becomes one RUN instruction
 (``Run``: signature, input ids, produced ids, scalars), sent at once, so the worker runs
@@ -41,9 +42,11 @@ class Slot:
 class Plan:
     """What both ends need to turn an occurrence into one RUN and back into instructions."""
 
-    __slots__ = ("sig", "entries", "n_inputs", "n_scalars", "first", "learned")
+    __slots__ = ("sig", "entries", "n_inputs", "n_scalars", "first", "learned", "input_meta")
 
-    def __init__(self, sig: str, entries: tuple, n_inputs: int, n_scalars: int):
+    def __init__(
+        self, sig: str, entries: tuple, n_inputs: int, n_scalars: int, input_meta: tuple = ()
+    ):
         self.sig = sig
         # OpEntry (op index, argument templates, a kwargs dict, produced indices) | FreeEntry
         # (a Slot): see OpEntry.
@@ -55,9 +58,14 @@ class Plan:
         # Client side, per entry: what recording it found once (gt_core.client.follow's
         # Learned), so later occurrences follow the plan without a lookup.
         self.learned: list = [None] * len(entries)
+        # (shape, stride, dtype) of each input, as the worker checks a RUN's inputs (the
+        # device is the worker's own): several blocks may share their ops and differ only
+        # here (one step at two batch sizes), and the client sends each occurrence as the
+        # RUN of the plan its inputs fit (gt_core.client.plan_match). Empty: not checked.
+        self.input_meta = input_meta
 
     def __reduce__(self):
-        return (Plan, (self.sig, self.entries, self.n_inputs, self.n_scalars))
+        return (Plan, (self.sig, self.entries, self.n_inputs, self.n_scalars, self.input_meta))
 
 
 def make_plan(canon, op_index: dict[str, int], n_scalars: int) -> Plan:
@@ -76,7 +84,8 @@ def make_plan(canon, op_index: dict[str, int], n_scalars: int) -> Plan:
                 tuple(None if o is None else _slot(o).k for o in e.outs),
             )
         )
-    return Plan(canon.id, tuple(entries), len(canon.input_meta), n_scalars)
+    metas = tuple((tuple(m.shape), tuple(m.stride), m.dtype) for m in canon.input_meta)
+    return Plan(canon.id, tuple(entries), len(canon.input_meta), n_scalars, metas)
 
 
 def _slot(name: tuple) -> Slot:
