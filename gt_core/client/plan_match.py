@@ -153,8 +153,10 @@ def fits(meta, want: tuple) -> bool:
     stride is free, and the one inferred here may differ from the worker's: that RUN the
     worker still checks)."""
     shape, stride, dtype = want
-    if tuple(meta[0]) != shape or meta[2] != dtype:
+    if meta[0] != shape or meta[2] != dtype:
         return False
+    if meta[1] == stride:
+        return True
     return all(a == b for n, a, b in zip(shape, meta[1], stride) if n > 1)  # noqa: B905
 
 
