@@ -24,6 +24,7 @@ import threading
 from gt_core.client.exits import exit_reason
 from gt_core.client.remote import InlineStaging
 from gt_core.client.transport import ProcessTransport, without_main
+from gt_core.errors import ConfigError
 from gt_core.observe import events as ev
 
 __all__ = ["GroupTransport"]
@@ -73,6 +74,7 @@ class GroupTransport(InlineStaging, ProcessTransport):
         from gt_core.remote.serve import worker_main
 
         n = options.workers
+        _check_shard_workers(options, n)
         ctx = mp.get_context("spawn")
         self._dir = tempfile.mkdtemp(prefix="gt-group-")
         init = "file://" + os.path.join(self._dir, "rendezvous")
@@ -215,6 +217,20 @@ class GroupTransport(InlineStaging, ProcessTransport):
                     self._sent_ranks[rank] = key
                     out.append(ev.event(ev.RANK, **line))
         return out
+
+
+def _check_shard_workers(options, n: int) -> None:
+    """A signal's ``shard: {workers: [...]}`` names every rank of the group (or is left out):
+    a tensor is split over the whole group."""
+    for name, spec in options.signals.items():
+        workers = spec.get("shard", {}).get("workers")
+        if workers is not None and sorted(workers) != list(range(n)):
+            raise ConfigError(
+                f"signal {name!r} shard workers",
+                workers,
+                f"every rank of the group, {list(range(n))} (a tensor is split over the whole "
+                "group), or no workers: name them all, or change workers",
+            )
 
 
 @contextlib.contextmanager

@@ -39,6 +39,7 @@ def key(inputs) -> tuple:
     another input shares it (an empty storage shares nothing)."""
     first: dict = {}
     owner = []
+    inputs = [getattr(x, "_local_tensor", x) for x in inputs]  # (a DTensor: this rank's part)
     for k, x in enumerate(inputs):
         st = x.untyped_storage()
         p = st.data_ptr() if st.nbytes() else None

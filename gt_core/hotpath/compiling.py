@@ -47,6 +47,8 @@ class Compiler:
         # Whether an outcome holds on every rank of a worker group (see gt_core.remote.group);
         # one worker: as it is.
         self.agree = _alone
+        # A worker group's sharding (the executor's ShardPolicy), or None: see _examples.
+        self.sharding = None
         self._process: CompileProcess | None = None
         self._lock = threading.Lock()
 
@@ -214,6 +216,8 @@ class Compiler:
                 list(block.canon.input_meta), block.aliases, scalars
             )
         ]
+        if self.sharding is not None:
+            examples = self.sharding.prepare(gm, examples, block.placements, block.aliases)
         lowering = time.perf_counter() - t0
         with _DYNAMO, explain.measured() as m:
             fn, seconds = compile_block(gm, examples, o.backend, o.mode, o.dynamic)

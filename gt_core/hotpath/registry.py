@@ -96,7 +96,10 @@ class Registry:
             return None
         try:
             n = len(block.scalar_dtypes)
-            return build_graph(block.canon, block.ops, block.out_paths, False, n, lift=False)
+            gm = build_graph(block.canon, block.ops, block.out_paths, False, n, lift=False)
+            if self.ex.sharding is not None:  # (every op through the sharding policy)
+                self.ex.sharding.wrap_graph(gm)
+            return gm
         except Exception:  # the instructions run it (a form FX cannot express)
             if self.options.debug:
                 traceback.print_exc()

@@ -94,7 +94,10 @@ class Runner:
     def _see_aliases(self, block: Block, occ: Occurrence) -> None:
         """Take how this occurrence's inputs share memory as what the block compiles for."""
         try:
-            block.aliases = aliases.of(self.ex.lookup(occ.inputs))
+            inputs = self.ex.lookup(occ.inputs)
+            block.aliases = aliases.of(inputs)
+            # (a worker group's sharding: how each input is laid out over the ranks)
+            block.placements = [getattr(t, "placements", None) for t in inputs]
         except KeyError:
             pass  # (an input missing: the run reports it)
         except TypeError as exc:

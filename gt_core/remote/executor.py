@@ -15,9 +15,11 @@ from torch.utils._pytree import tree_flatten
 
 from gt_core.errors import UnsupportedOperation
 from gt_core.remote.portable import for_device
+from gt_core.remote.shard import local
 from gt_core.stream.instructions import (
     DEFOP,
     FREE,
+    MARK,
     OP,
     PUT,
     RNG,
@@ -98,6 +100,9 @@ class Executor:
         self.publish = publish or (lambda events: None)
         self.executed = 0
         self._names: dict[int, str] = {}
+        # A worker group's sharding (gt_core.remote.shard.ShardPolicy), or None: every value
+        # whole, every op called directly.
+        self.sharding = None
 
     # -- the stream ----------------------------------------------------------------------
     def execute(self, ins) -> None:
@@ -109,14 +114,17 @@ class Executor:
             self.values.pop(ins.vid, None)
             self.poisoned.discard(ins.vid)
         elif code == PUT:
-            self.values[ins.vid] = ins.value.to(self.device)  # (the tensor itself on the CPU)
+            value = ins.value.to(self.device)  # (the tensor itself on the CPU)
+            self.values[ins.vid] = value if self.sharding is None else self.sharding.place(value)
         elif code == DEFOP:
             self.define(ins.op, ins.name, ins.module)
         elif code == SEED:
             torch.manual_seed(ins.seed)
         elif code == RNG:
             torch.set_rng_state(ins.state)
-        # MARK and SYNC carry no work; the engine reads them.
+        elif code == MARK and self.sharding is not None:
+            self.sharding.mark(ins.name, ins.phase)
+        # SYNC carries no work, nor MARK but for sharding; the engine reads them.
         self.executed += 1
 
     def define(self, idx: int, qualified: str, module: str | None = None) -> None:
@@ -167,12 +175,20 @@ class Executor:
         if self._device_arg[idx]:
             k = self._place(k)
         try:
-            result = self.ops[idx](*a, **k)
+            op = self.ops[idx]
+            result = op(*a, **k) if self.sharding is None else self._call(op, a, k)
         except Exception as exc:
             self.fail(exc, self.ops[idx], a, k, outs)
             return None
         self.bind(result, outs)
         return result
+
+    def _call(self, op, a, k):
+        """``op(*a, **k)``, through the sharding policy where the worker group shards."""
+        s = self.sharding
+        if s is None:
+            return op(*a, **k)
+        return s.made(s.run(op, a, k), a, k)
 
     def bind(self, result, outs) -> None:
         if not outs:
@@ -267,7 +283,9 @@ class Executor:
             )
         # The worker's own tensor: the transport copies it out (staged, or cloned in process),
         # lazy conjugate and negative bits applied, a view's storage beyond it left behind.
-        return self.values[vid].detach()
+        # A sharded value is made whole (a collective: every rank of the group fetches it).
+        value = self.values[vid].detach()
+        return value if self.sharding is None else self.sharding.whole(value)
 
     def call(self, idx: int, args, kwargs, base_id: int):
         """Run one op now (a sync op) and describe its outputs for the client."""
@@ -276,7 +294,7 @@ class Executor:
             k = self._place(k)
         op = self.ops[idx]
         try:
-            result = op(*a, **k)
+            result = self._call(op, a, k)
         except Exception as exc:
             try:
                 exc.add_note(f"(gt worker: raised by {op_name(op)}({describe_args(a, k)}))")
@@ -317,7 +335,7 @@ class Executor:
             "executed": self.executed,
             "bytes": sum(
                 t.untyped_storage().nbytes()
-                for t in self.values.values()
+                for t in map(local, self.values.values())
                 if t.layout == torch.strided  # (the only kind there is: see upload and call)
             ),
         }
