@@ -191,6 +191,8 @@ class GroupTransport(InlineStaging, ProcessTransport):
                     r["recent"].append(e["ms"])
                 elif t == ev.COMPILE_FINISHED:
                     r["compiled"].add(e["signature"])
+                    if "placements" in e:  # (a sharding group's: its inputs' placements)
+                        r["placements"] = e["placements"]
                 elif t in (ev.COMPILE_FAILED, ev.FALLBACK, ev.CHECK_FAILED, ev.REVERT):
                     r["compiled"].discard(e.get("signature"))
                 elif t == ev.WORKER and "pid" in e:
@@ -211,6 +213,7 @@ class GroupTransport(InlineStaging, ProcessTransport):
                     "compiled": sorted(r["compiled"]),
                     "step_ms": statistics.median(r["recent"]) if r["recent"] else None,
                     "collectives": r["collectives"],
+                    "placements": r.get("placements"),
                 }
                 key = tuple(sorted((k, str(v)) for k, v in line.items()))
                 if self._sent_ranks.get(rank) != key:

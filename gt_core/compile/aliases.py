@@ -48,6 +48,12 @@ def key(inputs) -> tuple:
     return tuple((j, inputs[k].storage_offset()) if j in shared else j for k, j in enumerate(owner))
 
 
+def placements(inputs) -> list:
+    """Per input, its DTensor placements over a worker group's ranks (None: a plain tensor,
+    whole on every rank): a compiled block is traced for them."""
+    return [getattr(t, "placements", None) for t in inputs]
+
+
 def of(inputs) -> Aliases | None:
     """The sharing among ``inputs`` (None where none shares a storage with another)."""
     k = key(inputs)

@@ -55,7 +55,9 @@ class Registry:
             canon, paths, self._ops_by_name(), period, value_meta=self._value_meta(namer), **kw
         )
         try:  # (how the inputs of the occurrence just seen share memory, if all still alive)
-            block.aliases = aliases.of(self.ex.lookup(namer.inputs))
+            inputs = self.ex.lookup(namer.inputs)
+            block.aliases = aliases.of(inputs)
+            block.placements = aliases.placements(inputs)
         except (KeyError, TypeError):  # unknown: found at its next run (Runner.run)
             block.aliases_unknown = True
         return block

@@ -96,8 +96,7 @@ class Runner:
         try:
             inputs = self.ex.lookup(occ.inputs)
             block.aliases = aliases.of(inputs)
-            # (a worker group's sharding: how each input is laid out over the ranks)
-            block.placements = [getattr(t, "placements", None) for t in inputs]
+            block.placements = aliases.placements(inputs)
         except KeyError:
             pass  # (an input missing: the run reports it)
         except TypeError as exc:

@@ -1,5 +1,6 @@
-"""A worker group's ranks in the report: each rank's runs, step time, compiled blocks and
-collectives, from its newest ``worker.rank`` event (plain data, no torch)."""
+"""A worker group's ranks in the report: each rank's runs, step time, compiled blocks,
+collectives and its hot path's input placements, from its newest ``worker.rank`` event, and
+the ops a sharding group ran replicated (``worker.sharded``) (plain data, no torch)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,12 @@ COLUMNS = ("rank", "pid", "runs", "step ms", "compiled", "collectives/step", "in
 def summarize_ranks(events: list[dict]) -> list[dict]:
     """The newest line of each rank, by rank ([] for one worker)."""
     newest: dict[int, dict] = {}
+    replicated: dict[str, str] = {}  # op -> why it ran replicated (the same on every rank)
     for e in events:
         if e.get("type") == ev.RANK:
             newest[e["rank"]] = e
+        elif e.get("type") == ev.SHARDED:
+            replicated.setdefault(e["op"], e["reason"])
     out = []
     for rank in sorted(newest):
         e = newest[rank]
@@ -31,11 +35,19 @@ def summarize_ranks(events: list[dict]) -> list[dict]:
                 "compiled": list(e.get("compiled", [])),
                 "collectives": e.get("collectives", 0),
                 "collectives_per_step": e.get("collectives", 0) / runs if runs else None,
-                # No sharding yet: every rank holds every input whole.
-                "placements": "Replicate() for every input",
+                "placements": _placements(e.get("placements")),
+                "replicated": [{"op": op, "reason": why} for op, why in replicated.items()],
             }
         )
     return out
+
+
+def _placements(counts: dict | None) -> str:
+    """The compiled hot path's inputs by placement, 'Shard(dim=0) x2, Replicate() x8' (no
+    sharding: every input whole on every rank)."""
+    if not counts:
+        return "Replicate() for every input"
+    return ", ".join(f"{p} x{n}" for p, n in counts.items())
 
 
 def rows(ranks: list[dict]) -> list[dict]:
@@ -62,11 +74,14 @@ def lines(ranks: list[dict]) -> list[str]:
         return []
     out = [
         f"worker group: {ranks[0]['world']} ranks (torch.distributed), every rank runs the "
-        "stream; hot path inputs Replicate() on every rank (no sharding)"
+        f"stream; hot path inputs: {ranks[0]['placements']}"
     ]
     for r in rows(ranks):
         out.append(
             f"  rank {r['rank']} (pid {r['pid']}): {r['runs']} runs, step {r['step ms']} ms, "
-            f"compiled {r['compiled']}, {r['collectives/step']} collectives per step"
+            f"compiled {r['compiled']}, {r['collectives/step']} collectives per step, "
+            f"inputs {r['inputs']}"
         )
+    for x in ranks[0]["replicated"]:
+        out.append(f"  ran replicated (sharded values made whole): {x['op']}: {x['reason']}")
     return out

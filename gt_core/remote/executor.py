@@ -100,9 +100,7 @@ class Executor:
         self.publish = publish or (lambda events: None)
         self.executed = 0
         self._names: dict[int, str] = {}
-        # A worker group's sharding (gt_core.remote.shard.ShardPolicy), or None: every value
-        # whole, every op called directly.
-        self.sharding = None
+        self.sharding = None  # a sharding worker group's ShardPolicy (None: ops called directly)
 
     # -- the stream ----------------------------------------------------------------------
     def execute(self, ins) -> None:
@@ -176,19 +174,12 @@ class Executor:
             k = self._place(k)
         try:
             op = self.ops[idx]
-            result = op(*a, **k) if self.sharding is None else self._call(op, a, k)
+            result = op(*a, **k) if self.sharding is None else self.sharding.call(op, a, k)
         except Exception as exc:
             self.fail(exc, self.ops[idx], a, k, outs)
             return None
         self.bind(result, outs)
         return result
-
-    def _call(self, op, a, k):
-        """``op(*a, **k)``, through the sharding policy where the worker group shards."""
-        s = self.sharding
-        if s is None:
-            return op(*a, **k)
-        return s.made(s.run(op, a, k), a, k)
 
     def bind(self, result, outs) -> None:
         if not outs:
@@ -294,7 +285,7 @@ class Executor:
             k = self._place(k)
         op = self.ops[idx]
         try:
-            result = self._call(op, a, k)
+            result = op(*a, **k) if self.sharding is None else self.sharding.read(op, a, k)
         except Exception as exc:
             try:
                 exc.add_note(f"(gt worker: raised by {op_name(op)}({describe_args(a, k)}))")

@@ -17,19 +17,13 @@ import functools
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["ShardPolicy", "placements_of", "local", "whole"]
+__all__ = ["ShardPolicy", "local", "whole"]
 
 
 def _dtensor():
     from torch.distributed.tensor import DTensor
 
     return DTensor
-
-
-def placements_of(t) -> str:
-    """'Shard(0)' or 'Replicate()' (a plain tensor, whole on every rank)."""
-    p = getattr(t, "placements", None)
-    return "Replicate()" if p is None else ", ".join(str(x) for x in p)
 
 
 def local(t):
@@ -92,6 +86,11 @@ class ShardPolicy:
             return result
         return tree_map(self.place, result)
 
+    def call(self, op, args, kwargs):
+        """An instruction's op: run (see ``run``), its outputs sharded if it made them inside
+        a sharded signal (see ``made``)."""
+        return self.made(self.run(op, args, kwargs), args, kwargs)
+
     def whole(self, t):
         """``t`` whole (every rank calls this at the same point: a collective)."""
         return whole(t)
@@ -116,60 +115,81 @@ class ShardPolicy:
             why = f"DTensor could not run it sharded ({type(exc).__name__}: {_first(exc)})"
         return self.replicate(op, args, kwargs, why)
 
+    def read(self, op, args, kwargs):
+        """A sync op (``.item()``, ``nonzero``, ``equal``: a value read out to the client):
+        on whole values (DTensor reads this rank's part of a partial sum as the value)."""
+        DTensor = _dtensor()
+        if not any(isinstance(x, DTensor) for x in tree_flatten((args, kwargs))[0]):
+            return op(*args, **kwargs)
+        return self.replicate(op, args, kwargs, None)
+
     def _why_replicated(self, op, args, kwargs) -> str | None:
         if not isinstance(op, torch._ops.OpOverload):
             return None
         if any(not isinstance(x, _dtensor()) for x in _written(op, args, kwargs)):
             # (DTensor writes a plain tensor's copy, then fails: it is written here instead)
             return "it writes a whole tensor in place with a DTensor argument"
-        if torch.Tag.nondeterministic_seeded in op.tags:
-            return "a random op: sharded, each rank would draw other numbers than eager"
         if not any(op in r for r in self._rules):
             return (
                 "DTensor has no sharding rule for it (one derived from its decomposition "
                 "can differ from eager)"
             )
+        if torch.Tag.nondeterministic_seeded in op.tags:
+            return "a random op: sharded, each rank would draw other numbers than eager"
         return None
 
-    def replicate(self, op, args, kwargs, why: str):
-        """Run ``op`` on whole plain values; outputs placed back (see the class)."""
+    def replicate(self, op, args, kwargs, why: str | None):
+        """Run ``op`` on whole plain values; outputs placed back (see the class); ``why``
+        told once per op (None: not told)."""
         DTensor = _dtensor()
         name = str(op)
-        if name not in self.replicated:
+        if why is not None and name not in self.replicated:
             self.replicated.add(name)
             self.on_replicated(name, why)
         flat, _ = tree_flatten((args, kwargs))
         first = next(x for x in flat if isinstance(x, DTensor))
+        # Outputs the shape of the first DTensor argument are laid out as it is (sharded
+        # values stay sharded), unless it is a partial sum or average: whole.
+        layout = first.placements if not any(p.is_partial() for p in first.placements) else None
         a, k = tree_map(lambda x: x.full_tensor() if isinstance(x, DTensor) else x, (args, kwargs))
         out = op(*a, **k)
         written = _written(op, args, kwargs)
         wholes = {id(w): d for d, w in zip(written, _written(op, a, k), strict=True)}
         for d, w in zip(written, _written(op, a, k), strict=True):
             if isinstance(d, DTensor):
-                d._local_tensor.copy_(self._as(w, d.placements))
+                d._local_tensor.copy_(self._part(w, d.placements))
 
         def back(o):
             if not isinstance(o, torch.Tensor):
                 return o
             if id(o) in wholes:  # an argument written in place, returned
                 return wholes[id(o)]
-            placements = first.placements if o.shape == first.shape else None
-            return self._dtensor_of(o, placements)
+            return self._dtensor_of(o, layout if o.shape == first.shape else None)
 
         return tree_map(back, out)
 
-    def _replicated(self, t):
-        from torch.distributed.tensor import DTensor, Replicate
+    def _part(self, t, placements):
+        """This rank's part of the whole plain tensor ``t`` laid out as ``placements`` (a
+        one-dimensional mesh: one placement)."""
+        from torch.distributed.tensor import Partial, Shard, distribute_tensor
 
-        return DTensor.from_local(t, self.mesh, [Replicate()], run_check=False)
-
-    def _as(self, t, placements):
-        """This rank's part of the whole plain tensor ``t`` laid out as ``placements``."""
-        return self._replicated(t).redistribute(self.mesh, placements).to_local()
+        (p,) = placements
+        if isinstance(p, Shard):
+            return distribute_tensor(t, self.mesh, [p], src_data_rank=None).to_local()
+        if isinstance(p, Partial) and p.reduce_op == "sum":  # (the parts add up to t)
+            return t if self.mesh.get_local_rank() == 0 else torch.zeros_like(t)
+        return t  # (Replicate, or a partial average, maximum or minimum of equal parts)
 
     def _dtensor_of(self, t, placements):
-        d = self._replicated(t)
-        return d if placements is None else d.redistribute(self.mesh, placements)
+        """The whole plain tensor ``t`` as a DTensor laid out as ``placements`` (None:
+        Replicate())."""
+        from torch.distributed.tensor import DTensor, Replicate
+
+        placements = tuple(placements or (Replicate(),))
+        local = self._part(t, placements)
+        return DTensor.from_local(
+            local, self.mesh, placements, run_check=False, shape=t.shape, stride=t.stride()
+        )
 
     # -- a block's graph ------------------------------------------------------------------
     def wrap_graph(self, gm) -> None:
