@@ -130,6 +130,10 @@ def test_the_group_options_and_what_is_refused(tmp_path):
     assert from_env({"GT_SHARD": "batch=0", "GT_WORKERS": "2"}).shard == {"batch": 0}
     with pytest.raises(gt_core.ConfigError, match=r"^GT_SHARD='batch' .*signal name -> axis"):
         from_env({"GT_SHARD": "batch", "GT_WORKERS": "2"})
+    spec.write_text("batch: {shard: {axis: 0, workers: [0, 2]}}\n")
+    with pytest.raises(gt_core.ConfigError, match=r"shard workers=\[0, 2\] .*every rank"):
+        with gt_core.capture(workers=2, config=str(spec)):  # (refused before a rank starts)
+            pass
     for bad in ("{axis: -1}", "{axis: 0, workers: []}", "{axis: 0, rows: 2}", "2"):
         spec.write_text(f"batch: {{shard: {bad}}}\n")
         with pytest.raises(gt_core.ConfigError, match=r"expected shard: \{axis: A"):

@@ -12,6 +12,7 @@ import gt_core
 from gt_core.client import capture as _capture
 from gt_core.observe import events as ev
 from gt_core.workloads import TRANSFORMER, mlp, training_step
+from gt_jupyter._render import to_html
 
 
 @pytest.fixture
@@ -164,3 +165,5 @@ def test_sharded_training_equals_eager_plain_and_jit_compiled_on_every_rank(grou
             assert "Shard(dim=0)" in r["placements"], r  # the batch, sharded
             assert "Replicate()" in r["placements"], r  # the parameters, whole
         assert "Shard(dim=0)" in str(gt_core.report())
+        html = to_html(data, figures=False)  # the dashboard: placements, ops run replicated
+        assert "Shard(dim=0)" in html and "<b>ran replicated</b>" in html
