@@ -195,6 +195,8 @@ class GroupTransport(InlineStaging, ProcessTransport):
                         r["placements"] = e["placements"]
                 elif t in (ev.COMPILE_FAILED, ev.FALLBACK, ev.CHECK_FAILED, ev.REVERT):
                     r["compiled"].discard(e.get("signature"))
+                elif t == ev.SHARDED:  # (kept here: the event log's reset forgets it)
+                    r.setdefault("replicated", {})[e["op"]] = e["reason"]
                 elif t == ev.WORKER and "pid" in e:
                     r["pid"] = e["pid"]
                 if "collectives" in e:
@@ -214,6 +216,7 @@ class GroupTransport(InlineStaging, ProcessTransport):
                     "step_ms": statistics.median(r["recent"]) if r["recent"] else None,
                     "collectives": r["collectives"],
                     "placements": r.get("placements"),
+                    "replicated": dict(r.get("replicated", {})),
                 }
                 key = tuple(sorted((k, str(v)) for k, v in line.items()))
                 if self._sent_ranks.get(rank) != key:

@@ -1,6 +1,6 @@
 """A worker group's ranks in the report: each rank's runs, step time, compiled blocks,
-collectives and its hot path's input placements, from its newest ``worker.rank`` event, and
-the ops a sharding group ran replicated (``worker.sharded``) (plain data, no torch)."""
+collectives, its hot path's input placements and the ops a sharding group ran replicated,
+from its newest ``worker.rank`` event (plain data, no torch)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,9 @@ COLUMNS = ("rank", "pid", "runs", "step ms", "compiled", "collectives/step", "in
 def summarize_ranks(events: list[dict]) -> list[dict]:
     """The newest line of each rank, by rank ([] for one worker)."""
     newest: dict[int, dict] = {}
-    replicated: dict[str, str] = {}  # op -> why it ran replicated (the same on every rank)
     for e in events:
         if e.get("type") == ev.RANK:
             newest[e["rank"]] = e
-        elif e.get("type") == ev.SHARDED:
-            replicated.setdefault(e["op"], e["reason"])
     out = []
     for rank in sorted(newest):
         e = newest[rank]
@@ -36,7 +33,10 @@ def summarize_ranks(events: list[dict]) -> list[dict]:
                 "collectives": e.get("collectives", 0),
                 "collectives_per_step": e.get("collectives", 0) / runs if runs else None,
                 "placements": _placements(e.get("placements")),
-                "replicated": [{"op": op, "reason": why} for op, why in replicated.items()],
+                # the ops a sharding group ran on whole values, and why (worker.sharded)
+                "replicated": [
+                    {"op": op, "reason": why} for op, why in e.get("replicated", {}).items()
+                ],
             }
         )
     return out

@@ -17,6 +17,8 @@ import functools
 import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
+from gt_core.errors import UnsupportedOperation
+
 __all__ = ["ShardPolicy", "local", "whole"]
 
 
@@ -151,7 +153,14 @@ class ShardPolicy:
         # Outputs the shape of the first DTensor argument are laid out as it is (sharded
         # values stay sharded), unless it is a partial sum or average: whole.
         layout = first.placements if not any(p.is_partial() for p in first.placements) else None
-        a, k = tree_map(lambda x: x.full_tensor() if isinstance(x, DTensor) else x, (args, kwargs))
+        if _is_view(op):
+            raise UnsupportedOperation(
+                f"gt: {name} on a sharded tensor cannot run as DTensor runs it ({why}), and run "
+                "on the whole tensor its result would be a copy, not a view: a write through "
+                "it would not reach the tensor it views. Make the tensor whole before the view "
+                "(shard another signal), or run without shard."
+            )
+        a, k = tree_map(lambda x: _whole_as(x) if isinstance(x, DTensor) else x, (args, kwargs))
         out = op(*a, **k)
         written = _written(op, args, kwargs)
         wholes = {id(w): d for d, w in zip(written, _written(op, a, k), strict=True)}
@@ -230,6 +239,23 @@ def _call(policy: ShardPolicy, op):
     call.__name__ = call.__qualname__ = "sharded_" + str(op).replace(".", "_")
     call.__module__ = __name__
     return call
+
+
+def _whole_as(d):
+    """The whole value of DTensor ``d`` with the strides eager would give it (``d``'s own:
+    the op then lays its result out as eager does, and a later view of it applies)."""
+    t = d.full_tensor()
+    if t.stride() == d.stride() or 0 in d.stride():
+        return t
+    return torch.empty_strided(d.shape, d.stride(), dtype=t.dtype, device=t.device).copy_(t)
+
+
+def _is_view(op) -> bool:
+    """Whether ``op`` returns a view of an argument (not written in place)."""
+    if not isinstance(op, torch._ops.OpOverload) or not op._schema.returns:
+        return False
+    alias = op._schema.returns[0].alias_info
+    return alias is not None and not alias.is_write
 
 
 def _has_tensor(args, kwargs) -> bool:
