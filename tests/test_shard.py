@@ -167,3 +167,29 @@ def test_sharded_training_equals_eager_plain_and_jit_compiled_on_every_rank(grou
         assert "Shard(dim=0)" in str(gt_core.report())
         html = to_html(data, figures=False)  # the dashboard: placements, ops run replicated
         assert "Shard(dim=0)" in html and "<b>ran replicated</b>" in html
+
+
+def test_uploads_and_made_tensors_inside_the_signal_are_halves_fetched_whole(group):
+    """A tensor uploaded (torch.tensor, gt_core.to_worker) or made (randn) inside the sharded
+    signal takes half its bytes on rank 0; outside it, all of them; fetched, it is whole."""
+    data = torch.randn(256, 64)  # 64 KiB
+    with gt_core.capture(workers=2, shard={"batch": 0}, auto_compile=False):
+        held = gt_core.worker().stats()["bytes"]
+        whole = gt_core.to_worker(data)
+        assert gt_core.worker().stats()["bytes"] - held == data.nbytes
+        with gt_core.signal.context("batch"):
+            held = gt_core.worker().stats()["bytes"]
+            up = gt_core.to_worker(data)
+            assert gt_core.worker().stats()["bytes"] - held == data.nbytes // 2
+            torch.manual_seed(3)
+            made = torch.randn(256, 64)
+            assert gt_core.worker().stats()["bytes"] - held == data.nbytes
+            listed = torch.tensor(data.tolist())  # (an upload, then lift_fresh)
+        assert torch.equal(up.cpu(), data) and torch.equal(listed.cpu(), data)
+        torch.manual_seed(3)
+        assert torch.equal(made.cpu(), torch.randn(256, 64))
+        # ops mixing the sharded and the whole, reduced over the sharded axis, equal eager
+        got = ((up * whole).sum(0) + made.mean()).cpu()
+    torch.manual_seed(3)
+    want = (data * data).sum(0) + torch.randn(256, 64).mean()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-6)

@@ -103,6 +103,8 @@ class ShardPolicy:
         DTensor = _dtensor()
         if not any(isinstance(x, DTensor) for x in tree_flatten((args, kwargs))[0]):
             return op(*args, **kwargs)
+        if op is _LIFT_FRESH:  # (torch.tensor(data)'s: its argument itself, whatever it is)
+            return args[0]
         why = self._why_replicated(op, args, kwargs)
         if why is not None:
             return self.replicate(op, args, kwargs, why)
@@ -227,6 +229,9 @@ class ShardPolicy:
             if p is not None:
                 out[k] = self._dtensor_of(examples[k], p)
         return out
+
+
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 
 
 def _call(policy: ShardPolicy, op):
