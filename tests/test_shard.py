@@ -193,3 +193,32 @@ def test_uploads_and_made_tensors_inside_the_signal_are_halves_fetched_whole(gro
     torch.manual_seed(3)
     want = (data * data).sum(0) + torch.randn(256, 64).mean()
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-6)
+
+
+def test_a_block_compiled_for_a_sharded_batch_runs_a_whole_one_eagerly(group):
+    def train(on_group: bool):
+        ctx = (
+            gt_core.capture(workers=2, shard={"batch": 0}) if on_group else contextlib.nullcontext()
+        )
+        with ctx:
+            torch.manual_seed(0)
+            model = mlp()
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            step = training_step(model, opt, F.mse_loss)
+            x, y = torch.randn(32, 32), torch.randn(32, 4)
+            with gt_core.signal.context("batch") if on_group else contextlib.nullcontext():
+                xs, ys = torch.randn(32, 32), torch.randn(32, 4)
+            for k in range(12):  # sharded, compiled; then the same shapes whole
+                loss = step(xs, ys) if k < 8 else step(x, y)
+            loss.item()
+        return [p.detach().cpu() for p in model.parameters()]
+
+    want = train(False)
+    got = train(True)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-5, rtol=0)
+    gt_core.wait()
+    notes = [e["reason"] for e in gt_core.events_log().snapshot() if e["type"] == ev.NOTE]
+    assert any("laid out over the ranks otherwise" in n for n in notes), notes
+    data = gt_core.report().to_data()
+    assert any(p["status"] == "compiled" for p in data["hot_paths"]), data["hot_paths"]
