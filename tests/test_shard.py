@@ -222,3 +222,16 @@ def test_a_block_compiled_for_a_sharded_batch_runs_a_whole_one_eagerly(group):
     assert any("laid out over the ranks otherwise" in n for n in notes), notes
     data = gt_core.report().to_data()
     assert any(p["status"] == "compiled" for p in data["hot_paths"]), data["hot_paths"]
+
+
+def test_another_sharding_is_another_group(group):
+    with gt_core.capture(workers=2):
+        a = torch.ones(4, 2)
+        first = _capture.session().transport
+    with gt_core.capture(workers=2, shard={"batch": 0}):  # (the ranks' policy is set at start)
+        assert _capture.session().transport is not first
+        with gt_core.signal.context("batch"):
+            b = torch.ones(4, 2)
+        assert (b * 2).sum().item() == 16.0
+    with pytest.raises(gt_core.WorkerLost):
+        a.sum()

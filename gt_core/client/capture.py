@@ -32,7 +32,7 @@ from gt_core.diagnostics.stance import routing
 from gt_core.errors import CaptureError, ConfigError
 from gt_core.observe import events as ev
 from gt_core.observe.report import Report
-from gt_core.options import Options, from_env
+from gt_core.options import Options, from_env, shard_axes
 from gt_core.stream.requests import SetOptions, Stats, WaitCompiles
 
 __all__ = [
@@ -300,7 +300,9 @@ def _end(s, sync: bool) -> None:
 
 
 def _other_worker(a: Options, b: Options) -> bool:
-    return (a.worker, a.workers) != (b.worker, b.workers)
+    """Whether ``a`` asks for another worker than ``b`` runs (a worker group's sharding is
+    its ranks' policy from their start: another sharding, another group)."""
+    return (a.worker, a.workers, shard_axes(a)) != (b.worker, b.workers, shard_axes(b))
 
 
 def _same_options(options: dict, active, where: str) -> None:
