@@ -85,6 +85,7 @@ class GT(Configurable):
     )
     authkey_file = Option(None, "a remote worker's key file (GT_AUTHKEY_FILE)")
     workers = Option(1, "ranks of a local worker group (GT_WORKERS)")
+    shard = Option({}, "signal name -> axis its tensors are sharded along, in a group (GT_SHARD)")
     device = Option("auto", "the worker's device: auto, cpu, cuda, cuda:N (GT_DEVICE)")
     worker_threads = Option(None, "the worker's CPU threads, fixed (GT_WORKER_THREADS)")
     client_match = Option(True, "a hot block goes out as one message (GT_CLIENT_MATCH)")
