@@ -300,8 +300,7 @@ def _end(s, sync: bool) -> None:
 
 
 def _other_worker(a: Options, b: Options) -> bool:
-    """Whether ``a`` asks for another worker than ``b`` runs (a worker group's sharding is
-    its ranks' policy from their start: another sharding, another group)."""
+    """Whether ``a`` asks for another worker than ``b`` (sharding is set when ranks start)."""
     return (a.worker, a.workers, shard_axes(a)) != (b.worker, b.workers, shard_axes(b))
 
 
