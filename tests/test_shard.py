@@ -235,3 +235,15 @@ def test_another_sharding_is_another_group(group):
         assert (b * 2).sum().item() == 16.0
     with pytest.raises(gt_core.WorkerLost):
         a.sum()
+
+
+def test_a_view_that_cannot_run_sharded_is_an_error_not_a_copy(group):
+    """unfold has no DTensor rule: run on the whole tensor it would return a copy, and a
+    write through it would be lost; it fails, saying so, and the group goes on."""
+    with gt_core.capture(workers=2, shard={"batch": 0}, auto_compile=False):
+        with gt_core.signal.context("batch"):
+            b = torch.arange(16.0).view(8, 2)
+        u = b.unfold(0, 2, 2)
+        with pytest.raises(gt_core.UnsupportedOperation, match=r"unfold.* a copy, not a view"):
+            u.sum().item()
+        assert (b * 2).sum().item() == 240.0
