@@ -9,8 +9,12 @@ capture, its block compiled, ms per step (total time / steps, one sync at the en
                worker has; with torch's default count a loaded machine makes it far slower)
   1 worker     ``capture(workers=1)``: one worker process (``worker_threads=1``, as each rank)
   2 ranks      ``capture(workers=2)``: two ranks of one gloo group, each running the whole
-               step (no sharding yet: every rank computes what one worker does)
-  ratio        2 ranks / 1 worker (> 1: the group costs that much more per step)
+               step (replicated: every rank computes what one worker does)
+  2 sharded    ``capture(workers=2, shard={"batch": 0})``: the batch uploaded inside
+               ``gt_core.signal.context("batch")``, each rank holding half of it (DTensor
+               ``Shard(0)``), the parameters whole; the step as DTensor runs it (its
+               gradients all-reduced, the ops without a sharding rule run replicated)
+  ratio        2 ranks / 1 worker and 2 sharded / 1 worker (> 1: that much more per step)
 
 Each rank has one intra-op thread. On a machine with two cores the client and two ranks
 share them, so expect no gain: the figure says what a group costs, not what it saves.
@@ -49,12 +53,17 @@ def _eager_run(batch: int, steps: int) -> float:
     return (time.perf_counter() - t0) * 1e3 / steps
 
 
-def _on_workers(batch: int, steps: int, workers: int) -> tuple[float, list]:
-    """(ms per step, each rank's line) through gt_core.jit on ``workers`` ranks."""
+def _on_workers(batch: int, steps: int, workers: int, shard: bool = False) -> tuple[float, list]:
+    """(ms per step, each rank's line) through gt_core.jit on ``workers`` ranks (``shard``:
+    the batch sharded on axis 0)."""
     gt_core.worker().stop()
     gt_core.reset()
-    with gt_core.capture(workers=workers, worker_threads=1):
+    sharding = {"shard": {"batch": 0}} if shard else {}
+    with gt_core.capture(workers=workers, worker_threads=1, **sharding):
         step, x, y = step_fn(batch, "mlp", args=True)
+        if shard:  # the batch uploaded again inside the sharded signal
+            with gt_core.signal.context("batch"):
+                x, y = gt_core.to_worker(x.cpu()), gt_core.to_worker(y.cpu())
         fn = gt_core.jit(step)
         for _ in range(12):  # recorded, detected, compiled, replayed
             fn(x, y)
@@ -82,22 +91,29 @@ def main() -> None:
     a = p.parse_args()
     steps, repeats = (10, 1) if a.quick else (a.steps, a.repeats)
     gt_core.configure(backend=a.backend, threshold=3, regression_samples=10**6)
-    eager, one, two, ranks = [], [], [], []
+    eager, one, two, sharded, ranks = [], [], [], [], {}
     for _ in range(repeats):
         eager.append(_eager(a.batch, steps))
         one.append(_on_workers(a.batch, steps, 1)[0])
-        ms, ranks = _on_workers(a.batch, steps, 2)
+        ms, ranks["2 ranks"] = _on_workers(a.batch, steps, 2)
         two.append(ms)
-    e, o, t = (statistics.median(v) for v in (eager, one, two))
+        ms, ranks["2 sharded"] = _on_workers(a.batch, steps, 2, shard=True)
+        sharded.append(ms)
+    e, o, t, s = (statistics.median(v) for v in (eager, one, two, sharded))
     print(f"MLP 784-256-10, batch {a.batch}, {steps} steps x {repeats}, backend {a.backend}")
-    print(f"{'eager ms':>10} {'1 worker ms':>12} {'2 ranks ms':>11} {'ratio':>7}")
-    print(f"{e:10.2f} {o:12.2f} {t:11.2f} {t / o:6.2f}x")
-    for r in ranks:
-        step = "-" if r["step_ms"] is None else f"{r['step_ms']:.2f}"
-        print(
-            f"  rank {r['rank']}: block {step} ms on the rank, {r['compiled_runs']} compiled "
-            f"runs, {r['collectives']} collectives in all"
-        )
+    print(
+        f"{'eager ms':>10} {'1 worker ms':>12} {'2 ranks ms':>11} {'ratio':>7} "
+        f"{'2 sharded ms':>13} {'ratio':>7}"
+    )
+    print(f"{e:10.2f} {o:12.2f} {t:11.2f} {t / o:6.2f}x {s:13.2f} {s / o:6.2f}x")
+    for name, lines in ranks.items():
+        for r in lines:
+            step = "-" if r["step_ms"] is None else f"{r['step_ms']:.2f}"
+            print(
+                f"  {name}, rank {r['rank']}: block {step} ms on the rank, "
+                f"{r['compiled_runs']} compiled runs, {r['collectives']} agreements, "
+                f"inputs {r['placements']}"
+            )
 
 
 if __name__ == "__main__":

@@ -210,7 +210,9 @@ def main(argv=None) -> None:
     ap.add_argument("--sizes", default="8,128,1024")
     ap.add_argument("--backend", default="inductor")
     ap.add_argument(
-        "--quick", action="store_true", help="aot_eager, batch 8, 20 steps, one repeat (CI smoke run)"
+        "--quick",
+        action="store_true",
+        help="aot_eager, batch 8, 20 steps, one repeat (CI smoke run)",
     )
     args = ap.parse_args(argv)
     if args.quick:
@@ -235,7 +237,11 @@ def main(argv=None) -> None:
                     **through_gt(b, args.steps, args.backend),
                 }
             )
-        m = {k: statistics.median(r[k] for r in rows) * 1e3 for k in rows[0] if k not in ("ops", "runs", "status")}
+        m = {
+            k: statistics.median(r[k] for r in rows) * 1e3
+            for k in rows[0]
+            if k not in ("ops", "runs", "status")
+        }
         ops = rows[-1]["ops"]
         us = {k: m[k] * 1e3 / ops for k in ("client", "eager", "alone", "floor")}
         overlap = (m["client"] + m["worker"]) / m["no_sync"]

@@ -22,7 +22,9 @@ import gt_core
 from gt_core import events as ev
 
 
-def run(batch: int, backend: str, max_s: float, after: int | None, process: bool) -> tuple[list, list]:
+def run(
+    batch: int, backend: str, max_s: float, after: int | None, process: bool
+) -> tuple[list, list]:
     """([(wall-clock start, seconds)] of the client's steps, the report's events).
 
     ``after``: steps run once compiled (None: as many as ran until then, the baseline the

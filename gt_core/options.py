@@ -14,6 +14,7 @@ __all__ = [
     "from_env",
     "ENV",
     "load_signals",
+    "shard_axes",
     "check",
     "parse",
     "accepted",
@@ -73,6 +74,8 @@ class Options:
     worker_threads: int | None = None  # the worker process's CPU threads, fixed (None: shared)
     flush_at: int = 512  # instructions the client batches before it sends them
     worker_imports: tuple = ()  # modules the worker imports at its start (their torch.library ops)
+    # signal name -> axis: a worker group shards the tensors made inside it (gt_core.remote.shard)
+    shard: dict = field(default_factory=dict)
     signals: dict = field(default_factory=dict, compare=False)  # read from `config`
 
     def replace(self, **changes) -> Options:
@@ -89,6 +92,7 @@ class Options:
         out.validate({k: k for k in changes})
         if "config" in changes:  # signals come from the file alone: none without one
             out = dataclasses.replace(out, signals=load_signals(out.config) if out.config else {})
+            out.validate({"config": "config"})
         return out
 
     def validate(self, source: dict | None = None) -> None:
@@ -114,6 +118,14 @@ class Options:
                 source.get(key, key),
                 getattr(self, key),
                 f"threshold*min_seq <= window ({t}*{m} = {t * m}, window is {w}): {fix}",
+            )
+        if shard_axes(self) and self.workers < 2:
+            key = "shard" if self.shard else "config"
+            raise ConfigError(
+                source.get(key, key),
+                getattr(self, key),
+                "no shard with one worker: sharding splits tensors over the ranks of a worker "
+                "group; add workers=2 (or more), or drop shard",
             )
         if self.workers > 1 and self.worker != "process":
             raise ConfigError(
@@ -196,6 +208,13 @@ RULES: dict = {
         "a tuple of module names (comma-separated in GT_WORKER_IMPORTS)",
     ),
     "signals": (lambda v: isinstance(v, dict), "a dict of named signals (set the config option)"),
+    "shard": (
+        lambda v: (
+            isinstance(v, dict)
+            and all(isinstance(k, str) and k and _int(0)(a) for k, a in v.items())
+        ),
+        "a dict of signal name -> axis (an integer >= 0), e.g. {'batch': 0}",
+    ),
 }
 
 
@@ -243,7 +262,20 @@ PARSERS = {
     "str": str,
     "str | None": lambda s: None if _none(s) else s,
     "tuple": lambda s: tuple(m.strip() for m in s.split(",") if m.strip()),
+    "dict": lambda s: _axes(s),
 }
+
+
+def _axes(s: str) -> dict:
+    """'batch=0,other=1' -> {'batch': 0, 'other': 1} (ValueError if it is not so)."""
+    out = {}
+    for part in (p.strip() for p in s.split(",")):
+        if part:
+            name, eq, axis = part.partition("=")
+            if not eq or not name.strip():
+                raise ValueError(part)
+            out[name.strip()] = int(axis)
+    return out
 
 
 def parse(key: str, text: str, name: str | None = None):
@@ -271,6 +303,7 @@ ENV = {  # environment variable -> option
     "GT_WORKER": "worker",
     "GT_AUTHKEY_FILE": "authkey_file",
     "GT_WORKERS": "workers",
+    "GT_SHARD": "shard",
     "GT_DEVICE": "device",
     "GT_REGRESSION_SAMPLES": "regression_samples",
     "GT_BACKGROUND_COMPILE": "background",
@@ -296,6 +329,7 @@ def from_env(environ: dict | None = None) -> Options:
         opts = dataclasses.replace(
             opts, signals=load_signals(opts.config, source.get("config", "config"))
         )
+        opts.validate(source)
     return opts
 
 
@@ -320,18 +354,39 @@ def load_signals(path: str | os.PathLike, name: str = "config") -> dict:
     out = {}
     for sig, spec in signals.items():
         spec = spec or {}
-        if isinstance(spec, dict) and "shard" in spec:
+        if (
+            not isinstance(spec, dict)
+            or not set(spec) <= {"compile", "shard"}
+            or not isinstance(spec.get("compile", False), bool)
+        ):
             raise ConfigError(
                 f"{name} signal {sig!r}",
                 spec,
-                "no shard: sharding a worker group's tensors is not supported yet (a worker "
-                "group runs every rank replicated); remove shard, or run on one worker",
+                "a mapping like {compile: true} or {shard: {axis: 0, workers: [0, 1]}}",
             )
-        if (
-            not isinstance(spec, dict)
-            or not set(spec) <= {"compile"}
-            or not isinstance(spec.get("compile", False), bool)
-        ):
-            raise ConfigError(f"{name} signal {sig!r}", spec, "a mapping like {compile: true}")
         out[str(sig)] = {"compile": spec.get("compile", False)}
+        if "shard" in spec:
+            out[str(sig)]["shard"] = _shard_spec(f"{name} signal {sig!r}", spec["shard"])
     return out
+
+
+def _shard_spec(name: str, shard) -> dict:
+    """A signal's ``shard: {axis: A, workers: [...]}``, checked: {"axis": A, "workers": [...]}."""
+    workers = shard.get("workers") if isinstance(shard, dict) else None
+    ok = isinstance(shard, dict) and set(shard) <= {"axis", "workers"}
+    ok = ok and _int(0)(shard.get("axis")) and (workers is None or isinstance(workers, list))
+    ok = ok and all(_int(0)(w) for w in workers or ()) and workers != []
+    if not ok:
+        raise ConfigError(
+            name,
+            shard,
+            "shard: {axis: A, workers: [0, 1, ...]} (an axis >= 0; workers: the group's ranks, "
+            "all of them, or left out)",
+        )
+    return {"axis": shard["axis"], "workers": shard.get("workers")}
+
+
+def shard_axes(options: Options) -> dict:
+    """Signal name -> axis, from the shard option and the signals' ``shard`` specs."""
+    axes = {n: s["shard"]["axis"] for n, s in options.signals.items() if "shard" in s}
+    return {**axes, **options.shard}

@@ -224,6 +224,9 @@ def tables_html(data: dict, status: bool = True) -> str:
     parts.append(reasons_html(data))
     if data.get("ranks"):  # a worker group: each rank's line
         parts.append("<b>worker group</b>" + table(ranks.rows(data["ranks"]), ranks.COLUMNS))
+        replicated = data["ranks"][0].get("replicated", [])
+        if replicated:  # a sharding group's ops that ran on whole values
+            parts.append("<b>ran replicated</b>" + table(replicated, ("op", "reason")))
     return "".join(parts)
 
 

@@ -34,12 +34,6 @@ from .options import (
 
 __all__ = ["GTMagics", "GT", "load", "unload"]
 
-SHARD_REFUSED = (
-    "--shard: sharding a worker group's tensors is not supported yet (a worker group runs "
-    "every rank replicated, and a sharded result must equal eager's before it is offered); "
-    "drop --shard to run replicated"
-)
-
 
 @magics_class
 class GTMagics(Magics):
@@ -65,7 +59,12 @@ class GTMagics(Magics):
     @argument("--mode", metavar="NAME", help="torch.compile mode (e.g. reduce-overhead)")
     @argument("--dynamic", action="store_true", help="compile with dynamic shapes")
     @argument("--workers", type=int, metavar="N", help="ranks of a local worker group (SPMD)")
-    @argument("--shard", action="append", metavar="NAME=AXIS", help="not supported yet")
+    @argument(
+        "--shard",
+        action="append",
+        metavar="NAME=AXIS",
+        help="with --workers: shard the tensors made inside signal NAME along AXIS (DTensor)",
+    )
     @argument(
         "--show", choices=SHOW, default="all", help="dashboard: all (default), status tables, none"
     )
@@ -85,8 +84,6 @@ class GTMagics(Magics):
         """
         __tracebackhide__ = True  # noqa: F841 (IPython hides this frame in tracebacks)
         args = parse_flags(self.gt, line)
-        if args.shard:
-            raise usage_error(self.gt, SHARD_REFUSED)
         options = capture_options(args)
         core = core_module()
         check_options(

@@ -85,6 +85,7 @@ class GT(Configurable):
     )
     authkey_file = Option(None, "a remote worker's key file (GT_AUTHKEY_FILE)")
     workers = Option(1, "ranks of a local worker group (GT_WORKERS)")
+    shard = Option({}, "signal name -> axis its tensors are sharded along, in a group (GT_SHARD)")
     device = Option("auto", "the worker's device: auto, cpu, cuda, cuda:N (GT_DEVICE)")
     worker_threads = Option(None, "the worker's CPU threads, fixed (GT_WORKER_THREADS)")
     client_match = Option(True, "a hot block goes out as one message (GT_CLIENT_MATCH)")
@@ -175,6 +176,20 @@ def parse_flags(magic, line: str):
         raise usage_error(magic, f"{exc} in {line!r}: close the quote") from None
 
 
+def _shard_flags(values: list[str]) -> dict:
+    """``--shard batch=0`` flags as the shard option, {"batch": 0}."""
+    out = {}
+    for v in values:
+        name, eq, axis = v.partition("=")
+        if not (eq and name.strip() and axis.strip().isdigit()):
+            raise UsageError(
+                f"%%gt: --shard {v!r}: expected NAME=AXIS, a signal's name and an axis >= 0 "
+                "(--shard batch=0 shards the tensors made inside gt_core.signal.context('batch'))"
+            )
+        out[name.strip()] = int(axis)
+    return out
+
+
 def capture_options(args) -> dict:
     """The capture() options the parsed flags ask for (only those given)."""
     o: dict = {}
@@ -193,6 +208,8 @@ def capture_options(args) -> dict:
             o[key] = getattr(args, flag)
     if args.dynamic:
         o["dynamic"] = True
+    if args.shard:
+        o["shard"] = _shard_flags(args.shard)
     if args.log:
         o["log"] = args.log
     return o

@@ -89,7 +89,9 @@ def process(_process_worker):
 
     Reverts judge measured times, which a loaded machine moves: as for ``inprocess``, they are
     out of reach unless a test sets its own sample count (and gives the runs fixed times)."""
-    gt_core.configure(worker="process", backend="eager", auto_compile=False, regression_samples=10_000)
+    gt_core.configure(
+        worker="process", backend="eager", auto_compile=False, regression_samples=10_000
+    )
     w = gt_core.worker()
     if not w.alive or w.pid == os.getpid():
         w.restart()

@@ -43,7 +43,19 @@ QUICK = {
     ),
     "distributed": (
         ["benchmarks/distributed.py", "--quick"],
-        ["1 worker ms", "2 ranks ms", "ratio", "rank 0:", "rank 1:"],
+        [
+            "1 worker ms",
+            "2 ranks ms",
+            "2 sharded ms",
+            "ratio",
+            "rank 0:",
+            "rank 1:",
+            "Shard(dim=0)",
+        ],
+    ),
+    "dtensor_losses": (
+        ["benchmarks/dtensor_losses.py", "--quick"],
+        ["weight grad", "mse_loss", "Partial(avg)", "Partial(sum)"],
     ),
     "bench": (
         ["-m", "gt_core.bench", "--quick"],

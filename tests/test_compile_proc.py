@@ -78,7 +78,11 @@ def test_block_compiled_in_the_compile_process_equals_eager(inductor_background)
 def test_spawned_worker_warms_the_compile_process_and_its_blocks_equal_eager(process):
     """The product's path: a worker spawned for inductor imports and warms before serving."""
     gt_core.configure(
-        auto_compile=True, backend="inductor", background=True, threshold=3, regression_samples=10_000
+        auto_compile=True,
+        backend="inductor",
+        background=True,
+        threshold=3,
+        regression_samples=10_000,
     )
     try:
         gt_core.worker().restart()  # spawned with these options: warms at its start
@@ -296,6 +300,8 @@ def test_a_capture_without_inductor_stops_the_compile_process(inprocess):
             engine = gt_core.client.capture.session().transport.engine
             assert engine.compile_process() is not None
         with gt_core.capture(backend="eager"):
-            assert engine.compiler._process is None  # a warm-up of a spawned worker is cut short too
+            assert (
+                engine.compiler._process is None
+            )  # a warm-up of a spawned worker is cut short too
     finally:
         gt_core.configure(auto_compile=False, backend="eager")

@@ -57,9 +57,7 @@ def test_mutated_inputs_follow_views_lists_and_keywords():
 
 def test_an_sgd_momentum_step_mutates_its_parameters_and_buffers_only(inprocess):
     GRAPHS.clear()
-    gt_core.configure(
-        auto_compile=True, backend="gt_keep_graph", background=False, threshold=3
-    )
+    gt_core.configure(auto_compile=True, backend="gt_keep_graph", background=False, threshold=3)
     with gt_core.capture():
         torch.manual_seed(0)
         model = mlp()
@@ -70,7 +68,7 @@ def test_an_sgd_momentum_step_mutates_its_parameters_and_buffers_only(inprocess)
             opt.step()
             opt.zero_grad()
         model[0].weight.cpu()
-    (gm, shapes), = GRAPHS
+    ((gm, shapes),) = GRAPHS
     mutated = [shapes[k] for k in mutated_inputs(gm)]
     # the 4 parameters and their 4 momentum buffers (the "8 instances" inductor skipped for)
     assert sorted(mutated) == sorted([(64, 32), (64,), (4, 64), (4,)] * 2)
@@ -133,7 +131,9 @@ def test_a_skip_is_reported_with_its_reason_where_graphs_were_asked_for(inproces
             model(x).sum().cpu()
     (done,) = [e for e in gt_core.report().to_data()["events"] if e["type"] == ev.COMPILE_FINISHED]
     assert done["cudagraphs"] == "skipped"
-    assert done["cudagraph_skips"] == ["skipped, no reason logged (counters['inductor']['cudagraph_skips'])"]
+    assert done["cudagraph_skips"] == [
+        "skipped, no reason logged (counters['inductor']['cudagraph_skips'])"
+    ]
     data = gt_core.report().to_data()
     (p,) = [p for p in data["hot_paths"] if p["status"] == "compiled"]
     assert p["cudagraphs"] == "skipped" and p["cudagraph_skips"] == done["cudagraph_skips"]

@@ -40,7 +40,9 @@ def events(n_eager=4, n_compiled=6, signature="abc", t0=0.0, spike_every=0):
     canonical = {**CANONICAL, "signature": signature}
     for i in range(n_eager):
         t += 0.01
-        out.append({"type": ev.ITERATION, "t": t, "signature": signature, "kind": "eager", "ms": 10.0})
+        out.append(
+            {"type": ev.ITERATION, "t": t, "signature": signature, "kind": "eager", "ms": 10.0}
+        )
         if i == 1:
             out.append(
                 {"type": ev.DETECTED, "t": t, "signature": signature, "n_ops": 4,
@@ -48,11 +50,15 @@ def events(n_eager=4, n_compiled=6, signature="abc", t0=0.0, spike_every=0):
                  "canonical": canonical, "values": {}}
             )  # fmt: skip
             out.append({"type": ev.COMPILE_STARTED, "t": t, "signature": signature})
-    out.append({"type": ev.COMPILE_FINISHED, "t": t + 0.005, "signature": signature, "seconds": 0.005})
+    out.append(
+        {"type": ev.COMPILE_FINISHED, "t": t + 0.005, "signature": signature, "seconds": 0.005}
+    )
     for i in range(n_compiled):
         t += 0.01
         ms = 500.0 if spike_every and i % spike_every == 0 else 5.0 + (i % 7) * 0.01
-        out.append({"type": ev.ITERATION, "t": t, "signature": signature, "kind": "compiled", "ms": ms})
+        out.append(
+            {"type": ev.ITERATION, "t": t, "signature": signature, "kind": "compiled", "ms": ms}
+        )
     return out
 
 
@@ -60,8 +66,16 @@ def events(n_eager=4, n_compiled=6, signature="abc", t0=0.0, spike_every=0):
 def frontend(monkeypatch):
     """What the kernel would send: (kind, display id, bundle) per message."""
     sent = []
-    monkeypatch.setattr(IPython.display, "display", lambda b, raw, display_id: sent.append(("display", display_id, b)))
-    monkeypatch.setattr(IPython.display, "update_display", lambda b, raw, display_id: sent.append(("update", display_id, b)))
+    monkeypatch.setattr(
+        IPython.display,
+        "display",
+        lambda b, raw, display_id: sent.append(("display", display_id, b)),
+    )
+    monkeypatch.setattr(
+        IPython.display,
+        "update_display",
+        lambda b, raw, display_id: sent.append(("update", display_id, b)),
+    )
     monkeypatch.setattr(dashboard_module, "UPDATE_EVERY_S", 0.0)
     return sent
 
@@ -107,7 +121,7 @@ def test_a_long_run_stays_small_on_the_wire(frontend):
     dash.update(summarize(first + events(n_eager=0, n_compiled=1000, t0=100.0)[2:]))
     updates = [nbytes(b) for _, _, b in frontend]
     dash.finalize()
-    final = sum(nbytes(b) for _, _, b in frontend[len(updates):])
+    final = sum(nbytes(b) for _, _, b in frontend[len(updates) :])
     print(f"bytes: open {opened}, updates max {max(updates)}, final {final}")
     assert opened < 500_000 and max(updates) < 50_000 and final < 500_000
     timeline = dash.bundles()["timeline"][PLOTLY_MIME]
@@ -145,7 +159,11 @@ def test_graph_modes_are_menu_buttons_that_show_different_traces():
     masks = {b["label"]: b["args"][0]["visible"] for b in menu["buttons"]}
 
     def ops_shown(mask):
-        return sum(len(tr["x"]) for tr, v in zip(fig["data"], mask, strict=True) if v and tr["name"] == "ops")
+        return sum(
+            len(tr["x"])
+            for tr, v in zip(fig["data"], mask, strict=True)
+            if v and tr["name"] == "ops"
+        )
 
     assert ops_shown(masks["all ops"]) == 4 and ops_shown(masks["hide aliases"]) == 2
     assert [tr["visible"] for tr in fig["data"]] == masks["auto"]  # drawn as the first button
@@ -157,7 +175,9 @@ def test_several_hot_paths_get_a_selector_in_each_figure():
     parts = dash.bundles()
     (menu,) = parts["timeline"][PLOTLY_MIME]["layout"]["updatemenus"]
     assert menu["type"] == "dropdown" and {b["label"] for b in menu["buttons"]} == {"abc", "def"}
-    graph_labels = [b["label"] for b in parts["graph"][PLOTLY_MIME]["layout"]["updatemenus"][0]["buttons"]]
+    graph_labels = [
+        b["label"] for b in parts["graph"][PLOTLY_MIME]["layout"]["updatemenus"][0]["buttons"]
+    ]
     assert "abc · all ops" in graph_labels and "def · hide aliases" in graph_labels
     dash.select("abc")
     assert dash.bundles()["timeline"][PLOTLY_MIME]["layout"]["updatemenus"][0]["active"] == 0

@@ -47,7 +47,9 @@ def test_mlp_optimizers_match_eager(inprocess, make_opt):
 def test_a_training_loop_in_capture_runs_on_a_worker_process(process):
     with gt_core.capture():
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)
+        )
         opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         x, y = torch.randn(16, 32), torch.randn(16, 4)
         for _ in range(20):
@@ -55,7 +57,14 @@ def test_a_training_loop_in_capture_runs_on_a_worker_process(process):
             loss.backward()
             opt.step()
             opt.zero_grad()
-    _, ref = train(mlp, functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9), _mlp_data, F.mse_loss, 20, False)
+    _, ref = train(
+        mlp,
+        functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9),
+        _mlp_data,
+        F.mse_loss,
+        20,
+        False,
+    )
     assert loss.item() == ref[-1]
     assert gt_core.is_remote(next(model.parameters()))
     assert gt_core.worker().pid != os.getpid()
@@ -295,8 +304,12 @@ def test_worker_crash_is_reported_then_restart_trains_again(process):
     assert gt_core.worker().alive and gt_core.worker().pid != pid
     with pytest.raises(gt_core.WorkerLost):
         model(x)
-    model2, losses = train(mlp, functools.partial(torch.optim.SGD, lr=0.05), _mlp_data, F.mse_loss, 5, True)
-    _, ref = train(mlp, functools.partial(torch.optim.SGD, lr=0.05), _mlp_data, F.mse_loss, 5, False)
+    model2, losses = train(
+        mlp, functools.partial(torch.optim.SGD, lr=0.05), _mlp_data, F.mse_loss, 5, True
+    )
+    _, ref = train(
+        mlp, functools.partial(torch.optim.SGD, lr=0.05), _mlp_data, F.mse_loss, 5, False
+    )
     assert losses == ref
 
 

@@ -121,20 +121,44 @@ def test_the_group_options_and_what_is_refused(tmp_path):
     with pytest.raises(gt_core.ConfigError, match=r"worker='inprocess'.*local processes"):
         gt_core.Options(worker="inprocess").replace(workers=2)
     spec = tmp_path / "signals.yaml"
-    spec.write_text("step: {compile: true, shard: {axis: 0, workers: [0, 1]}}\n")
-    with pytest.raises(gt_core.ConfigError, match="sharding .* not supported yet"):
-        load_signals(spec)
+    spec.write_text("batch: {compile: true, shard: {axis: 0, workers: [0, 1]}}\n")
+    signals = load_signals(spec)
+    assert signals == {"batch": {"compile": True, "shard": {"axis": 0, "workers": [0, 1]}}}
+    assert from_env({"GT_CONFIG": str(spec), "GT_WORKERS": "2"}).signals == signals
+    with pytest.raises(gt_core.ConfigError, match=r"no shard with one worker.*workers=2"):
+        from_env({"GT_CONFIG": str(spec)})  # sharding needs a group
+    assert from_env({"GT_SHARD": "batch=0", "GT_WORKERS": "2"}).shard == {"batch": 0}
+    with pytest.raises(gt_core.ConfigError, match=r"^GT_SHARD='batch' .*signal name -> axis"):
+        from_env({"GT_SHARD": "batch", "GT_WORKERS": "2"})
+    spec.write_text("batch: {shard: {axis: 0, workers: [0, 2]}}\n")
+    with pytest.raises(gt_core.ConfigError, match=r"shard workers=\[0, 2\] .*every rank"):
+        with gt_core.capture(workers=2, config=str(spec)):  # (refused before a rank starts)
+            pass
+    for bad in ("{axis: -1}", "{axis: 0, workers: []}", "{axis: 0, rows: 2}", "2"):
+        spec.write_text(f"batch: {{shard: {bad}}}\n")
+        with pytest.raises(gt_core.ConfigError, match=r"expected shard: \{axis: A"):
+            load_signals(spec)
 
 
-def test_gt_cell_workers_flag_and_shard_refused(group):
+def test_gt_cell_workers_and_shard_flags(group):
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.testing.globalipapp import start_ipython
 
     ip = start_ipython() or InteractiveShell.instance()
     ip.run_line_magic("load_ext", "gt_jupyter")
     try:
-        with pytest.raises(UsageError, match="--shard: sharding .* not supported yet"):
-            ip.run_cell_magic("gt", "--workers 2 --shard x=0", "pass")
+        with pytest.raises(UsageError, match=r"--shard 'x': expected NAME=AXIS"):
+            ip.run_cell_magic("gt", "--workers 2 --shard x", "pass")
+        with pytest.raises(UsageError, match=r"no shard with one worker"):
+            ip.run_cell_magic("gt", "--shard batch=0", "pass")
+        r = ip.run_cell(
+            "%%gt --workers 2 --shard batch=0 --no-compile\nimport torch, gt_core\n"
+            "with gt_core.signal.context('batch'):\n    b = torch.arange(8.0).view(4, 2)\n"
+            "s = (b * 2).sum(0).tolist()\nw = b.cpu()\n"
+        )
+        assert r.success, r.error_in_exec
+        assert ip.user_ns["s"] == [24.0, 32.0]  # (a sum over the sharded axis: both halves)
+        assert torch.equal(ip.user_ns["w"], torch.arange(8.0).view(4, 2))
         r = ip.run_cell(
             "%%gt --workers 2 --no-compile\nimport torch\nz = (torch.ones(4) * 2).sum().item()\n"
         )

@@ -61,9 +61,22 @@ def hot(inprocess):
     COMPILES.clear()
     # Regression detection judges measured times: logic tests keep it out of reach (the
     # revert tests set their own sample count and give the runs fixed times).
-    gt_core.configure(auto_compile=True, backend="gt_counting", background=False, threshold=3, regression_samples=10_000)
+    gt_core.configure(
+        auto_compile=True,
+        backend="gt_counting",
+        background=False,
+        threshold=3,
+        regression_samples=10_000,
+    )
     yield
-    gt_core.configure(auto_compile=False, background=True, threshold=5, backend="eager", config=None, regression_samples=5)
+    gt_core.configure(
+        auto_compile=False,
+        background=True,
+        threshold=5,
+        backend="eager",
+        config=None,
+        regression_samples=5,
+    )
 
 
 SGD = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
@@ -79,7 +92,9 @@ def _paths():
 
 def _check_against_eager(steps=12, make_opt=SGD, sync_every=0, **options):
     ref, ref_losses = train(mlp, make_opt, _data, F.mse_loss, steps, False, sync_every=sync_every)
-    got, got_losses = train(mlp, make_opt, _data, F.mse_loss, steps, True, sync_every=sync_every, **options)
+    got, got_losses = train(
+        mlp, make_opt, _data, F.mse_loss, steps, True, sync_every=sync_every, **options
+    )
     assert got_losses == pytest.approx(ref_losses, abs=1e-5)
     for a, b in zip(got.parameters(), ref.parameters(), strict=True):
         assert_close(a, b, atol=1e-5)
@@ -93,7 +108,11 @@ def test_training_step_is_detected_compiled_once_and_equal(hot, sync_every):
     assert p["compiled_runs"] >= 5 and p["eager_runs"] == 2
     assert len(COMPILES) == 1  # later iterations never recompile
     # forward, backward and the optimizer step in one block
-    assert {"aten.addmm.default", "aten.mse_loss_backward.default", "aten.threshold_backward.default"} <= set(p["ops"])
+    assert {
+        "aten.addmm.default",
+        "aten.mse_loss_backward.default",
+        "aten.threshold_backward.default",
+    } <= set(p["ops"])
     assert any(op.startswith("aten.add_") for op in p["ops"])
 
 
@@ -454,7 +473,9 @@ def test_signal_with_compile_true_compiles_on_second_occurrence(hot, tmp_path):
                 opt.zero_grad()
     first, p = _paths()
     assert p["status"] == "compiled" and p["compiled_runs"] == 2
-    assert any(e["type"] == ev.SIGNAL and e.get("phase") == "compile" for e in gt_core.report().events)
+    assert any(
+        e["type"] == ev.SIGNAL and e.get("phase") == "compile" for e in gt_core.report().events
+    )
     # step 1's form was seen once: listed as recording, with its ops
     assert first["status"] == "recording" and first["ops"] and first["ops"] != p["ops"]
 
@@ -565,8 +586,18 @@ def test_events_are_json_and_the_log_redraws_the_report(hot, tmp_path):
     data = gt_core.report().to_data()
     json.dumps(data)  # plain data throughout
     (p,) = data["hot_paths"]
-    for key in ("signature", "status", "ops", "occurrences", "compiled_runs", "eager_runs", "compile_seconds",
-                "recompile_reasons", "fallback_reason", "timings"):
+    for key in (
+        "signature",
+        "status",
+        "ops",
+        "occurrences",
+        "compiled_runs",
+        "eager_runs",
+        "compile_seconds",
+        "recompile_reasons",
+        "fallback_reason",
+        "timings",
+    ):
         assert key in p
     assert set(p["timings"]) == {"eager_ms", "compiled_ms", "client_ms"}  # client_ms: see jit
     types = {e["type"] for e in data["events"]}
@@ -595,7 +626,13 @@ def test_compile_runs_in_the_background_while_eager_continues(inprocess):
 @pytest.mark.inductor
 def test_inductor_mlp_step_equal_to_eager_and_alpha_kept(inprocess):
     """The SGD update add(p, g, alpha=-lr) goes through the alpha rewrite (FINDINGS 1)."""
-    gt_core.configure(auto_compile=True, backend="inductor", background=False, threshold=3, regression_samples=10_000)
+    gt_core.configure(
+        auto_compile=True,
+        backend="inductor",
+        background=False,
+        threshold=3,
+        regression_samples=10_000,
+    )
     try:
         _check_against_eager(steps=10, make_opt=functools.partial(torch.optim.SGD, lr=0.05))
     finally:
@@ -627,7 +664,9 @@ def test_two_hot_paths_compiling_back_to_back_both_compile(inprocess):
     gt_core.configure(auto_compile=True, backend="aot_eager", background=True, threshold=3)
     with gt_core.capture():
         torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+        )
         opt = torch.optim.SGD(model.parameters(), lr=0.05)
         for batch in (8, 4):
             x, y = torch.randn(batch, 16), torch.randn(batch, 4)
@@ -660,7 +699,9 @@ def test_two_hot_paths_compile_back_to_back_on_inductor_and_equal_eager(process)
 
     def build():
         torch.manual_seed(1)
-        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        model = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+        )
         return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 
     model, opt = build()

@@ -292,7 +292,10 @@ def _events(n_eager=4, n_compiled=6):
         ],
         "outputs": ["t1"],
     }  # fmt: skip
-    values = {"t0": {"shape": [8, 8], "dtype": "float32"}, "t1": {"shape": [8, 8], "dtype": "float32"}}
+    values = {
+        "t0": {"shape": [8, 8], "dtype": "float32"},
+        "t1": {"shape": [8, 8], "dtype": "float32"},
+    }
     for i in range(n_eager):
         t += 1
         out.append({"type": ev.ITERATION, "t": t, "signature": "abc", "kind": "eager", "ms": 10.0})

@@ -24,7 +24,10 @@ def gt_off_by_a_bit(gm, example_inputs):
     WRONG.append(gm)
 
     def run(*args):
-        return [o * 1.01 if isinstance(o, torch.Tensor) and o.is_floating_point() else o for o in gm.forward(*args)]
+        return [
+            o * 1.01 if isinstance(o, torch.Tensor) and o.is_floating_point() else o
+            for o in gm.forward(*args)
+        ]
 
     return run
 
@@ -73,7 +76,9 @@ def checked(inprocess):
     gt_core.configure(auto_compile=False, backend="eager")
 
 
-@pytest.mark.parametrize("backend", ["gt_off_by_a_bit", "gt_writes_wrong", "gt_raises_after_writing"])
+@pytest.mark.parametrize(
+    "backend", ["gt_off_by_a_bit", "gt_writes_wrong", "gt_raises_after_writing"]
+)
 def test_a_wrong_compiled_block_is_reverted_and_the_loop_equals_eager(checked, backend):
     gt_core.configure(backend=backend)
     ref, ref_losses = _train(False)
@@ -83,7 +88,9 @@ def test_a_wrong_compiled_block_is_reverted_and_the_loop_equals_eager(checked, b
         assert_close(a, b)
     p = _path()
     assert p["status"] == "reverted" and p["compiled_runs"] == 0
-    assert p["fallback_reason"].startswith(("compiled result differs from eager", "its first compiled run raised"))
+    assert p["fallback_reason"].startswith(
+        ("compiled result differs from eager", "its first compiled run raised")
+    )
     if backend == "gt_off_by_a_bit":
         assert p["checked"]["ok"] is False
         assert "output" in p["checked"]["what"] or "input" in p["checked"]["what"]
@@ -117,7 +124,9 @@ def test_dropout_blocks_check_with_the_same_random_numbers(checked):
 
 def _dropout_loop_equals_eager(p: float, steps: int) -> None:
     def model():
-        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Dropout(p), torch.nn.Linear(64, 4))
+        return torch.nn.Sequential(
+            torch.nn.Linear(32, 64), torch.nn.Dropout(p), torch.nn.Linear(64, 4)
+        )
 
     ref, ref_losses = train(model, SGD, _data, F.mse_loss, steps, False)
     got, losses = train(model, SGD, _data, F.mse_loss, steps, True)
@@ -163,7 +172,9 @@ def test_integers_nans_and_shapes_compare_exactly():
     assert numerics.compare([("n", nan.clone(), nan, None)]).ok
     assert not numerics.compare([("n", torch.tensor([1.0, 2.0]), nan, None)]).ok
     assert not numerics.compare([("s", torch.ones(3), torch.ones(4), None)]).ok
-    assert not numerics.compare([("inf", torch.tensor([float("inf")]), torch.tensor([-float("inf")]), None)]).ok
+    assert not numerics.compare(
+        [("inf", torch.tensor([float("inf")]), torch.tensor([-float("inf")]), None)]
+    ).ok
 
 
 def test_copies_alias_as_the_inputs_do_and_restore_writes_back():
@@ -206,7 +217,9 @@ def test_aliasing_key_and_groups():
         aliases.of([w, w.view(torch.int32)])
 
 
-@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.inductor)])
+@pytest.mark.parametrize(
+    "backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.inductor)]
+)
 def test_a_graph_whose_inputs_share_memory_equals_eager_once_unaliased(backend):
     torch.manual_seed(0)
     x, w = torch.randn(2, 4), torch.randn(3, 4)
@@ -214,7 +227,12 @@ def test_a_graph_whose_inputs_share_memory_equals_eager_once_unaliased(backend):
     want = _param_and_its_transpose()(x, want_w, want_w.t())[0]
     shared = aliases.of([x, w, w.t()])
     gm = aliases.unalias(_param_and_its_transpose(), shared)
-    examples = [torch.empty_strided(s, st, dtype=d) for s, st, d, _ in aliases.metas([(tuple(t.shape), t.stride(), t.dtype, t.device) for t in (x, w, w.t())], shared, [])]
+    examples = [
+        torch.empty_strided(s, st, dtype=d)
+        for s, st, d, _ in aliases.metas(
+            [(tuple(t.shape), t.stride(), t.dtype, t.device) for t in (x, w, w.t())], shared, []
+        )
+    ]
     fn, _ = compile_block(gm, examples, backend, None, False)
     got = fn(*aliases.call_args([x, w, w.t()], shared, []))[0]
     assert_close(got, want)

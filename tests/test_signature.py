@@ -50,7 +50,9 @@ def test_freed_values_are_part_of_the_signature():
     a = canon([op(0, 1, out=2), op(0, 2, out=3), Free(FREE, 2)])
     b = canon([op(0, 1, out=2), op(0, 2, out=3)])
     assert a.id != b.id
-    assert diff(a.to_data(), b.to_data()).startswith("value t0 freed inside the block in A, not in B")
+    assert diff(a.to_data(), b.to_data()).startswith(
+        "value t0 freed inside the block in A, not in B"
+    )
     assert a.outputs == (("t", 1),) and b.outputs == (("t", 0), ("t", 1))
 
 

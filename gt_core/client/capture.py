@@ -33,7 +33,7 @@ from gt_core.diagnostics.stance import routing
 from gt_core.errors import CaptureError, ConfigError
 from gt_core.observe import events as ev
 from gt_core.observe.report import Report
-from gt_core.options import Options, from_env
+from gt_core.options import Options, from_env, shard_axes
 from gt_core.stream.requests import SetOptions, Stats, WaitCompiles
 
 __all__ = [
@@ -301,7 +301,8 @@ def _end(s, sync: bool) -> None:
 
 
 def _other_worker(a: Options, b: Options) -> bool:
-    return (a.worker, a.workers) != (b.worker, b.workers)
+    """Whether ``a`` asks for another worker than ``b`` (sharding is set when ranks start)."""
+    return (a.worker, a.workers, shard_axes(a)) != (b.worker, b.workers, shard_axes(b))
 
 
 def _same_options(options: dict, active, where: str) -> None:

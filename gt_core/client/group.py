@@ -24,6 +24,7 @@ import threading
 from gt_core.client.exits import exit_reason
 from gt_core.client.remote import InlineStaging
 from gt_core.client.transport import ProcessTransport, without_main
+from gt_core.errors import ConfigError
 from gt_core.observe import events as ev
 
 __all__ = ["GroupTransport"]
@@ -73,6 +74,7 @@ class GroupTransport(InlineStaging, ProcessTransport):
         from gt_core.remote.serve import worker_main
 
         n = options.workers
+        _check_shard_workers(options, n)
         ctx = mp.get_context("spawn")
         self._dir = tempfile.mkdtemp(prefix="gt-group-")
         init = "file://" + os.path.join(self._dir, "rendezvous")
@@ -189,8 +191,12 @@ class GroupTransport(InlineStaging, ProcessTransport):
                     r["recent"].append(e["ms"])
                 elif t == ev.COMPILE_FINISHED:
                     r["compiled"].add(e["signature"])
+                    if "placements" in e:  # (a sharding group's: its inputs' placements)
+                        r["placements"] = e["placements"]
                 elif t in (ev.COMPILE_FAILED, ev.FALLBACK, ev.CHECK_FAILED, ev.REVERT):
                     r["compiled"].discard(e.get("signature"))
+                elif t == ev.SHARDED:  # (kept here: the event log's reset forgets it)
+                    r.setdefault("replicated", {})[e["op"]] = e["reason"]
                 elif t == ev.WORKER and "pid" in e:
                     r["pid"] = e["pid"]
                 if "collectives" in e:
@@ -209,12 +215,28 @@ class GroupTransport(InlineStaging, ProcessTransport):
                     "compiled": sorted(r["compiled"]),
                     "step_ms": statistics.median(r["recent"]) if r["recent"] else None,
                     "collectives": r["collectives"],
+                    "placements": r.get("placements"),
+                    "replicated": dict(r.get("replicated", {})),
                 }
                 key = tuple(sorted((k, str(v)) for k, v in line.items()))
                 if self._sent_ranks.get(rank) != key:
                     self._sent_ranks[rank] = key
                     out.append(ev.event(ev.RANK, **line))
         return out
+
+
+def _check_shard_workers(options, n: int) -> None:
+    """A signal's ``shard: {workers: [...]}`` names every rank of the group (or is left out):
+    a tensor is split over the whole group."""
+    for name, spec in options.signals.items():
+        workers = spec.get("shard", {}).get("workers")
+        if workers is not None and sorted(workers) != list(range(n)):
+            raise ConfigError(
+                f"signal {name!r} shard workers",
+                workers,
+                f"every rank of the group, {list(range(n))} (a tensor is split over the whole "
+                "group), or no workers: name them all, or change workers",
+            )
 
 
 @contextlib.contextmanager

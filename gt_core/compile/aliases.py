@@ -39,12 +39,19 @@ def key(inputs) -> tuple:
     another input shares it (an empty storage shares nothing)."""
     first: dict = {}
     owner = []
+    inputs = [getattr(x, "_local_tensor", x) for x in inputs]  # (a DTensor: this rank's part)
     for k, x in enumerate(inputs):
         st = x.untyped_storage()
         p = st.data_ptr() if st.nbytes() else None
         owner.append(k if p is None else first.setdefault(p, k))
     shared = {j for k, j in enumerate(owner) if j != k}
     return tuple((j, inputs[k].storage_offset()) if j in shared else j for k, j in enumerate(owner))
+
+
+def placements(inputs) -> list:
+    """Per input, its DTensor placements over a worker group's ranks (None: a plain tensor,
+    whole on every rank): a compiled block is traced for them."""
+    return [getattr(t, "placements", None) for t in inputs]
 
 
 def of(inputs) -> Aliases | None:

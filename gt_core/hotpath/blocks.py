@@ -57,6 +57,8 @@ class Block:
         self.judged = False  # regression check done
         self.checked = False  # its first compiled run was compared with eager (numerics)
         self.aliases = None  # how its inputs share storages (gt_core.compile.aliases), if they do
+        self.placements = None  # per input, its DTensor placements (None: a plain tensor)
+        self.placement_miss = False  # a run's inputs were laid out otherwise (said once)
         self.aliases_unknown = False  # its inputs were gone when it was found
         self.compile_due = False  # to compile at its next run, its inputs seen
         self.realiased = False  # compiled again for how a run's inputs shared memory

@@ -47,6 +47,8 @@ class Compiler:
         # Whether an outcome holds on every rank of a worker group (see gt_core.remote.group);
         # one worker: as it is.
         self.agree = _alone
+        # A worker group's sharding (the executor's ShardPolicy), or None: see _examples.
+        self.sharding = None
         self._process: CompileProcess | None = None
         self._lock = threading.Lock()
 
@@ -175,6 +177,8 @@ class Compiler:
             extra = {}
             if graphs:  # CUDA graphs asked for: whether inductor records them, and if not, why
                 extra = {"cudagraphs": "skipped" if skips else "used", "cudagraph_skips": skips}
+            if any(p is not None for p in block.placements or ()):  # (a sharding group's)
+                extra["placements"] = _placements(block.placements)
             self.outbox.emit(
                 ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds, **info, **extra
             )
@@ -214,11 +218,23 @@ class Compiler:
                 list(block.canon.input_meta), block.aliases, scalars
             )
         ]
+        if self.sharding is not None:
+            examples = self.sharding.prepare(gm, examples, block.placements, block.aliases)
         lowering = time.perf_counter() - t0
         with _DYNAMO, explain.measured() as m:
             fn, seconds = compile_block(gm, examples, o.backend, o.mode, o.dynamic)
         phases = {"lowering": round(lowering, 4), **m["phases"]}
         return fn, seconds, {"code": explain.code_of(gm, fn), "phases": phases, "cache": m["cache"]}
+
+
+def _placements(placements) -> dict:
+    """How many of a block's inputs have each placement: {"Shard(dim=0)": 2, ...} (a plain
+    tensor is whole on every rank: "Replicate()")."""
+    out: dict = {}
+    for p in placements:
+        name = "Replicate()" if p is None else ", ".join(repr(x) for x in p)
+        out[name] = out.get(name, 0) + 1
+    return out
 
 
 def _no_grad(fn):

@@ -55,7 +55,9 @@ class Registry:
             canon, paths, self._ops_by_name(), period, value_meta=self._value_meta(namer), **kw
         )
         try:  # (how the inputs of the occurrence just seen share memory, if all still alive)
-            block.aliases = aliases.of(self.ex.lookup(namer.inputs))
+            inputs = self.ex.lookup(namer.inputs)
+            block.aliases = aliases.of(inputs)
+            block.placements = aliases.placements(inputs)
         except (KeyError, TypeError):  # unknown: found at its next run (Runner.run)
             block.aliases_unknown = True
         return block
@@ -96,7 +98,10 @@ class Registry:
             return None
         try:
             n = len(block.scalar_dtypes)
-            return build_graph(block.canon, block.ops, block.out_paths, False, n, lift=False)
+            gm = build_graph(block.canon, block.ops, block.out_paths, False, n, lift=False)
+            if self.ex.sharding is not None:  # (every op through the sharding policy)
+                self.ex.sharding.wrap_graph(gm)
+            return gm
         except Exception:  # the instructions run it (a form FX cannot express)
             if self.options.debug:
                 traceback.print_exc()

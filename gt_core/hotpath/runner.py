@@ -94,7 +94,9 @@ class Runner:
     def _see_aliases(self, block: Block, occ: Occurrence) -> None:
         """Take how this occurrence's inputs share memory as what the block compiles for."""
         try:
-            block.aliases = aliases.of(self.ex.lookup(occ.inputs))
+            inputs = self.ex.lookup(occ.inputs)
+            block.aliases = aliases.of(inputs)
+            block.placements = aliases.placements(inputs)
         except KeyError:
             pass  # (an input missing: the run reports it)
         except TypeError as exc:
@@ -113,6 +115,15 @@ class Runner:
         """Whether the occurrence's inputs share memory as the compiled block's did (see
         gt_core.compile.aliases). The first time they do not, the block compiles again for
         what they do; after that, such a run runs eagerly (said once)."""
+        if self.ex.sharding is not None and aliases.placements(inputs) != block.placements:
+            if not block.placement_miss:  # (compiled for other layouts over the ranks)
+                block.placement_miss = True
+                why = (
+                    "its inputs are laid out over the ranks otherwise (sharded or whole) than "
+                    "it was compiled for: such runs run eagerly"
+                )
+                self.outbox.emit(ev.NOTE, signature=block.sig, reason=why)
+            return False
         now = aliases.key(inputs)
         want = block.aliases.key if block.aliases is not None else None
         if (want is None and all(type(k) is int for k in now)) or now == want:

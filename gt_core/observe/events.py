@@ -60,7 +60,10 @@ WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause
 GROUP = (
     "worker.group"  # rank, world, collectives, pid: a worker group's rank, as it starts and agrees
 )
-RANK = "worker.rank"  # rank, world, pid, runs {kind: n}, compiled [sig], step_ms, collectives
+SHARDED = "worker.sharded"  # op, reason: an op of sharded values ran replicated (said once per op)
+# rank, world, pid, runs {kind: n}, compiled [sig], step_ms, collectives, placements {p: n},
+# replicated {op: why}
+RANK = "worker.rank"
 # ops, frees, syncs, uploads, fetches, bytes_up, up_ms, bytes_down, down_ms: the client's
 # counters, cumulative (gt_core.observe.report.COUNTERS); base: a log's start
 STATS = "stats"

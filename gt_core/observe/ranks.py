@@ -1,5 +1,6 @@
-"""A worker group's ranks in the report: each rank's runs, step time, compiled blocks and
-collectives, from its newest ``worker.rank`` event (plain data, no torch)."""
+"""A worker group's ranks in the report: each rank's runs, step time, compiled blocks,
+collectives, its hot path's input placements and the ops a sharding group ran replicated,
+from its newest ``worker.rank`` event (plain data, no torch)."""
 
 from __future__ import annotations
 
@@ -31,11 +32,22 @@ def summarize_ranks(events: list[dict]) -> list[dict]:
                 "compiled": list(e.get("compiled", [])),
                 "collectives": e.get("collectives", 0),
                 "collectives_per_step": e.get("collectives", 0) / runs if runs else None,
-                # No sharding yet: every rank holds every input whole.
-                "placements": "Replicate() for every input",
+                "placements": _placements(e.get("placements")),
+                # the ops a sharding group ran on whole values, and why (worker.sharded)
+                "replicated": [
+                    {"op": op, "reason": why} for op, why in e.get("replicated", {}).items()
+                ],
             }
         )
     return out
+
+
+def _placements(counts: dict | None) -> str:
+    """The compiled hot path's inputs by placement, 'Shard(dim=0) x2, Replicate() x8' (no
+    sharding: every input whole on every rank)."""
+    if not counts:
+        return "Replicate() for every input"
+    return ", ".join(f"{p} x{n}" for p, n in counts.items())
 
 
 def rows(ranks: list[dict]) -> list[dict]:
@@ -62,11 +74,14 @@ def lines(ranks: list[dict]) -> list[str]:
         return []
     out = [
         f"worker group: {ranks[0]['world']} ranks (torch.distributed), every rank runs the "
-        "stream; hot path inputs Replicate() on every rank (no sharding)"
+        f"stream; hot path inputs: {ranks[0]['placements']}"
     ]
     for r in rows(ranks):
         out.append(
             f"  rank {r['rank']} (pid {r['pid']}): {r['runs']} runs, step {r['step ms']} ms, "
-            f"compiled {r['compiled']}, {r['collectives/step']} collectives per step"
+            f"compiled {r['compiled']}, {r['collectives/step']} collectives per step, "
+            f"inputs {r['inputs']}"
         )
+    for x in ranks[0]["replicated"]:
+        out.append(f"  ran replicated (sharded values made whole): {x['op']}: {x['reason']}")
     return out

@@ -15,9 +15,11 @@ from torch.utils._pytree import tree_flatten
 
 from gt_core.errors import UnsupportedOperation
 from gt_core.remote.portable import for_device
+from gt_core.remote.shard import local
 from gt_core.stream.instructions import (
     DEFOP,
     FREE,
+    MARK,
     OP,
     PUT,
     RNG,
@@ -98,6 +100,7 @@ class Executor:
         self.publish = publish or (lambda events: None)
         self.executed = 0
         self._names: dict[int, str] = {}
+        self.sharding = None  # a sharding worker group's ShardPolicy (None: ops called directly)
 
     # -- the stream ----------------------------------------------------------------------
     def execute(self, ins) -> None:
@@ -109,14 +112,17 @@ class Executor:
             self.values.pop(ins.vid, None)
             self.poisoned.discard(ins.vid)
         elif code == PUT:
-            self.values[ins.vid] = ins.value.to(self.device)  # (the tensor itself on the CPU)
+            value = ins.value.to(self.device)  # (the tensor itself on the CPU)
+            self.values[ins.vid] = value if self.sharding is None else self.sharding.place(value)
         elif code == DEFOP:
             self.define(ins.op, ins.name, ins.module)
         elif code == SEED:
             torch.manual_seed(ins.seed)
         elif code == RNG:
             torch.set_rng_state(ins.state)
-        # MARK and SYNC carry no work; the engine reads them.
+        elif code == MARK and self.sharding is not None:
+            self.sharding.mark(ins.name, ins.phase)
+        # SYNC carries no work, nor MARK but for sharding; the engine reads them.
         self.executed += 1
 
     def define(self, idx: int, qualified: str, module: str | None = None) -> None:
@@ -167,7 +173,8 @@ class Executor:
         if self._device_arg[idx]:
             k = self._place(k)
         try:
-            result = self.ops[idx](*a, **k)
+            op = self.ops[idx]
+            result = op(*a, **k) if self.sharding is None else self.sharding.call(op, a, k)
         except Exception as exc:
             self.fail(exc, self.ops[idx], a, k, outs)
             return None
@@ -267,7 +274,9 @@ class Executor:
             )
         # The worker's own tensor: the transport copies it out (staged, or cloned in process),
         # lazy conjugate and negative bits applied, a view's storage beyond it left behind.
-        return self.values[vid].detach()
+        # A sharded value is made whole (a collective: every rank of the group fetches it).
+        value = self.values[vid].detach()
+        return value if self.sharding is None else self.sharding.whole(value)
 
     def call(self, idx: int, args, kwargs, base_id: int):
         """Run one op now (a sync op) and describe its outputs for the client."""
@@ -276,7 +285,7 @@ class Executor:
             k = self._place(k)
         op = self.ops[idx]
         try:
-            result = op(*a, **k)
+            result = op(*a, **k) if self.sharding is None else self.sharding.read(op, a, k)
         except Exception as exc:
             try:
                 exc.add_note(f"(gt worker: raised by {op_name(op)}({describe_args(a, k)}))")
@@ -317,7 +326,7 @@ class Executor:
             "executed": self.executed,
             "bytes": sum(
                 t.untyped_storage().nbytes()
-                for t in self.values.values()
+                for t in map(local, self.values.values())
                 if t.layout == torch.strided  # (the only kind there is: see upload and call)
             ),
         }

@@ -17,6 +17,7 @@ import torch
 
 from gt_core.hotpath.engine import Engine
 from gt_core.observe import events as ev
+from gt_core.options import shard_axes
 from gt_core.remote.cpu_share import CpuShare
 from gt_core.remote.executor import Executor
 from gt_core.remote.group import Group, adjust
@@ -165,6 +166,16 @@ def _start(options, publish, group=None) -> Worker:
     if group is not None:
         w.group = Group(group, w.device, publish)
         w.engine.compiler.agree = w.engine.runner.agree = w.group.agree
+        axes = shard_axes(options)
+        if axes:
+            from gt_core.remote.shard import ShardPolicy
+
+            def replicated(op: str, why: str) -> None:
+                w.engine.outbox.emit(ev.SHARDED, op=op, reason=why)
+
+            w.ex.sharding = w.engine.compiler.sharding = ShardPolicy(
+                group.world, w.device, axes, replicated
+            )
     cp = w.engine.compile_process() if options.auto_compile or options.compile_all else None
     if cp is not None:
         cp.start()  # the compile process imports beside this one
