@@ -203,10 +203,39 @@ def test_graph_break_has_reason_and_where(caplog):
     assert b["where"] == f"{HERE}:{line_of('# breaks the graph')}"
     assert "builtin operator `print`" in b["reason"]
     (u,) = user_compiles()
-    assert u["graph_breaks"] == [{"reason": b["reason"], "where": b["where"], "count": 1}]
+    assert u["graph_breaks"] == [
+        {"reason": b["reason"], "where": b["where"], "count": 1, "stack": b["stack"]}
+    ]
+    assert b["stack"][-1] == {
+        "where": b["where"],
+        "function": "breaks_on_print",
+        "text": 'print("step")  # breaks the graph',
+    }
     assert u["compiles"] == 1 and u["graphs"] == 2  # the resume function is its second graph
     assert [x["id"] for x in u["explanations"]] == ["print"]
     assert not logged(caplog, "Graph break")
+
+
+def calls_a_printer(x):
+    return breaks_on_print(x) * 2  # calls the function that breaks
+
+
+def test_a_graph_break_in_a_called_function_has_the_users_stack_down_to_it():
+    x = torch.randn(3)
+    f = torch.compile(calls_a_printer, backend="eager")
+    with gt_core.diagnostics():
+        assert_close(f(x), x.sin().cos() * 2)
+    # (the break is met twice: inlined into calls_a_printer's frame, then in breaks_on_print's
+    # own, where Dynamo suppresses the repeated stack)
+    b = next(b for b in user_events(ev.USER_GRAPH_BREAK) if b["function"] == "calls_a_printer")
+    assert b["where"] == f"{HERE}:{line_of('# breaks the graph')}"
+    frames = [(s["where"], s["function"]) for s in b["stack"]]
+    assert frames[-2:] == [
+        (f"{HERE}:{line_of('# calls the function that breaks')}", "calls_a_printer"),
+        (b["where"], "breaks_on_print"),
+    ]
+    u = next(u for u in user_compiles() if u["function"] == "calls_a_printer")
+    assert u["graph_breaks"][0]["stack"] == b["stack"]
 
 
 def test_item_graph_break_suggests_capture_scalar_outputs(caplog):

@@ -217,12 +217,17 @@ def test_a_user_compile_shows_its_compiles_failed_guard_breaks_and_guards():
         {"type": ev.USER_RECOMPILE, "t": 2.0, "function": "step", "compile_id": "0/1",
          "reason": "n == 1", "where": where, "source": "return x * n"},
         {"type": ev.USER_GRAPH_BREAK, "t": 2.0, "function": "step", "reason": "print()",
-         "where": "cell.py:9"},
+         "where": "cell.py:9", "stack": [
+             {"where": "cell.py:12", "function": "<module>", "text": "compiled(x, 2)"},
+             {"where": "cell.py:9", "function": "step", "text": "print(n)"}]},
     ]  # fmt: skip
     ex = Explorer(summarize(events), namespace={"step": compiled})
     assert ex.selector.value == "user:step" and ex.path is None
     shown = ex.compile.value
     assert "0/0, 0/1" in shown and "failed guard n == 1 at cell.py:7: return x * n" in shown
     assert "print() at cell.py:9" in shown
+    assert shown.index("cell.py:12 in &lt;module&gt;: compiled(x, 2)") < shown.index(
+        "cell.py:9 in step: print(n)"
+    )  # the user's stack down to the break, outermost first
     assert "guards" in shown and "entry" in shown  # each cache entry's guards, from Dynamo
     assert "cell.py:9" in ex.source.value and "graph break" in ex.source.value

@@ -1,5 +1,6 @@
-"""Graph breaks: ``user.graph_break`` events, with the break's ``file:line`` where Dynamo's
-graph-break log gave one, else the reasons its compile record lists."""
+"""Graph breaks: ``user.graph_break`` events, with the break's ``file:line`` and the user's
+stack down to it where Dynamo's graph-break log gave them, else the reasons its compile
+record lists."""
 
 from __future__ import annotations
 
@@ -11,6 +12,24 @@ from gt_core.observe import events as ev
 from gt_core.observe.causes import short_reason
 
 __all__ = ["BreakEvents"]
+
+
+_FRAME = re.compile(r'^  File "(.+?)", line (\d+), in (.+)$')
+
+
+def user_stack(msg: str) -> list[dict]:
+    """The frames of a graph-break log's "User code traceback", outermost first: each
+    ``{"where": "file:line", "function": name, "text": its source line}`` (Dynamo leaves it out
+    of a break it logged before: then [])."""
+    lines = msg.split("\nUser code traceback:\n", 1)[-1].splitlines() if "User code" in msg else []
+    frames: list[dict] = []
+    for line in lines:
+        m = _FRAME.match(line)
+        if m:
+            frames.append({"where": f"{m[1]}:{m[2]}", "function": m[3], "text": ""})
+        elif frames and not frames[-1]["text"] and line.strip() and set(line.strip()) != {"^"}:
+            frames[-1]["text"] = line.strip()
+    return frames
 
 
 class BreakEvents:
@@ -28,6 +47,7 @@ class BreakEvents:
             "reason": short_reason(msg),
             "where": f"{loc[1]}:{loc[2]}" if loc else "",
             "detail": body[:1000],
+            "stack": user_stack(msg),
         }
         self.pending.setdefault(hooks.current_compile_id() or "?", []).append(brk)
         return True

@@ -127,7 +127,12 @@ def _graph_break(u: dict, e: dict) -> None:
         same["count"] += 1
     else:
         u["graph_breaks"].append(
-            {"reason": e.get("reason", ""), "where": e.get("where", ""), "count": 1}
+            {
+                "reason": e.get("reason", ""),
+                "where": e.get("where", ""),
+                "count": 1,
+                "stack": e.get("stack") or [],  # the user's frames, outermost first
+            }
         )
 
 

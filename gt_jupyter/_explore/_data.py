@@ -236,6 +236,9 @@ def user_rows(u: dict) -> list[dict]:
         rows.append(
             {"what": "graph break", "detail": f"{b['reason']} at {b['where']} (×{b['count']})"}
         )
+        for f in b.get("stack", ()):  # the user's stack down to the break
+            text = f" {f['text']}" if f["text"] else ""
+            rows.append({"what": "", "detail": f"  {f['where']} in {f['function']}:{text}"})
     for x in u["explanations"]:
         rows.append({"what": "what to do", "detail": f"{x['cause']} -> {x['fix']}"})
     if u["limit_hit"]:
