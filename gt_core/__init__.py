@@ -27,7 +27,7 @@ _CLIENT = {
     "capture": "gt_core.client.capture",
     "worker": "gt_core.client.capture",
     "WorkerHandle": "gt_core.client.capture",
-    "to_worker": "gt_core.client.capture",
+    "to_worker": "gt_core.client.moves",
     "report": "gt_core.client.capture",
     "reset": "gt_core.client.capture",
     "wait": "gt_core.client.capture",

@@ -1,4 +1,4 @@
-"""The public entry points: capture(), the worker handle, to_worker(), report()/reset().
+"""The public entry points: capture(), the worker handle, report()/reset() (to_worker: moves).
 
 One session (one worker) at a time, started on first use and replaced by restart().
 """
@@ -26,8 +26,7 @@ from gt_core.client.patches import (
     unpatch_threads,
 )
 from gt_core.client.proxy import Proxy
-from gt_core.client.session import LOCK, Session, set_live_session
-from gt_core.client.uploads import upload
+from gt_core.client.session import Session, set_live_session
 from gt_core.diagnostics.stance import in_worker as _in_worker
 from gt_core.diagnostics.stance import routing
 from gt_core.errors import CaptureError, ConfigError
@@ -39,7 +38,6 @@ from gt_core.stream.requests import SetOptions, Stats, WaitCompiles
 __all__ = [
     "capture",
     "worker",
-    "to_worker",
     "report",
     "reset",
     "wait",
@@ -329,42 +327,6 @@ def _on_routed():
             )
 
     return on_routed
-
-
-def to_worker(obj):
-    """Move a tensor, an nn.Module (in place) or an optimizer's state to the worker."""
-    with LOCK:
-        return _to_worker(obj)
-
-
-def _to_worker(obj):
-    s = session()
-    if isinstance(obj, Proxy):
-        return obj
-    if isinstance(obj, torch.Tensor):
-        p = upload(Proxy, s, obj, cache=False)
-        if obj.requires_grad:
-            p = p.detach().requires_grad_(True)
-        return (
-            torch.nn.Parameter(p, requires_grad=obj.requires_grad)
-            if isinstance(obj, torch.nn.Parameter)
-            else p
-        )
-    if isinstance(obj, torch.nn.Module):
-        for t in [*obj.parameters(), *obj.buffers()]:
-            if not isinstance(t, Proxy):
-                new = _to_worker(t)
-                torch.utils.swap_tensors(t, new)
-        return obj
-    if isinstance(obj, torch.optim.Optimizer):
-        for state in obj.state.values():
-            for k, v in list(state.items()):
-                if isinstance(v, torch.Tensor) and not isinstance(v, Proxy):
-                    state[k] = _to_worker(v)
-        return obj
-    raise TypeError(
-        f"gt_core.to_worker: expected a Tensor, nn.Module or Optimizer, got {type(obj).__name__}"
-    )
 
 
 def wait(compiles: bool = False, timeout: float | None = None) -> None:
