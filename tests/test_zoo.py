@@ -198,3 +198,21 @@ def test_the_decode_step_compiles_under_inductor_and_replays_equal_to_eager(proc
     assert entry.refused is None and entry.replayed >= DECODE_STEPS - 3
     (path,) = [p for p in _paths() if p["n_ops"] > 50]
     assert path["status"] == "compiled" and path["compiled_runs"] > 0, path
+
+
+def test_a_run_of_alike_updates_inside_the_step_does_not_hide_the_step(zooed):
+    """ResNet with frozen BatchNorm: SGD's updates of three alike parameters repeat back to
+    back inside each step and are found first (threshold 3). Their run breaks after every
+    occurrence, so that block is retired (a note says why) and the whole step is found and
+    compiled; without the rule the step was never found."""
+    from gt_core.observe import events as ev
+
+    steps = 14
+    want_losses, want = _eager("resnet-frozen-bn", steps=steps)
+    losses, got, _ = _through_gt("resnet-frozen-bn", jit=False, steps=steps)
+    assert losses == pytest.approx(want_losses, abs=TOL)
+    _equal(got, want)
+    (step,) = [p for p in _paths() if p["n_ops"] > 50]
+    assert step["status"] == "compiled" and step["compiled_runs"] >= 3
+    notes = [e for e in gt_core.events_log().snapshot() if e["type"] == ev.NOTE]
+    assert any("larger loop's body" in e["reason"] for e in notes)

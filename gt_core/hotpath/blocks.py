@@ -72,6 +72,9 @@ class Block:
         self.plan = None  # set when registered: what the client matches and RUNs carry
         self.free_slots: list = []  # the plan's freed values, in order (what a RUN frees)
         self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan
+        self.broken_runs = 0  # back-to-back repetitions expected after an occurrence that broke
+        self.occurrences = 0  # occurrences matched since it was found
+        self.retired = False  # not a loop's body after all: matched no more (see Blocks.retire)
         self.n_produced = sum(
             1 for e in canon.entries if e.kind == "op" for o in e.outs if o is not None
         )
@@ -94,6 +97,20 @@ class Blocks:
             first = block.canon.entries[0]
             self._by_first.setdefault(first, []).append(block)
             self._free_first = self._free_first or first.kind == "free"
+
+    def retire(self, block: Block) -> None:
+        """Match ``block`` no more. A block found as back-to-back repetitions that then never
+        repeat back to back (a run of alike parameters in an optimizer's loop: three found in
+        one step, the fourth differs) is part of a larger loop's body; its occurrences would
+        each restart the search, and the loop around it would never be found."""
+        block.retired = True
+        self._lift_first = [b for b in self._lift_first if b is not block]
+        for first, bs in list(self._by_first.items()):
+            kept = [b for b in bs if b is not block]
+            if kept:
+                self._by_first[first] = kept
+            else:
+                del self._by_first[first]
 
     def get(self, sig) -> Block | None:
         return self._by_sig.get(sig)

@@ -222,8 +222,11 @@ class Engine:
         if len({canon.id for canon, _ in forms}) != 1:
             return False
         canon, namer = forms[-1]
+        known = self.blocks.get(canon.id)
+        if known is not None and known.retired:
+            return False  # (the loop around it is searched for as the history grows)
         self.matcher.expect(c.gap)
-        if canon.id not in self.blocks:
+        if known is None:
             begin = c.occurrences[-1]
             paths = H.out_paths_of(range(begin, begin + c.length))
             dtypes = tuple(namer.dtypes) if c.lift else ()

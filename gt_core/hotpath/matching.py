@@ -16,6 +16,12 @@ from gt_core.stream.instructions import BARRIERS, FREE, MARK, OP, SYNC
 
 __all__ = ["Matcher"]
 
+# A block is retired (Blocks.retire) once the occurrence expected right after each of its
+# occurrences has broken, this many times: a loop's body repeats back to back and breaks its
+# run once per loop (or at a step that differs now and then); a run of alike ops inside a
+# larger loop's body (an optimizer's update of three alike parameters) breaks after each one.
+_BROKEN_RUNS = 2
+
 
 class Matcher:
     """The occurrence in progress: the candidate blocks still matching, and the buffer."""
@@ -69,6 +75,8 @@ class Matcher:
         """
         if self.trackers:  # instructions before it that began to look like a block
             self.flush(mismatch=False)
+        if block.retired:  # (a RUN sent before the client heard): its instructions, as they are
+            return None
         meta = block.canon.input_meta
         if (
             len(inputs) != len(meta)
@@ -78,12 +86,14 @@ class Matcher:
             block.withdrawn = True
             self.outbox.emit(ev.PLAN, signature=block.sig, plan=None)
             return None
+        block.occurrences += 1
         return Occurrence.planned(block, inputs, produced, scalars)
 
     def flush(self, mismatch: bool, got=None) -> None:
         """Run buffered instructions eagerly: the occurrence did not complete."""
         if mismatch and self.trackers and self.buf and not self.speculative:
             t = max(self.trackers, key=lambda t: t.pos)
+            self._broke_run(t.block)
             if t.pos > 0 or len(self.buf) > 1:
                 entries = t.block.canon.entries
                 expected = _expected(entries[t.pos]) if t.pos < len(entries) else "end"
@@ -98,6 +108,26 @@ class Matcher:
         self.gap = -1
         for ins in buf:
             self.run_eagerly(ins)
+
+    def _broke_run(self, block: Block) -> None:
+        """An occurrence expected right after the last one broke (see _BROKEN_RUNS): the
+        block may be retired, said once."""
+        if block.gap != 0 or block.retired:
+            return
+        block.broken_runs += 1
+        b = block.broken_runs
+        if b >= _BROKEN_RUNS and b >= block.occurrences:
+            self.blocks.retire(block)
+            if block.plan is not None and not block.withdrawn:
+                block.withdrawn = True  # the client's matcher drops its plan too
+                self.outbox.emit(ev.PLAN, signature=block.sig, plan=None)
+            self.outbox.emit(
+                ev.NOTE,
+                signature=block.sig,
+                reason=f"its back-to-back repetitions broke {b} times in {block.occurrences} "
+                "occurrences: part of a larger loop's body, matched no more so that the loop "
+                "around it can be found",
+            )
 
     def _start(self, ins) -> bool:
         if ins.code == FREE and not self.blocks.may_start_with_free():
@@ -123,6 +153,7 @@ class Matcher:
         self.trackers = alive
         done = next((t for t in alive if t.complete), None)
         if done is not None:
+            done.block.occurrences += 1
             self.on_occurrence(done.block, Occurrence.tracked(done, self.buf))
 
     def _describe(self, ins) -> str:
