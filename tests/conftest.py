@@ -126,3 +126,28 @@ def until(cond, timeout: float = 30.0) -> bool:
             return True
         time.sleep(0.02)
     return False
+
+
+@pytest.fixture
+def group():
+    """Options for a 2-rank worker group (test_group, test_shard); afterwards no rank,
+    segment or folder of it is left."""
+    gt_core.worker().stop()
+    gt_core.configure(
+        backend="aot_eager", auto_compile=True, threshold=3, regression_samples=10_000
+    )
+    gt_core.reset()
+    seen: list = []
+    yield seen
+    from gt_core.client import capture as _capture
+
+    s = _capture._state["session"]
+    last = s.transport if s is not None else None
+    gt_core.worker().stop()
+    for t in [*seen, *([last] if last is not None else [])]:
+        procs = getattr(t, "procs", [])
+        assert until(lambda procs=procs: not any(p.is_alive() for p in procs), 30)
+        pids = {p.pid for p in procs}
+        left = [n for n in os.listdir("/dev/shm") if n.split("-")[2:3] in [[str(p)] for p in pids]]
+        assert not left, left
+        assert not os.path.exists(t._dir)

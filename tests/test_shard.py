@@ -6,28 +6,12 @@ import contextlib
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import until
 
 import gt_core
 from gt_core.client import capture as _capture
 from gt_core.observe import events as ev
 from gt_core.workloads import TRANSFORMER, mlp, training_step
 from gt_jupyter._render import to_html
-
-
-@pytest.fixture
-def group():
-    """Options for a sharding 2-rank group; afterwards no rank of it is left."""
-    gt_core.worker().stop()
-    gt_core.configure(
-        backend="aot_eager", auto_compile=True, threshold=3, regression_samples=10_000
-    )
-    gt_core.reset()
-    yield
-    s = _capture._state["session"]
-    procs = getattr(s.transport, "procs", []) if s is not None else []
-    gt_core.worker().stop()
-    assert until(lambda: not any(p.is_alive() for p in procs), 30)
 
 
 def _classes(y):
