@@ -202,9 +202,9 @@ def test_the_decode_step_compiles_under_inductor_and_replays_equal_to_eager(proc
 
 def test_a_run_of_alike_updates_inside_the_step_does_not_hide_the_step(zooed):
     """ResNet with frozen BatchNorm: SGD's updates of three alike parameters repeat back to
-    back inside each step and are found first (threshold 3). Their run breaks after every
-    occurrence, so that block is retired (a note says why) and the whole step is found and
-    compiled; without the rule the step was never found."""
+    back inside each step and are found first (threshold 3), long after the step began. The
+    run breaks right after it is found, so that block is retired (a note says why) and the
+    whole step is found and compiled; without the rule the step was never found."""
     from gt_core.observe import events as ev
 
     steps = 14

@@ -74,6 +74,7 @@ class Block:
         self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan
         self.broken_runs = 0  # back-to-back repetitions expected after an occurrence that broke
         self.occurrences = 0  # occurrences matched since it was found
+        self.embedded = False  # found after a longer stretch of unrepeated instructions
         self.retired = False  # not a loop's body after all: matched no more (see Blocks.retire)
         self.n_produced = sum(
             1 for e in canon.entries if e.kind == "op" for o in e.outs if o is not None

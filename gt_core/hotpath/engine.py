@@ -37,6 +37,12 @@ from gt_core.stream.requests import JitPlan, SetOptions, WaitCompiles
 
 __all__ = ["Engine"]
 
+# A block found after more than this many times its run's instructions of unrepeated ones
+# is "embedded": a run of a few alike parameter updates inside a step is tens of instructions
+# after the step's hundreds, where a loop's first steps are found after a setup of about
+# their own size (a model's initialisation).
+_EMBEDDED = 8
+
 
 class Engine:
     """Detects hot blocks in the stream, compiles them, and runs their occurrences."""
@@ -232,5 +238,8 @@ class Engine:
             dtypes = tuple(namer.dtypes) if c.lift else ()
             block = self.registry.form(canon, namer, paths, p, lift=c.lift, scalar_dtypes=dtypes)
             block.op_ms = H.profile(c.occurrences, c.length)
+            # Its run is short next to the unrepeated instructions before it: it may be a run
+            # of alike ops inside a longer loop's body (see Matcher._broke_run).
+            block.embedded = c.occurrences[0] > _EMBEDDED * len(c.occurrences) * c.length
             self.registry.adopt(block, len(c.occurrences), recording_t=H.started)
         return True

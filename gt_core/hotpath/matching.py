@@ -20,6 +20,8 @@ __all__ = ["Matcher"]
 # occurrences has broken, this many times: a loop's body repeats back to back and breaks its
 # run once per loop (or at a step that differs now and then); a run of alike ops inside a
 # larger loop's body (an optimizer's update of three alike parameters) breaks after each one.
+# One found after a longer stretch of unrepeated instructions than its run (Block.embedded)
+# is retired at once when the occurrence expected right after its finding breaks.
 _BROKEN_RUNS = 2
 
 
@@ -116,7 +118,9 @@ class Matcher:
             return
         block.broken_runs += 1
         b = block.broken_runs
-        if b >= _BROKEN_RUNS and b >= block.occurrences:
+        if (b >= _BROKEN_RUNS and b >= block.occurrences) or (
+            block.embedded and not block.occurrences
+        ):
             self.blocks.retire(block)
             if block.plan is not None and not block.withdrawn:
                 block.withdrawn = True  # the client's matcher drops its plan too
