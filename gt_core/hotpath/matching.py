@@ -85,8 +85,7 @@ class Matcher:
             or len(produced) != block.n_produced
             or not self.fits(inputs, meta)
         ):
-            block.withdrawn = True
-            self.outbox.emit(ev.PLAN, signature=block.sig, plan=None)
+            self._withdraw(block)
             return None
         block.occurrences += 1
         return Occurrence.planned(block, inputs, produced, scalars)
@@ -123,8 +122,7 @@ class Matcher:
         ):
             self.blocks.retire(block)
             if block.plan is not None and not block.withdrawn:
-                block.withdrawn = True  # the client's matcher drops its plan too
-                self.outbox.emit(ev.PLAN, signature=block.sig, plan=None)
+                self._withdraw(block)
             self.outbox.emit(
                 ev.NOTE,
                 signature=block.sig,
@@ -132,6 +130,11 @@ class Matcher:
                 "occurrences: part of a larger loop's body, matched no more so that the loop "
                 "around it can be found",
             )
+
+    def _withdraw(self, block: Block) -> None:
+        """The client's matcher stops using ``block``'s plan (its RUNs would not be taken)."""
+        block.withdrawn = True
+        self.outbox.emit(ev.PLAN, signature=block.sig, plan=None)
 
     def _start(self, ins) -> bool:
         if ins.code == FREE and not self.blocks.may_start_with_free():
