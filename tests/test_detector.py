@@ -10,9 +10,10 @@ from gt_core.hotpath.detector import (
     longest_segment,
     periodic_since,
     repeating_period,
+    trim,
 )
 from gt_core.hotpath.history import local_key
-from gt_core.stream.instructions import FREE, OP, SYNC, Free, Op, Ref, Sync
+from gt_core.stream.instructions import FREE, OP, PUT, SYNC, Free, Op, Put, Ref, Sync
 
 MIN_SEQ = 4
 
@@ -158,7 +159,9 @@ def test_floats_that_change_each_step_are_lifted_or_cut_at():
     lifts, barriers = changes(instrs, p, 3)  # nothing can be lifted: the op is a barrier
     assert lifts == {} and barriers == [add]
     c = cut(instrs, p, 3, MIN_SEQ, lifts, barriers)
-    assert c.length == p - 1 and instrs[c.start].code == FREE  # after the op, around to it
+    # after the op, around to it, without the frees at both ends: op 0 to op 2
+    assert c.length == p - 3 and instrs[c.start][:2] == (OP, 0)
+    assert instrs[c.start + c.length - 1][:2] == (OP, 2)
 
 
 def test_a_sync_point_each_step_bounds_the_block():
@@ -168,7 +171,7 @@ def test_a_sync_point_each_step_bounds_the_block():
     lifts, barriers = changes(instrs, p, 3)
     assert barriers == [len(instrs) - 1]
     c = cut(instrs, p, 3, MIN_SEQ, lifts, barriers)
-    assert (c.start, c.length, c.gap) == (len(instrs) - p, 7, 0)
+    assert (c.start, c.length, c.gap) == (len(instrs) - p, 6, 0)  # (the step's last free: out)
 
 
 def test_longest_segment_wraps_around_the_period():
@@ -183,3 +186,60 @@ def test_a_block_seen_once_is_no_cut():
     assert cut(instrs, 7, 2, MIN_SEQ, {}, []) is not None
     assert cut(instrs[:10], 7, 2, MIN_SEQ, {}, []) is None  # one complete occurrence at most
     assert cut(instrs, 7, 3, 8, {}, []) is None  # shorter than min_seq
+
+
+# -- a stretch between uploads: where the user's variables die is not the block's ----------
+VIEW = 9  # the op number of a view (``t`` of a weight)
+
+
+def _fed_step(base: int, keep_loss: bool) -> list:
+    """upload x; h = f(x, W.t()); loss = g(h); grads; W.sub_(...); the next step's W.t().
+
+    ``keep_loss``: the loss lives until the next step's assignment (``loss = step(x)``),
+    else it dies as the step returns. Either way the frees of the step's end land among the
+    next step's first instructions, before its upload."""
+    x, wt, h, loss, g = base, base + 1, base + 2, base + 3, base + 4
+    dead = [base - 10 + 3] if keep_loss else [loss]  # the loss before, or this one
+    return [
+        Put(PUT, x, None),
+        Op(OP, 0, (Ref(x), Ref(wt - 10)), {}, [h]),
+        Op(OP, 1, (Ref(h),), {}, [loss]),
+        Op(OP, 2, (Ref(loss), Ref(h)), {}, [g]),
+        Free(FREE, h),
+        Op(OP, 3, (Ref(PARAM), Ref(g)), {}, [None]),
+        Free(FREE, g),
+        Free(FREE, x),
+        *[Free(FREE, v) for v in dead],
+        Op(OP, VIEW, (Ref(PARAM),), {}, [wt]),
+    ]
+
+
+def test_frees_and_views_at_the_edges_of_a_stretch_stay_out_of_the_block():
+    """Two loops running the same step, one keeping its loss until the next step and one
+    dropping it, free other values at the stretch's end: the block is the same stretch of
+    ops either way, the frees and the next step's view outside it."""
+    cuts = []
+    for keep in (False, True):
+        instrs = [i for s in range(5) for i in _fed_step(100 + 10 * s, keep)]
+        keys = [local_key(i) for i in instrs]
+        p = repeating_period(keys, 3, 3)
+        lifts, barriers = changes(instrs, p, 3)
+        c = cut(instrs, p, 3, 3, lifts, barriers, is_view=lambda ins: ins.op == VIEW)
+        block = [instrs[c.start + k] for k in range(c.length)]
+        cuts.append([(i.code, getattr(i, "op", None)) for i in block])
+    assert cuts[0] == cuts[1]
+    assert cuts[0][0] == (OP, 0) and cuts[0][-1] == (OP, 3)  # (the write ends it)
+
+
+def test_trim_keeps_views_the_stretch_reads_and_ops_that_compute():
+    instrs = [
+        Free(FREE, 1),
+        Op(OP, VIEW, (Ref(PARAM),), {}, [2]),  # read below: stays
+        Op(OP, 0, (Ref(2),), {}, [3]),
+        Free(FREE, 2),
+        Op(OP, 1, (Ref(3),), {}, [4]),  # computes, read by nothing here: stays
+        Free(FREE, 3),
+        Op(OP, VIEW, (Ref(PARAM),), {}, [5]),  # read by nothing here: out
+    ]
+    assert trim(instrs, 0, len(instrs), len(instrs), lambda i: i.op == VIEW) == (1, 4)
+    assert trim(instrs, 0, len(instrs), len(instrs)) == (1, 6)  # (no view known)

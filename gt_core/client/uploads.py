@@ -25,7 +25,36 @@ CONSTANT_NUMEL = 1 << 16
 _SCALAR_TENSOR = torch.ops.aten.scalar_tensor.default
 _CPU = torch.device("cpu")
 
-_uploads: dict[int, tuple] = {}  # id(plain tensor) -> (weakref, version, session gen, proxy ref)
+# id(plain tensor) -> (weakref to it, its version, session gen, its proxy). The proxy lives as
+# long as the plain tensor: a batch used in the forward is used again by its backward (autograd
+# saved the plain tensor), and a view of it there is the same view of the worker's copy.
+_uploads: dict[int, tuple] = {}
+
+
+def _cached(session, t: torch.Tensor):
+    """The proxy of ``t``'s upload while ``t`` is unchanged since (None: there is none)."""
+    hit = _uploads.get(id(t))
+    if hit is not None:
+        ref, version, gen, p = hit
+        if ref() is t and version == t._version and gen == session.gen:
+            return p
+    return None
+
+
+def _view_of_upload(session, t: torch.Tensor):
+    """A view of an uploaded host tensor, as the same view of the worker's copy (no bytes):
+    the copy is laid out as the host tensor (dense), from its first element on."""
+    b = t._base
+    if t.dtype != b.dtype or (t.is_conj(), t.is_neg()) != (b.is_conj(), b.is_neg()):
+        return None
+    p = _cached(session, b)
+    if p is None or p._gt_v is not None or p._gt_m.stride != b.stride() or not t.numel():
+        return None
+    offset = t.storage_offset() - b.storage_offset()
+    last = offset + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
+    if offset < 0 or last >= b.numel() or min(t.stride(), default=0) < 0:
+        return None
+    return torch.ops.aten.as_strided.default(p, t.shape, t.stride(), offset)
 
 
 def upload(cls, session, t: torch.Tensor, cache: bool = True):
@@ -39,11 +68,11 @@ def upload(cls, session, t: torch.Tensor, cache: bool = True):
             "(strided) only. Use it outside gt_core.capture(), or send t.to_dense()."
         )
     key = id(t)
-    hit = _uploads.get(key)
-    if hit is not None:
-        ref, version, gen, pref = hit
-        p = pref()
-        if ref() is t and version == t._version and gen == session.gen and p is not None:
+    if cache:
+        p = _cached(session, t)
+        if p is None and t._base is not None:
+            p = _view_of_upload(session, t)
+        if p is not None:
             return p
     p = _send(cls, session, t)
     if not cache:
@@ -53,7 +82,7 @@ def upload(cls, session, t: torch.Tensor, cache: bool = True):
             weakref.ref(t, lambda _r, k=key, d=_uploads: d.pop(k, None)),  # (d: at exit too)
             t._version,
             session.gen,
-            weakref.ref(p),
+            p,
         )
     except TypeError:
         pass

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gt_core.hotpath.history import exact_key, value_ids
-from gt_core.stream.instructions import BARRIERS, OP
+from gt_core.stream.instructions import BARRIERS, FREE, OP
 
 __all__ = [
     "Cut",
@@ -22,6 +22,7 @@ __all__ = [
     "cut",
     "best_cut",
     "longest_segment",
+    "trim",
 ]
 
 
@@ -104,17 +105,19 @@ def cut(
     lifts: dict,
     barriers: list,
     since: int | None = None,
+    is_view=None,
 ) -> Cut | None:
     """Where the block of period ``p`` lies, or None (too short, or seen fewer than twice).
 
     Cut at barriers (the longest stretch between them), else where the fewest values cross
     the block's boundary. ``since``: where the instructions start repeating with period ``p``
     (``periodic_since``; by default, the last ``threshold`` periods); the block's occurrences
-    are its last ``threshold`` complete ones from there.
+    are its last ``threshold`` complete ones from there. ``is_view(ins)``: whether an op
+    only makes a view (see ``trim``).
     """
     n = len(instrs)
     if barriers:
-        start, length = longest_segment(barriers, n - p, p)
+        start, length = trim(instrs, *longest_segment(barriers, n - p, p), p, is_view)
     else:
         start, length = best_cut(instrs, p), p
     if length < min_seq:
@@ -174,3 +177,44 @@ def longest_segment(barriers: list[int], lo: int, p: int) -> tuple[int, int]:
     if start >= lo + p:
         start -= p
     return start, length
+
+
+def trim(instrs: list, start: int, length: int, p: int, is_view=None) -> tuple[int, int]:
+    """(start, length) of a stretch between barriers without the frees at its edges.
+
+    Frees at a stretch's edges are where the user's own variables die (a loss kept until the
+    next step's assignment, or dropped at once; a batch rebound by the loop): where they land
+    follows the user's code, not the step's work, so two loops running the same step would
+    make two blocks. The stretch ends at its last op that computes something or whose result
+    it reads: trailing frees, and the views among them that only the next stretch reads
+    (``is_view(ins)``; the next step's first ``t`` of a weight, before its batch's upload),
+    run eagerly, and the block's values they free are its outputs.
+    """
+    n = len(instrs)
+
+    def at(r):
+        j = start + r
+        return instrs[j if j < n else j - p]
+
+    reads: set = set()
+    for r in range(length):
+        ins = at(r)
+        if ins.code == OP:
+            reads.update(v for v in value_ids(ins) if v not in ins.outs)
+    end = length
+    while end > 0:
+        ins = at(end - 1)
+        if ins.code == FREE or (
+            ins.code == OP
+            and is_view is not None
+            and is_view(ins)
+            and not any(v in reads for v in ins.outs)
+        ):
+            end -= 1
+        else:
+            break
+    lead = 0
+    while lead < end and at(lead).code == FREE:
+        lead += 1
+    first = start + lead
+    return (first if first < n else first - p), end - lead  # (in the last period, as given)

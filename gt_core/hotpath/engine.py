@@ -218,7 +218,10 @@ class Engine:
         # unless only floats change where they can be lifted into tensor inputs.
         lifts, barriers = changes(H.instrs, p, o.threshold, unresolved, lift)
         since = periodic_since(H.keys, p, o.threshold)
-        c = cut(H.instrs, p, o.threshold, o.min_seq, lifts, barriers, since)
+        def is_view(ins):
+            return ex.ops[ins.op].is_view
+
+        c = cut(H.instrs, p, o.threshold, o.min_seq, lifts, barriers, since, is_view)
         if c is None:
             return False
         try:
