@@ -380,6 +380,51 @@ def test_a_view_of_an_uploaded_tensor_is_its_value_at_the_op(process, view):
         assert torch.equal(g, w)
 
 
+def test_a_view_of_an_uploaded_tensor_costs_no_second_upload(process):
+    """autograd saves the plain batch an op met and its backward reads ``x.t()`` of it: that
+    view is the same view of the worker's copy, not a second upload (it was a barrier in the
+    middle of every step). A tensor changed since its upload goes again."""
+    x = _values((8, 5), torch.float32)
+    w = torch.randn(5, 3)
+
+    def fn(x, w):
+        w = w.clone().requires_grad_()
+        loss = (x @ w).square().sum()
+        loss.backward()
+        return loss, w.grad, x.t() @ torch.ones(8), x[2:, ::2] * 2
+
+    want = fn(x, w)
+    with gt_core.capture() as s:
+        w_there = gt_core.to_worker(w)
+        before = s.counters["uploads"]
+        got = fn(x, w_there)
+        sent = s.counters["uploads"] - before
+        x.mul_(2)  # a new version: uploaded again
+        changed = (x[1:] + torch.zeros(1)).cpu()
+        assert s.counters["uploads"] - before == sent + 1
+        got = [t.detach().cpu() for t in got]
+    assert sent == 1
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e.detach(), rtol=0, atol=0)
+    assert torch.equal(changed, x[1:])
+
+
+def test_a_dataloader_step_uploads_its_batch_once(process):
+    """Each batch and its target go up once per step: the forward's upload serves the
+    backward (which reads the batch autograd saved) and the loss's backward (the target).
+    (Seven steps of ten batches: no new epoch's shuffle among them.)"""
+    with gt_core.capture(auto_compile=False) as s:
+        f = fed(16, n_batches=10)
+        f_batches = f.batches()
+        f.step(*next(f_batches)).item()
+        before, bytes_before = s.counters["uploads"], s.counters["bytes_up"]
+        for _ in range(6):
+            loss = f.step(*next(f_batches))
+        loss.item()
+        assert s.counters["uploads"] - before == 2 * 6
+        assert s.counters["bytes_up"] - bytes_before == 6 * 16 * (784 * 4 + 8)
+
+
 def test_a_plain_tensor_moved_to_shared_memory_in_a_capture_keeps_its_values(process):
     """What pickling a tensor for another process does to it (a DataLoader's spawned worker
     processes get the dataset so): its storage moves to shared memory, its values stay."""

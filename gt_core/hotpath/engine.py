@@ -218,6 +218,7 @@ class Engine:
         # unless only floats change where they can be lifted into tensor inputs.
         lifts, barriers = changes(H.instrs, p, o.threshold, unresolved, lift)
         since = periodic_since(H.keys, p, o.threshold)
+
         def is_view(ins):
             return ex.ops[ins.op].is_view
 
