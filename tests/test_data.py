@@ -173,16 +173,39 @@ def _kib(i: int) -> torch.Tensor:
 
 
 def test_a_ring_read_as_it_is_written_wraps_many_times_without_asking_for_room():
+    """Read one behind the writer (one tensor always unread, so the ring never starts over
+    early): it walks round and wraps at its end."""
     writer = staging.Writer(4096, make_room=lambda: pytest.fail("make_room called"))
     reader = staging.Reader()
-    staged = []
+    staged, values = [], []
     for i in range(300):
         t = torch.arange(float(i % 7 * 37 + 1)) + i  # sizes that leave a gap at the ring's end
         staged.append(writer.stage(t))
-        assert torch.equal(reader.take(staged[-1]), t)
+        values.append(t)
+        if i:
+            assert torch.equal(reader.take(staged[-2]), values[-2])
     assert len({s.segment for s in staged}) == 1  # never grown
     laps = sum(b.offset < a.offset for a, b in zip(staged, staged[1:], strict=False))
     assert laps >= 20
+    writer.close()
+    reader.close()
+
+
+def test_a_ring_whose_reader_has_read_all_starts_over_where_the_last_tensor_was():
+    """A batch a step, each read before the next comes: each lands at the ring's start (the
+    bytes still in the cache), never walking through the ring; one not yet read is never
+    overwritten."""
+    writer = staging.Writer(1 << 16, make_room=lambda: pytest.fail("make_room called"))
+    reader = staging.Reader()
+    first = writer.stage(_kib(0))
+    assert torch.equal(reader.take(first), _kib(0))
+    for i in range(1, 6):
+        s = writer.stage(_kib(i))
+        assert s.offset == first.offset
+        assert torch.equal(reader.take(s), _kib(i))
+    a, b = writer.stage(_kib(6)), writer.stage(_kib(7))  # a unread when b is placed
+    assert a.offset == first.offset and b.offset > a.offset
+    assert torch.equal(reader.take(a), _kib(6)) and torch.equal(reader.take(b), _kib(7))
     writer.close()
     reader.close()
 

@@ -257,6 +257,13 @@ class Writer:
         span = self.ring.size - _HEADER
         at = self.head % span
         start = self.head if at + size <= span else self.head + (span - at)  # wrap to 0
+        if at and start == self.head and self.make_room is not None and self._read_all():
+            # The reader has read everything: start over at 0, its tail with us (it writes
+            # the tail only after reading what comes next). A batch a step then lands where
+            # the last one did, still in the cache for both copies, where a ring walked
+            # through streams every upload from memory.
+            start = self.head + (span - at)
+            _TAIL.pack_into(self.ring.map, 0, start)
         if start + size - self._tail() > span:
             if self.make_room is None:
                 raise RuntimeError("gt: a staging area without a reader's tail is full")
@@ -271,6 +278,9 @@ class Writer:
 
     def _tail(self) -> int:
         return _TAIL.unpack_from(self.ring.map, 0)[0]
+
+    def _read_all(self) -> bool:
+        return self._tail() == self.head
 
     def rewind(self) -> None:
         """Start the area over (a download: the last answer has been read, or dropped)."""
