@@ -27,7 +27,10 @@ _CPU = torch.device("cpu")
 
 # id(plain tensor) -> (weakref to it, its version, session gen, its proxy). The proxy lives as
 # long as the plain tensor: a batch used in the forward is used again by its backward (autograd
-# saved the plain tensor), and a view of it there is the same view of the worker's copy.
+# saved the plain tensor), and a view of it there is the same view of the worker's copy. Not
+# while a jit call records: a replayed call makes its uploads again, and a value the call made
+# that outlives it is one jit would have to put back (it refuses), so the cache holds a weak
+# reference there.
 _uploads: dict[int, tuple] = {}
 
 
@@ -36,6 +39,8 @@ def _cached(session, t: torch.Tensor):
     hit = _uploads.get(id(t))
     if hit is not None:
         ref, version, gen, p = hit
+        if type(p) is weakref.ref:
+            p = p()
         if ref() is t and version == t._version and gen == session.gen:
             return p
     return None
@@ -82,7 +87,7 @@ def upload(cls, session, t: torch.Tensor, cache: bool = True):
             weakref.ref(t, lambda _r, k=key, d=_uploads: d.pop(k, None)),  # (d: at exit too)
             t._version,
             session.gen,
-            p,
+            p if session.tee_puts is None else weakref.ref(p),
         )
     except TypeError:
         pass
