@@ -2,10 +2,12 @@
 
 Taken once per hot block, not per op: the first occurrence the client matches after the
 worker sent the block's plan walks the Python stack at each of its entries (see
-``plan_match.Candidate``); every later occurrence pays one ``is None`` test per op. The walk
-finds the innermost frame that is neither gt's, torch's nor the standard library's (the
-user's line, as errors name it), the ``nn.Module`` calls on the stack (the innermost one's
-path inside the outermost), whether the op runs in autograd's backward or in an optimizer.
+``plan_match.Candidate``); every later occurrence pays one ``is None`` test per op. (The
+session's first capture also sites what it records before any plan, for a plan that comes
+after its loop ended: gt_core.client.early_sites.) The walk finds the innermost frame that
+is neither gt's, torch's nor the standard library's (the user's line, as errors name it), the
+``nn.Module`` calls on the stack (the innermost one's path inside the outermost), whether
+the op runs in autograd's backward or in an optimizer.
 
 Backward ops run from autograd's engine, with no module on the stack: a forward op records
 its autograd node's sequence number with its module, and a backward op finds its module
@@ -48,17 +50,24 @@ class Siting:
         user = None
         modules: list = []
         optim = grads = False
+        kinds = _KINDS
         while f is not None:
             code = f.f_code
-            name = code.co_filename
             if code is _CALL:
                 modules.append(f.f_locals.get("self"))
-            elif name.startswith(_OPTIM):
+                f = f.f_back
+                continue
+            name = code.co_filename
+            kind = kinds.get(name)
+            if kind is None:
+                kind = _kind(name)
+            if kind == _USER:
+                if user is None:
+                    user = (name, f.f_lineno)
+            elif kind == _OPTIMIZER:
                 optim = True
-            elif name.startswith(_AUTOGRAD):
+            elif kind == _BACKWARD:
                 grads = True
-            elif user is None and not name.startswith(_OURS) and not name.startswith("<frozen"):
-                user = (name, f.f_lineno)
             f = f.f_back
         file, line = user or (None, None)
         node = torch._C._current_autograd_node()
@@ -84,6 +93,29 @@ class Siting:
         if names is None:
             names = self.names[id(root)] = {id(m): n for n, m in root.named_modules()}
         return names.get(id(inner), type(inner).__name__)
+
+
+# What a frame's file says of the op recorded under it, found once per file (a walk passes
+# dozens of frames; a dict lookup each, on a string whose hash is kept, is what it costs):
+# the user's line, an optimizer's, autograd's (backward()'s own ops), or a library's.
+_USER, _OPTIMIZER, _BACKWARD, _LIBRARY = range(4)
+_KINDS: dict[str, int] = {}
+_KINDS_KEPT = 4096  # files (a notebook's cells are each a file of their own)
+
+
+def _kind(name: str) -> int:
+    if name.startswith(_OPTIM):
+        kind = _OPTIMIZER
+    elif name.startswith(_AUTOGRAD):
+        kind = _BACKWARD
+    elif name.startswith(_OURS) or name.startswith("<frozen"):
+        kind = _LIBRARY
+    else:
+        kind = _USER
+    if len(_KINDS) >= _KINDS_KEPT:
+        _KINDS.clear()
+    _KINDS[name] = kind
+    return kind
 
 
 def site_data(sites: list) -> list:
