@@ -182,3 +182,27 @@ def test_the_diff_marks_an_inserted_op_alone_not_every_op_after_it(inprocess):
     assert "aten.mul.Tensor" in words
     assert marked_a == set()
     assert [ops_b[int(k[2:])]["op"] for k in sorted(marked_b)] == ["aten.mul.Tensor"] * 2
+
+
+def test_syncs_per_line_count_from_a_cells_start_and_from_a_reset(inprocess):
+    """A cell's view counts its own syncs on each line; a reset counts from zero."""
+    import inspect
+
+    def cell(n: int) -> None:
+        with gt_core.capture():
+            y = torch.ones(3)
+            for _ in range(n):
+                y.sum().item()  # SYNC
+
+    src, first = inspect.getsourcelines(cell)
+    key = (
+        f"{__file__}:{first + next(i for i, s in enumerate(src) if s.rstrip().endswith('# SYNC'))}"
+    )
+    cell(2)
+    mark = gt_core.events_log().mark()
+    cell(3)
+    assert gt_core.report().to_data()["lines"]["syncs"][key] == 5
+    assert gt_core.report(since=mark).to_data()["lines"]["syncs"][key] == 3
+    gt_core.reset()
+    cell(1)
+    assert gt_core.report().to_data()["lines"]["syncs"][key] == 1

@@ -362,3 +362,4 @@ def reset() -> None:
     if s is not None:
         for k in s.counters:
             s.counters[k] = 0
+        s.matcher.lines.reset()  # syncs and uploads per line

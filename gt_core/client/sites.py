@@ -166,6 +166,11 @@ class Lines:
             self.counts[key] = self.counts.get(key, 0) + 1
             self._n += 1
 
+    def reset(self) -> None:
+        """Count from zero (the event history was cleared)."""
+        self.counts.clear()
+        self._sent = self._n = 0
+
     def publish(self, counters: dict) -> None:
         """The client's ``counters`` (a ``stats`` event), then the lines' counts if changed."""
         self.log.emit(ev.STATS, **counters)

@@ -88,9 +88,24 @@ def lines(canonical: dict | None, op_ms: list | None) -> list[dict]:
     return list(out.values())
 
 
-def client_lines(events: list[dict]) -> dict:
-    """{"syncs": {"file:line": n}, "uploads": {...}}: the client's latest count per line."""
-    for e in reversed(events):
+def client_lines(events: list[dict], since: int = 0) -> dict:
+    """{"syncs": {"file:line": n}, "uploads": {...}}: the client's count per line, from
+    ``since`` on (a cell's view: its latest count less the latest before the view; the
+    client's counts run over its session)."""
+    now, before = _latest_lines(events, len(events)), _latest_lines(events, since)
+    return {
+        kind: {
+            src: n - before[kind].get(src, 0)
+            for src, n in now[kind].items()
+            if n > before[kind].get(src, 0)
+        }
+        for kind in ("syncs", "uploads")
+    }
+
+
+def _latest_lines(events: list[dict], end: int) -> dict:
+    for i in range(end - 1, -1, -1):
+        e = events[i]
         if e.get("type") == ev.CLIENT_LINES:
             return {"syncs": dict(e.get("syncs", {})), "uploads": dict(e.get("uploads", {}))}
     return {"syncs": {}, "uploads": {}}
