@@ -96,6 +96,8 @@ def _check_sites(path: dict) -> None:
     assert [e["module"] for e in forward if e["op"] == "aten.addmm.default"] == ["0", "2"]
     assert any(e["op"] == "aten.mse_loss.default" and e["module"] is None for e in forward)
     assert {"0", "1", "2"} <= {e["module"] for e in ops if e["phase"] == "backward"}
+    optimizer = [e for e in ops if e["phase"] == "optimizer"]
+    assert optimizer and all(e["module"] is None and e["optimizer"] == "SGD" for e in optimizer)
     frees = [e for e in entries if e["kind"] == "free"]
     assert frees and all(e["source"] is None and e["phase"] is None for e in frees)
 

@@ -69,6 +69,13 @@ def test_each_entry_carries_the_users_line_its_module_and_its_phase(hot):
     backward = [e for e in ops if e["phase"] == "backward"]
     assert {"0", "1", "2"} <= {e["module"] for e in backward}
     assert {e["source"] for e in backward} == {_line_of("BACKWARD")}
+    # optimizer ops: no nn.Module, their optimizer's class; no other op has one
+    assert all(
+        (e["module"] is None and e["optimizer"] == "SGD")
+        if e["phase"] == "optimizer"
+        else e["optimizer"] is None
+        for e in ops
+    )
     # the phases in the order the step runs them
     phases = [e["phase"] for e in ops]
     order = [p for k, p in enumerate(phases) if k == 0 or phases[k - 1] != p]

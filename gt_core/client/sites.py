@@ -45,11 +45,13 @@ class Siting:
         self.names: dict[int, dict[int, str]] = {}  # id(root module) -> {id(module): path}
 
     def here(self) -> tuple:
-        """(file, line, module path or None, phase or None) of the op recorded now."""
+        """(file, line, module path or None, phase or None, optimizer class name or None) of
+        the op recorded now."""
         f = sys._getframe(1)
         user = None
         modules: list = []
         optim = grads = False
+        owner = None  # the optimizer whose step records the op (its class name)
         kinds = _KINDS
         while f is not None:
             code = f.f_code
@@ -66,23 +68,25 @@ class Siting:
                     user = (name, f.f_lineno)
             elif kind == _OPTIMIZER:
                 optim = True
+                if owner is None:
+                    owner = _optimizer(f)
             elif kind == _BACKWARD:
                 grads = True
             f = f.f_back
         file, line = user or (None, None)
         node = torch._C._current_autograd_node()
         if node is not None:
-            return file, line, self.forward.get(node._sequence_nr()), "backward"
+            return file, line, self.forward.get(node._sequence_nr()), "backward", None
         if grads and not modules:
-            return file, line, None, "backward"
+            return file, line, None, "backward", None
         if optim:
-            return file, line, None, "optimizer"
+            return file, line, None, "optimizer", owner
         path = self._path(modules) if modules else None
         if path is not None and torch.is_grad_enabled():
             # the node this op made (if it made one): its backward ops belong to this module
             self.forward.setdefault(torch.autograd._get_sequence_nr() - 1, path)
         phase = "forward" if modules or torch.is_grad_enabled() else None
-        return file, line, path, phase
+        return file, line, path, phase, None
 
     def _path(self, modules: list) -> str:
         """The innermost module's path inside the outermost (the outermost: its class name)."""
@@ -118,6 +122,12 @@ def _kind(name: str) -> int:
     return kind
 
 
+def _optimizer(f) -> str | None:
+    """The class name of the optimizer whose method runs in frame ``f`` (None: not one)."""
+    me = f.f_locals.get("self")
+    return type(me).__name__ if isinstance(me, torch.optim.Optimizer) else None
+
+
 def site_data(sites: list) -> list:
     """The plain data of a block's sites (one per entry; None for a free): what the
     ``hotpath.sites`` event carries."""
@@ -126,10 +136,18 @@ def site_data(sites: list) -> list:
         if s is None:
             out.append(None)
             continue
-        file, line, module, phase = s
+        file, line, module, phase, optimizer = s
         text = linecache.getline(file, line).strip() if file else ""
         source = f"{file}:{line}" if file else None
-        out.append({"source": source, "text": text, "module": module, "phase": phase})
+        out.append(
+            {
+                "source": source,
+                "text": text,
+                "module": module,
+                "phase": phase,
+                "optimizer": optimizer,
+            }
+        )
     return out
 
 

@@ -2,8 +2,9 @@
 user's line, module and phase of each entry, its code, its compile phases and its lines.
 
 ``annotate`` adds to each hot path of the report (gt_core.observe.report.summarize):
-``canonical`` (the detection's plain form, each entry with ``source``, ``text``, ``module``
-and ``phase``, None where unknown), ``code`` ({"fx", "generated"} or None until compiled),
+``canonical`` (the detection's plain form, each entry with ``source``, ``text``, ``module``,
+``phase`` and ``optimizer``, the class name of the optimizer whose step recorded an op of
+the optimizer phase; None where unknown), ``code`` ({"fx", "generated"} or None until compiled),
 ``compile_phases`` ({phase: seconds}), ``cache`` ("hit", "miss" or None) and ``lines``
 ([{"source", "text", "ops", "share"}], in the order the block first records them; ``share``
 is the line's part of the block's time in its profiled eager runs, None without a profile).
@@ -16,7 +17,7 @@ from gt_core.observe import events as ev
 
 __all__ = ["annotate", "annotated", "lines", "client_lines"]
 
-_SITE = ("source", "text", "module", "phase")
+_SITE = ("source", "text", "module", "phase", "optimizer")
 _NO_SITE = dict.fromkeys(_SITE)
 
 # Annotated forms, built once per (detection, sites) pair: the dashboard folds the report
