@@ -17,6 +17,21 @@ from gt_core.client.early_sites import EarlySites
 from gt_core.client.session import Session
 from gt_core.client.sites import Siting
 from gt_core.observe import events as ev
+from gt_core.stream.canonical import FreeEntry, OpEntry
+from gt_core.stream.instructions import FREE, OP, PUT, Free, Op, Put, Ref
+from gt_core.stream.plan import Plan, Slot
+
+# mm(in0, in1) -> t0; relu(t0) -> t1; free t0
+PLAN = Plan(
+    "sig",
+    (
+        OpEntry("op", 0, (Slot("i", 0), Slot("i", 1)), {}, (0,)),
+        OpEntry("op", 1, (Slot("t", 0),), {}, (1,)),
+        FreeEntry("free", Slot("t", 0)),
+    ),
+    n_inputs=2,
+    n_scalars=0,
+)
 
 
 def _setup():
@@ -168,3 +183,29 @@ def test_recording_walks_no_frame_once_the_first_capture_ended(inprocess, monkey
     assert got == pytest.approx(_eager(60), rel=1e-6)
     sites = [e for e in gt_core.events_log().snapshot() if e["type"] == ev.SITES]
     assert len(sites) == 1  # (taken once, from what the first capture kept)
+
+
+def test_an_occurrence_is_found_by_the_matchers_rules():
+    """A free of a value from outside the occurrence may come in its middle (the matcher lets
+    it wait); an upload cuts it; the sites come per entry, None for a free."""
+    mm, relu, free = (
+        Op(OP, 0, (Ref(1), Ref(2)), {}, (10,)),
+        Op(OP, 1, (Ref(10),), {}, (11,)),
+        Free(FREE, 10),
+    )
+    early = EarlySites()
+    for ins in (Op(OP, 1, (Ref(3),), {}, (4,)), mm, Free(FREE, 2), relu, free):
+        early.take(ins)  # SITED
+    sites = early.find(PLAN)
+    assert [s is None for s in sites] == [False, False, True]
+    assert {f"{file}:{line}" for file, line, *_ in sites[:2]} == {_marked("SITED")}
+    cut = EarlySites()
+    for ins in (mm, Put(PUT, 5, None), relu, free):
+        cut.take(ins)
+    assert cut.find(PLAN) is None
+
+
+def _marked(marker: str) -> str:
+    src, first = inspect.getsourcelines(test_an_occurrence_is_found_by_the_matchers_rules)
+    k = next(i for i, s in enumerate(src) if s.rstrip().endswith("# " + marker))
+    return f"{__file__}:{first + k}"

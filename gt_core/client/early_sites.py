@@ -10,7 +10,8 @@ sited as it is recorded (one frame walk, ``Siting.here``), and the newest ``RING
 instructions are kept with their sites. A plan that comes for a block not sited yet is
 looked for among them by the matcher's own rules (``plan_match.Candidate``; a free of a
 value the occurrence did not make may come in the middle, as the matcher lets it): the first
-occurrence found whole gives the block its sites as the plan arrives, on the events thread.
+occurrence found whole (in at most ``TRIES`` starts) gives the block its sites as the plan
+arrives, on the events thread.
 Where none is found (the ring moved past them), the first occurrence matched live takes them.
 
 Ops followed from a plan (gt_core.client.follow) are never recorded as instructions, and
@@ -37,6 +38,7 @@ class EarlySites:
 
     RING = 16384  # instructions kept, the newest (ops, frees and marks)
     BUDGET = 65536  # ops sited before the window closes
+    TRIES = 256  # starts a search tries at most (each costs up to the plan's length)
 
     def __init__(self):
         self.open = True  # still siting what is recorded
@@ -91,12 +93,13 @@ class EarlySites:
         if self.ended:
             self.kept.clear()
         self.open, self.ended = False, True
+        self.siting = Siting()  # (its forward ops' modules: for backward ops sited later)
 
     def find(self, plan) -> list | None:
         """The sites of the first whole occurrence of ``plan`` kept (one per entry, None for
         a free), or None where there is none. Any thread: it reads a copy."""
         kept = list(self.kept)
-        first = plan.first
+        first, tries = plan.first, self.TRIES
         for i, (ins, _) in enumerate(kept):
             if ins is None:
                 continue
@@ -105,6 +108,9 @@ class EarlySites:
                 sites = _occurrence(plan, kept, i)
                 if sites is not None:
                     return sites
+                tries -= 1
+                if not tries:
+                    return None
         return None
 
 

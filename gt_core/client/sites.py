@@ -123,9 +123,15 @@ def _kind(name: str) -> int:
 
 
 def _optimizer(f) -> str | None:
-    """The class name of the optimizer whose method runs in frame ``f`` (None: not one)."""
-    me = f.f_locals.get("self")
-    return type(me).__name__ if isinstance(me, torch.optim.Optimizer) else None
+    """The class of the optimizer whose method runs in frame ``f`` of torch.optim (None: not
+    a method, or the base class's), by the code's qualified name: a frame's ``f_locals``
+    would keep a snapshot of its locals alive (Python < 3.13), delaying their frees."""
+    code = f.f_code
+    if not code.co_argcount or code.co_varnames[0] != "self":
+        return None
+    qualname = getattr(code, "co_qualname", None)  # (Python 3.11+)
+    name = qualname.split(".")[0] if qualname else type(f.f_locals.get("self")).__name__
+    return None if name == "Optimizer" else name
 
 
 def site_data(sites: list) -> list:
