@@ -11,8 +11,8 @@ instructions are kept with their sites. A plan that comes for a block not sited 
 looked for among them by the matcher's own rules (``plan_match.Candidate``; a free of a
 value the occurrence did not make may come in the middle, as the matcher lets it): the first
 occurrence found whole (in at most ``TRIES`` starts) gives the block its sites as the plan
-arrives, on the events thread.
-Where none is found (the ring moved past them), the first occurrence matched live takes them.
+arrives, on the events thread. Where none is found (the ring moved past them), the first
+occurrence matched live takes them.
 
 Ops followed from a plan (gt_core.client.follow) are never recorded as instructions, and
 ops the matcher takes inside an occurrence are not sited: they pay nothing. An occurrence's
