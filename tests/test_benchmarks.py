@@ -30,6 +30,10 @@ QUICK = {
         ],
     ),
     "hotpath": (["benchmarks/hotpath.py", "--quick"], ["gt vs eager", "gt vs 1-graph"]),
+    "recording": (
+        ["benchmarks/recording.py", "--quick"],
+        ["followed", "unmatched", "first capture", "ops/s"],
+    ),
     "stall": (["benchmarks/stall.py", "--quick"], ["while compiling", "no compile in flight"]),
     "warm_start": (["benchmarks/warm_start.py", "--quick"], ["detection→compiled"]),
     "memory": (["benchmarks/memory.py", "--quick"], ["client MB", "worker MB", "growth after"]),

@@ -54,6 +54,7 @@ def test_the_graph_shows_groups_collapsed_until_opened(data):
     labels = _labels(_figure(ex.figure))
     assert any(x.startswith("forward · 0 (") for x in labels)  # nn.Sequential's child "0"
     assert any(x.startswith("backward · ") for x in labels)
+    assert any(x.startswith("optimizer · SGD (") for x in labels)  # its optimizer's class
     assert not any("addmm" in x for x in labels)  # inside its module's group
     closed = len(ex.graph_data["nodes"])
     ex.groups.value = (*ex.groups.value, "forward · 0")

@@ -69,6 +69,13 @@ def test_each_entry_carries_the_users_line_its_module_and_its_phase(hot):
     backward = [e for e in ops if e["phase"] == "backward"]
     assert {"0", "1", "2"} <= {e["module"] for e in backward}
     assert {e["source"] for e in backward} == {_line_of("BACKWARD")}
+    # optimizer ops: no nn.Module, their optimizer's class; no other op has one
+    assert all(
+        (e["module"] is None and e["optimizer"] == "SGD")
+        if e["phase"] == "optimizer"
+        else e["optimizer"] is None
+        for e in ops
+    )
     # the phases in the order the step runs them
     phases = [e["phase"] for e in ops]
     order = [p for k, p in enumerate(phases) if k == 0 or phases[k - 1] != p]
@@ -92,7 +99,12 @@ def test_the_code_and_the_compile_phases_come_with_the_compile(hot):
 
 
 def test_sites_are_taken_in_one_occurrence_only(inprocess, monkeypatch):
-    """Recording's steady state pays no frame walk: one occurrence's ops are sited, once."""
+    """Recording's steady state pays no frame walk: one occurrence's ops are sited, once.
+
+    (A block found in a later capture than the session's first; the first capture sites what
+    it records before plans come: tests/test_early_sites.py.)"""
+    with gt_core.capture():
+        torch.ones(2).add(1)
     calls = []
     here = Siting.here
     monkeypatch.setattr(Siting, "here", lambda self: calls.append(1) or here(self))
@@ -177,3 +189,27 @@ def test_the_diff_marks_an_inserted_op_alone_not_every_op_after_it(inprocess):
     assert "aten.mul.Tensor" in words
     assert marked_a == set()
     assert [ops_b[int(k[2:])]["op"] for k in sorted(marked_b)] == ["aten.mul.Tensor"] * 2
+
+
+def test_syncs_per_line_count_from_a_cells_start_and_from_a_reset(inprocess):
+    """A cell's view counts its own syncs on each line; a reset counts from zero."""
+    import inspect
+
+    def cell(n: int) -> None:
+        with gt_core.capture():
+            y = torch.ones(3)
+            for _ in range(n):
+                y.sum().item()  # SYNC
+
+    src, first = inspect.getsourcelines(cell)
+    key = (
+        f"{__file__}:{first + next(i for i, s in enumerate(src) if s.rstrip().endswith('# SYNC'))}"
+    )
+    cell(2)
+    mark = gt_core.events_log().mark()
+    cell(3)
+    assert gt_core.report().to_data()["lines"]["syncs"][key] == 5
+    assert gt_core.report(since=mark).to_data()["lines"]["syncs"][key] == 3
+    gt_core.reset()
+    cell(1)
+    assert gt_core.report().to_data()["lines"]["syncs"][key] == 1

@@ -286,6 +286,7 @@ def _unpatch() -> None:
 def _end(s, sync: bool) -> None:
     """A capture's end: the work goes out; after a clean end of the last capture, a sync
     brings the worker's random state back and raises a worker error still pending."""
+    s.early.close()  # the session's first capture has ended: later recording sites nothing
     if s.closed or s.dead is not None:  # its death was raised where it was met
         return
     if not sync:
@@ -361,3 +362,4 @@ def reset() -> None:
     if s is not None:
         for k in s.counters:
             s.counters[k] = 0
+        s.matcher.lines.reset()  # syncs and uploads per line

@@ -173,10 +173,12 @@ class PlanMatcher:
 
     ``sink(ins)`` appends an instruction to the stream; ``ready()`` is called after a RUN
     (the session flushes, so the worker starts on it at once); ``lines.sites(signature,
-    sites)`` once per plan, with where its entries were recorded (gt_core.client.sites).
+    sites)`` once per plan, with where its entries were recorded (gt_core.client.sites);
+    ``early.find(plan)``: those sites from what was recorded before the plan came, or None
+    (gt_core.client.early_sites).
     """
 
-    def __init__(self, sink, ready, lines=None):
+    def __init__(self, sink, ready, lines=None, early=None):
         self._sink = sink
         self._ready = ready
         self.inbox: deque = deque()  # (signature, Plan | None) from the events thread
@@ -196,9 +198,18 @@ class PlanMatcher:
         self.sited: set[str] = set()
         # Where each plan's entries were recorded goes to ``lines.sites`` (gt_core.client.sites)
         self.lines = lines
+        self.early = early
 
     def offer(self, sig: str, plan: Plan | None) -> None:
-        """A plan from the worker (None withdraws it); any thread."""
+        """A plan from the worker (None withdraws it); any thread. A block not sited yet is
+        first looked for in what was recorded before its plan came: its loop may have
+        ended already (gt_core.client.early_sites)."""
+        if plan is not None and self.early is not None and sig not in self.sited:
+            sites = self.early.find(plan)
+            if sites is not None:
+                self.sited.add(sig)  # (before the plan is taken: never sited twice)
+                if self.lines is not None:
+                    self.lines.sites(sig, sites)
         self.inbox.append((sig, plan))
         self.live = True
 

@@ -21,6 +21,7 @@ import time
 import weakref
 from collections import deque
 
+from gt_core.client.early_sites import EarlySites
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.plan_match import PlanMatcher
 from gt_core.client.sites import Lines
@@ -97,7 +98,8 @@ class Session:
         self.buf: list = []
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
         self._freeing = False  # in drain_frees: a full batch is sent, not flushed (see out)
-        self.matcher = PlanMatcher(self.out, self.send_now, Lines(log))
+        self.early = EarlySites()  # what the first capture records, sited
+        self.matcher = PlanMatcher(self.out, self.send_now, Lines(log), self.early)
         self.transport = _transport_class(options)(options, self._on_events)
         self.transport.before_wait = self.flush  # (a full upload ring: see Transport)
         self.next_id = 1
@@ -154,7 +156,11 @@ class Session:
         metadata the plan matcher checks)."""
         if self.freed:
             self.drain_frees()
-        if self.matcher.live and self.tee is None:
+        if self.tee is not None:
+            self.out(ins)
+        elif self.early.open:  # (the session's first capture: sited as it goes)
+            self.early.record(self.matcher, self.out, ins, proxies)
+        elif self.matcher.live:
             self.matcher.feed(ins, proxies)
         else:
             self.out(ins)
@@ -182,6 +188,8 @@ class Session:
         try:
             while freed:
                 vid = freed.popleft()
+                if self.early.open:
+                    self.early.free(vid)
                 if matcher.live and self.tee is None:
                     matcher.free(vid)
                 else:
@@ -257,15 +265,7 @@ class Session:
                 del self.sites[next(iter(self.sites))]
 
     def _failed(self, exc: BaseException) -> None:
-        """A worker error reaches the user: say the line that recorded the failing op."""
-        outs = getattr(exc, "gt_outs", None) or ()
-        line = _line(next((self.sites[v] for v in outs if v in self.sites), None))
-        if line is not None:
-            exc.add_note(f"(recorded at {line})")
-        message, notes = str(exc).splitlines()[0] if str(exc) else "", getattr(exc, "__notes__", ())
-        self.log.emit(
-            ev.ERROR, error=type(exc).__name__, message=message, notes=list(notes), where=line
-        )
+        _log_failure(exc, self.sites, self.log)
 
     # -- the worker's random state ------------------------------------------------------
     def seed(self, n: int) -> None:
@@ -356,6 +356,17 @@ def _transport_class(options: Options):
     from gt_core.client.transport import ProcessTransport
 
     return ProcessTransport
+
+
+def _log_failure(exc: BaseException, sites: dict, log: ev.EventLog) -> None:
+    """A worker error reaches the user: say the line that recorded the failing op (from
+    ``sites``, value id -> (file, line)), and log it."""
+    outs = getattr(exc, "gt_outs", None) or ()
+    line = _line(next((sites[v] for v in outs if v in sites), None))
+    if line is not None:
+        exc.add_note(f"(recorded at {line})")
+    message, notes = str(exc).splitlines()[0] if str(exc) else "", getattr(exc, "__notes__", ())
+    log.emit(ev.ERROR, error=type(exc).__name__, message=message, notes=list(notes), where=line)
 
 
 def _line(where: tuple[str, int] | None) -> str | None:

@@ -51,9 +51,7 @@ JIT_STATS = "jit.stats"  # function, name, signature, replayed, client_ms (cumul
 # syncs, uploads: {"file:line": n} since the session started (the explorer's Source tab)
 CLIENT_LINES = "client.lines"
 CLIENT_STATS = "client.stats"  # signature, runs, client_ms: the client's ms per occurrence
-SITES = (
-    "hotpath.sites"  # signature, entries: per canonical entry {source, text, module, phase} or None
-)
+SITES = "hotpath.sites"  # signature, entries: per canonical entry {source, text, module, phase, optimizer} or None
 PLAN = "hotpath.plan"  # signature, plan (a gt_core.stream.plan.Plan, or None to withdraw it): for the client's matcher, never logged
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause

@@ -2,8 +2,9 @@
 user's line, module and phase of each entry, its code, its compile phases and its lines.
 
 ``annotate`` adds to each hot path of the report (gt_core.observe.report.summarize):
-``canonical`` (the detection's plain form, each entry with ``source``, ``text``, ``module``
-and ``phase``, None where unknown), ``code`` ({"fx", "generated"} or None until compiled),
+``canonical`` (the detection's plain form, each entry with ``source``, ``text``, ``module``,
+``phase`` and ``optimizer``, the class name of the optimizer whose step recorded an op of
+the optimizer phase; None where unknown), ``code`` ({"fx", "generated"} or None until compiled),
 ``compile_phases`` ({phase: seconds}), ``cache`` ("hit", "miss" or None) and ``lines``
 ([{"source", "text", "ops", "share"}], in the order the block first records them; ``share``
 is the line's part of the block's time in its profiled eager runs, None without a profile).
@@ -16,7 +17,7 @@ from gt_core.observe import events as ev
 
 __all__ = ["annotate", "annotated", "lines", "client_lines"]
 
-_SITE = ("source", "text", "module", "phase")
+_SITE = ("source", "text", "module", "phase", "optimizer")
 _NO_SITE = dict.fromkeys(_SITE)
 
 # Annotated forms, built once per (detection, sites) pair: the dashboard folds the report
@@ -88,9 +89,24 @@ def lines(canonical: dict | None, op_ms: list | None) -> list[dict]:
     return list(out.values())
 
 
-def client_lines(events: list[dict]) -> dict:
-    """{"syncs": {"file:line": n}, "uploads": {...}}: the client's latest count per line."""
-    for e in reversed(events):
+def client_lines(events: list[dict], since: int = 0) -> dict:
+    """{"syncs": {"file:line": n}, "uploads": {...}}: the client's count per line, from
+    ``since`` on (a cell's view: its latest count less the latest before the view; the
+    client's counts run over its session)."""
+    now, before = _latest_lines(events, len(events)), _latest_lines(events, since)
+    return {
+        kind: {
+            src: n - before[kind].get(src, 0)
+            for src, n in now[kind].items()
+            if n > before[kind].get(src, 0)
+        }
+        for kind in ("syncs", "uploads")
+    }
+
+
+def _latest_lines(events: list[dict], end: int) -> dict:
+    for i in range(end - 1, -1, -1):
+        e = events[i]
         if e.get("type") == ev.CLIENT_LINES:
             return {"syncs": dict(e.get("syncs", {})), "uploads": dict(e.get("uploads", {}))}
     return {"syncs": {}, "uploads": {}}

@@ -59,7 +59,7 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         "data": metrics.data(stats, hot_paths, shown),  # what crossed, per iteration
         "worker": fold.worker,
         "ranks": ranks.summarize_ranks(events),  # a worker group's (gt_core.observe.ranks)
-        "lines": explore.client_lines(events),  # syncs and uploads per user line
+        "lines": explore.client_lines(events, since),  # syncs and uploads per user line
         "events": shown,
     }
 

@@ -127,6 +127,7 @@ def node_detail(canonical: dict, values: dict | None, node: str) -> dict:
         "inputs": [meta(n) for n in consumed(e)],
         "outputs": [meta(n) for n in e["outs"]],
         **{k: e.get(k) for k in ("source", "text", "module", "phase")},
+        **({"optimizer": e["optimizer"]} if e.get("optimizer") else {}),
     }
 
 

@@ -19,10 +19,11 @@ def ops_of(canonical: dict) -> list[dict]:
 
 
 def chain(entry: dict) -> list[str]:
-    """The groups an op sits in, outermost first: its phase, then each module prefix."""
+    """The groups an op sits in, outermost first: its phase, then each module prefix (an
+    optimizer's op: its optimizer's class)."""
     phase = entry.get("phase") or "other"
     module = entry.get("module")
-    parts = module.split(".") if module else ["(no module)"]
+    parts = module.split(".") if module else [entry.get("optimizer") or "(no module)"]
     return [phase] + [f"{phase} · {'.'.join(parts[: i + 1])}" for i in range(len(parts))]
 
 
