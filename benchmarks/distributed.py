@@ -30,6 +30,7 @@ import time
 import torch
 
 import gt_core
+from gt_core.observe.ranks import rows
 from gt_core.workloads import step_fn
 
 
@@ -107,12 +108,12 @@ def main() -> None:
     )
     print(f"{e:10.2f} {o:12.2f} {t:11.2f} {t / o:6.2f}x {s:13.2f} {s / o:6.2f}x")
     for name, lines in ranks.items():
-        for r in lines:
+        for r, row in zip(lines, rows(lines), strict=True):
             step = "-" if r["step_ms"] is None else f"{r['step_ms']:.2f}"
             print(
                 f"  {name}, rank {r['rank']}: block {step} ms on the rank, "
-                f"{r['compiled_runs']} compiled runs, {r['collectives']} agreements, "
-                f"inputs {r['placements']}"
+                f"{r['compiled_runs']} compiled runs, collectives per step "
+                f"{row['collectives/step']}, {row['bytes/step']}, inputs {r['placements']}"
             )
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import itertools
 import multiprocessing as mp
 import os
 import pickle
@@ -30,6 +31,7 @@ from gt_core.observe import events as ev
 __all__ = ["GroupTransport"]
 
 _RECENT = 64  # a rank's newest iteration times kept (its step time is their median)
+_STEPS = 16  # a rank's newest steps whose collectives are compared (see _step_comm)
 
 
 class _Fanout:
@@ -182,13 +184,20 @@ class GroupTransport(InlineStaging, ProcessTransport):
                     "runs": collections.Counter(),
                     "compiled": set(),
                     "recent": collections.deque(maxlen=_RECENT),
-                    "collectives": 0,
+                    "comm": {},
+                    "steps": {},  # signature -> its runs' comm, newest last
+                    "by_sig": collections.Counter(),  # runs by signature
                 }
             for e in events:
                 t = e.get("type")
                 if t == ev.ITERATION:
                     r["runs"][e.get("kind")] += 1
                     r["recent"].append(e["ms"])
+                    if "comm" in e:
+                        sig = e.get("signature")
+                        r["by_sig"][sig] += 1
+                        r["steps"].setdefault(sig, collections.deque(maxlen=_STEPS + 1))
+                        r["steps"][sig].append(e["comm"])
                 elif t == ev.COMPILE_FINISHED:
                     r["compiled"].add(e["signature"])
                     if "placements" in e:  # (a sharding group's: its inputs' placements)
@@ -199,8 +208,8 @@ class GroupTransport(InlineStaging, ProcessTransport):
                     r.setdefault("replicated", {})[e["op"]] = e["reason"]
                 elif t == ev.WORKER and "pid" in e:
                     r["pid"] = e["pid"]
-                if "collectives" in e:
-                    r["collectives"] = e["collectives"]
+                if "comm" in e:
+                    r["comm"] = e["comm"]
 
     def rank_events(self) -> list[dict]:
         """One ``worker.rank`` event per rank whose line changed since the last call."""
@@ -214,7 +223,9 @@ class GroupTransport(InlineStaging, ProcessTransport):
                     "runs": dict(r["runs"]),
                     "compiled": sorted(r["compiled"]),
                     "step_ms": statistics.median(r["recent"]) if r["recent"] else None,
-                    "collectives": r["collectives"],
+                    "collectives": sum(n for n, _ in r["comm"].values()),
+                    "comm": dict(r["comm"]),
+                    "comm_step": _step_comm(r),
                     "placements": r.get("placements"),
                     "replicated": dict(r.get("replicated", {})),
                 }
@@ -223,6 +234,25 @@ class GroupTransport(InlineStaging, ProcessTransport):
                     self._sent_ranks[rank] = key
                     out.append(ev.event(ev.RANK, **line))
         return out
+
+
+def _step_comm(r: dict) -> dict | None:
+    """A step's collectives on a rank, ``{kind: (count, bytes)}``: the most frequent of the
+    differences between the collectives so far at consecutive runs of its most run block
+    (a run to the next is one step; a compile's agreements or a fetch now and then do not
+    move it). None before such a block has run twice."""
+    if not r["by_sig"]:
+        return None
+    runs = r["steps"][r["by_sig"].most_common(1)[0][0]]
+    if len(runs) < 2:
+        return None
+    diffs = []
+    for a, b in itertools.pairwise(runs):
+        d = {k: (n - a.get(k, (0, 0))[0], nb - a.get(k, (0, 0))[1]) for k, (n, nb) in b.items()}
+        diffs.append(tuple(sorted((k, v) for k, v in d.items() if v[0])))
+    seen = collections.Counter(diffs)
+    best = max(range(len(diffs)), key=lambda i: (seen[diffs[i]], i))  # (ties: the newest)
+    return dict(diffs[best])
 
 
 def _check_shard_workers(options, n: int) -> None:

@@ -42,8 +42,13 @@ class Outbox:
         self._published = 0.0  # perf_counter of the last publish
         self._urgent = False  # an event other than an iteration's timing is pending
         self.closed = False
+        # Fields every iteration event carries, as they are when it is emitted (a worker
+        # group's rank: its collectives so far, see gt_core.remote.comms); None: none.
+        self.stamp = None
 
     def emit(self, type: str, **fields) -> None:
+        if type == ev.ITERATION and self.stamp is not None:
+            fields.update(self.stamp())
         e = ev.event(type, **fields)
         with self._lock:
             if self.closed:

@@ -55,12 +55,13 @@ SITES = "hotpath.sites"  # signature, entries: per canonical entry {source, text
 PLAN = "hotpath.plan"  # signature, plan (a gt_core.stream.plan.Plan, or None to withdraw it): for the client's matcher, never logged
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause
-GROUP = (
-    "worker.group"  # rank, world, collectives, pid: a worker group's rank, as it starts and agrees
-)
+GROUP = "worker.group"  # rank, world, agreements, comm, pid: a worker group's rank, as it starts and agrees
+# comm: a rank's collectives so far, {kind: (count, bytes)} (gt_core.remote.comms); a worker
+# group's iteration events carry it too, so that each step's collectives are known
 SHARDED = "worker.sharded"  # op, reason: an op of sharded values ran replicated (said once per op)
-# rank, world, pid, runs {kind: n}, compiled [sig], step_ms, collectives, placements {p: n},
-# replicated {op: why}
+# rank, world, pid, runs {kind: n}, compiled [sig], step_ms, collectives (all kinds, so far),
+# comm {kind: (count, bytes)} (so far), comm_step {kind: (count, bytes)} (a step's),
+# placements {p: n}, replicated {op: why}
 RANK = "worker.rank"
 # ops, frees, syncs, uploads, fetches, bytes_up, up_ms, bytes_down, down_ms: the client's
 # counters, cumulative (gt_core.observe.report.COUNTERS); base: a log's start

@@ -54,8 +54,11 @@ class Group:
         import torch
         import torch.distributed as dist
 
+        from gt_core.remote.comms import install
+
         self.dist, self.torch = dist, torch
         self.rank, self.world = spec.rank, spec.world
+        self.comms = install()  # every collective this rank runs, by kind (before the first)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(
             backend,
@@ -67,13 +70,13 @@ class Group:
         # Agreements travel on a gloo group of their own (CPU tensors), apart from the
         # device's collectives.
         self.control = dist.new_group(backend="gloo") if backend != "gloo" else None
-        self.collectives = 0  # agreements made (all-reduces of one int)
+        self.agreements = 0  # agreements made (all-reduces of one int)
         self.publish = publish
         publish([self._event()])
 
     def agree(self, ok: bool) -> bool:
         """Whether ``ok`` holds on every rank (every rank calls this at the same point)."""
-        self.collectives += 1
+        self.agreements += 1
         flag = self.torch.tensor([1 if ok else 0], dtype=self.torch.int32)
         self.dist.all_reduce(flag, op=self.dist.ReduceOp.MIN, group=self.control)
         self.publish([self._event()])
@@ -88,7 +91,8 @@ class Group:
         return {
             "rank": self.rank,
             "world": self.world,
-            "collectives": self.collectives,
+            "agreements": self.agreements,
+            "comm": self.comms.snapshot(),
             "pid": os.getpid(),
         }
 

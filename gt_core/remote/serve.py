@@ -166,6 +166,8 @@ def _start(options, publish, group=None) -> Worker:
     if group is not None:
         w.group = Group(group, w.device, publish)
         w.engine.compiler.agree = w.engine.runner.agree = w.group.agree
+        comms = w.group.comms
+        w.engine.outbox.stamp = lambda: {"comm": comms.snapshot()}
         axes = shard_axes(options)
         if axes:
             from gt_core.remote.shard import ShardPolicy
