@@ -127,12 +127,12 @@ class Options:
                 "no shard with one worker: sharding splits tensors over the ranks of a worker "
                 "group; add workers=2 (or more), or drop shard",
             )
-        if self.workers > 1 and self.worker != "process":
+        if self.workers > 1 and self.worker == "inprocess":
             raise ConfigError(
                 source.get("workers", "workers"),
                 self.workers,
                 f"1 with worker={self.worker!r}: a worker group is local processes (worker="
-                "'process'); on other machines, start the group there with torchrun",
+                "'process'), or a torchrun group behind a remote worker (worker='tcp://...')",
             )
 
 

@@ -14,6 +14,7 @@ import socket
 import time
 from multiprocessing.connection import AuthenticationError, Client
 
+from gt_core.client.rank_lines import RankLines
 from gt_core.client.transport import Connected, no_modes
 from gt_core.errors import RemoteRefused
 from gt_core.options import remote_address
@@ -59,10 +60,27 @@ class InlineStaging:
             return staging.inline(t)
 
 
-class RemoteTransport(InlineStaging, Connected):
-    """The worker behind ``tcp://HOST:PORT`` (see gt_core.remote.listen)."""
+class RemoteTransport(RankLines, InlineStaging, Connected):
+    """The worker behind ``tcp://HOST:PORT`` (see gt_core.remote.listen), or the rank 0 of a
+    worker group started by torchrun (gt_core.remote.torchrun), which relays the other
+    ranks' events: a batch tagged with a rank feeds that rank's line, and only rank 0's
+    reach the session's log, as with a local group."""
 
     local = False
+
+    def __init__(self, options, on_events, start_timeout: float = 120.0):
+        self._init_ranks()
+        super().__init__(options, self._split(on_events), start_timeout)
+
+    def _split(self, on_events):
+        def split(events):
+            rank = events[0].get("rank") if events else None  # (a batch is one rank's)
+            if rank is not None:
+                self._see(rank, events)
+            if not rank:
+                on_events(events)
+
+        return split
 
     def _open(self, options):
         self.address = options.worker

@@ -341,7 +341,7 @@ def _transport_class(options: Options):
     """The transport the options ask for: a process here (or a group of them), this
     process, or a remote one."""
     worker = options.worker
-    if options.workers > 1:
+    if options.workers > 1 and worker == "process":
         from gt_core.client.group import GroupTransport
 
         return GroupTransport

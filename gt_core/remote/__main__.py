@@ -1,6 +1,9 @@
 """``python -m gt_core.remote --listen HOST:PORT --authkey-file FILE``: a remote worker.
 
 In [1]: gt_core.connect("HOST:PORT", authkey=open("FILE", "rb").read().strip())
+
+Started by ``torchrun`` (``torchrun --nproc-per-node 2 -m gt_core.remote --listen ...``), every
+process is a rank of a worker group and the client connects to rank 0 (gt_core.remote.torchrun).
 """
 
 from __future__ import annotations
@@ -9,6 +12,7 @@ import argparse
 import sys
 
 from gt_core.remote.listen import DEFAULT_HOST, parse_address, read_authkey, serve_clients
+from gt_core.remote.torchrun import in_torchrun, serve_group
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as exc:
         parser.error(str(exc))
     try:
-        serve_clients(address, key, clients=args.clients)
+        if in_torchrun():  # a rank of a worker group: rank 0 listens, the others follow
+            serve_group(address, key, clients=args.clients)
+        else:
+            serve_clients(address, key, clients=args.clients)
     except OSError as exc:  # the address is taken, or not this machine's
         print(f"gt remote worker: cannot listen on {args.listen}: {exc}", file=sys.stderr)
         return 1

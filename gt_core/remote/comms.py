@@ -99,18 +99,39 @@ def _register(comms: Comms):
     return lib
 
 
-_BELOW = torch._C.DispatchKeySet(torch._C.DispatchKey.BackendSelect)
+_KEYS = {  # a device type -> the key of its kernel (where the call goes on, see _counting)
+    t: torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, k))
+    for t, k in (("cpu", "CPU"), ("cuda", "CUDA"), ("meta", "Meta"))
+}
+_OTHER = torch._C.DispatchKeySet(torch._C.DispatchKey.PrivateUse1)
 
 
 def _counting(comms: Comms, op, kind: str, at: int):
+    """The op's BackendSelect kernel: count the call, then go on to the kernel of the
+    tensors' device (a redispatch: BackendSelect stays on for what that kernel makes, as
+    an all-gather's output; excluding it would fail every factory op inside)."""
+
     def kernel(*args, **kwargs):
         x = args[at] if at < len(args) else None
         if not _traced(x):
             comms.count(kind, _nbytes(x))
-        with torch._C._ExcludeDispatchKeyGuard(_BELOW):
-            return op(*args, **kwargs)
+        t = _first(x if x is not None else args)
+        keys = _KEYS.get(t.device.type, _OTHER) if t is not None else _KEYS["cpu"]
+        return op.redispatch(keys, *args, **kwargs)
 
     return kernel
+
+
+def _first(x):
+    """The first tensor in ``x`` (nested lists), or None."""
+    if isinstance(x, torch.Tensor):
+        return x
+    if isinstance(x, (list, tuple)):
+        for y in x:
+            t = _first(y)
+            if t is not None:
+                return t
+    return None
 
 
 def _traced(x) -> bool:

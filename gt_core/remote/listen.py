@@ -29,7 +29,16 @@ from multiprocessing.connection import (
     deliver_challenge,
 )
 
-__all__ = ["PROTOCOL", "parse_address", "read_authkey", "serve_clients", "nodelay"]
+__all__ = [
+    "PROTOCOL",
+    "parse_address",
+    "read_authkey",
+    "serve_clients",
+    "nodelay",
+    "end_with_parent",
+    "Door",
+    "refuse_client",
+]
 
 PROTOCOL = 1  # the hello's version: a client of another version is refused by name
 DEFAULT_HOST = "127.0.0.1"
@@ -68,10 +77,15 @@ def nodelay(conn) -> None:
         pass
 
 
-def serve_clients(address: tuple[str, int], authkey: bytes, say=None, clients=None) -> None:
-    """Serve one client at a time on ``address`` (``clients``: how many, None: forever)."""
+def serve_clients(
+    address: tuple[str, int], authkey: bytes, say=None, clients=None, run=None
+) -> None:
+    """Serve one client at a time on ``address`` (``clients``: how many, None: forever).
+    ``run(conn, events, options, peer, say)`` runs an authenticated client's worker until it
+    ends (None: one worker process; a torchrun group's rank 0: see gt_core.remote.torchrun)."""
+    run = run or _one_worker
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
-    listener = _Door(address, authkey)
+    listener = Door(address, authkey)
     host, port = listener.address
     print(f"gt remote worker: listening on {host}:{port}", flush=True)  # (port 0: the one got)
     served = 0
@@ -79,12 +93,12 @@ def serve_clients(address: tuple[str, int], authkey: bytes, say=None, clients=No
         while clients is None or served < clients:
             conn = _accept(listener, say)
             if conn is not None:
-                served += _serve(listener, conn, say)
+                served += _serve(listener, conn, say, run)
     finally:
         listener.close()
 
 
-class _Door:
+class Door:
     """A TCP listener whose connections are authenticated, each within _HANDSHAKE_S."""
 
     def __init__(self, address: tuple[str, int], authkey: bytes):
@@ -132,8 +146,52 @@ def _peer(listener) -> str:
     return f"{addr[0]}:{addr[1]}" if addr else "a client"
 
 
-def _serve(listener, conn, say) -> int:
+def _serve(listener, conn, say, run) -> int:
     """Run one client's worker until it ends; 1 if it ran, 0 if the client was refused."""
+    met = _handshake(listener, conn, say)
+    if met is None:
+        return 0
+    nodelay(conn)
+    run(conn, *met, _peer(listener), say)
+    return 1
+
+
+def _one_worker(conn, events, options, peer: str, say) -> None:
+    """The client's worker: a process of its own, until it ends."""
+    if options.workers > 1:
+        why = (
+            "1: this remote worker is one process; start a group there with torchrun "
+            "(torchrun --nproc-per-node N -m gt_core.remote --listen ...)"
+        )
+        return refuse_client(conn, events, "workers", options.workers, why, peer, say)
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(
+        target=_worker, args=(conn, events, options), daemon=True, name="gt-remote-worker"
+    )
+    proc.start()
+    conn.close()
+    events.close()
+    say(f"gt remote worker: serving {peer} (worker pid {proc.pid})")
+    proc.join()
+    say(f"gt remote worker: {peer} done (worker pid {proc.pid}, exit status {proc.exitcode})")
+
+
+def refuse_client(conn, events, name: str, value, accepted: str, peer: str, say) -> None:
+    """Answer the client's first request with a ConfigError (its option ``name`` is
+    ``value``, not ``accepted``); nothing runs."""
+    from gt_core.errors import ConfigError
+    from gt_core.remote.serve import refuse
+
+    exc = ConfigError(name, value, accepted)
+    say(f"gt remote worker: refused {peer}: {exc}")
+    events.close()
+    refuse(conn, exc)
+    conn.close()
+
+
+def _handshake(listener, conn, say):
+    """An authenticated client's hello and its events connection: (events, its options), or
+    None if it was refused or dropped (said in one line)."""
     peer = _peer(listener)
     events = None
     try:
@@ -152,42 +210,35 @@ def _serve(listener, conn, say) -> int:
     except (OSError, EOFError, AuthenticationError) as exc:
         say(f"gt remote worker: dropped {peer} before its worker started: {exc}")
         conn.close()
-        return 0
-    nodelay(conn)
-    ctx = mp.get_context("spawn")
-    proc = ctx.Process(
-        target=_worker, args=(conn, events, hello[2]), daemon=True, name="gt-remote-worker"
-    )
-    proc.start()
-    conn.close()
-    events.close()
-    say(f"gt remote worker: serving {peer} (worker pid {proc.pid})")
-    proc.join()
-    say(f"gt remote worker: {peer} done (worker pid {proc.pid}, exit status {proc.exitcode})")
-    return 1
+        return None
+    return events, hello[2]
 
 
-def _refuse(conn, say, peer: str, why: str) -> int:
+def _refuse(conn, say, peer: str, why: str) -> None:
     say(f"gt remote worker: refused {peer}: {why}")
     try:
         conn.send(("refused", f"the remote worker refused this client: {why}"))
     except OSError:
         pass
     conn.close()
-    return 0
 
 
 def _kind(msg) -> str:
     return f"a {type(msg).__name__}" if msg is not None else "nothing"
 
 
-def _worker(conn, events, options) -> None:
-    """The worker process of one client: it ends with the listener (SIGTERM, Linux)."""
+def end_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """This process gets ``sig`` when its parent ends (Linux); False if it already has."""
     try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() == 1:  # the listener ended before the line above
+    return os.getppid() != 1  # (1: the parent ended before the line above)
+
+
+def _worker(conn, events, options) -> None:
+    """The worker process of one client: it ends with the listener."""
+    if not end_with_parent():
         return
     from gt_core.remote.serve import worker_main
 

@@ -25,7 +25,7 @@ from gt_core.stream import requests as rq
 from gt_core.stream import staging
 from gt_core.stream.instructions import PUT, RNG, SYNC, Sync, from_wire, import_op_modules
 
-__all__ = ["Worker", "worker_main", "serve"]
+__all__ = ["Worker", "worker_main", "serve", "forward", "refuse"]
 
 
 def _device(choice: str = "auto"):
@@ -108,6 +108,15 @@ _REQUESTS = {  # request type -> its answer, once everything sent before it has 
 _DOWNLOADS = 4 << 20  # the download area's first size in bytes (it grows for larger values)
 _REUSE = 512 << 20  # bytes of uploads' storage kept for the next uploads of the same size
 _sent = [0]  # event batches this worker process has published (see the client's drain)
+_publishing = threading.Lock()
+
+
+def forward(event_conn, events: list) -> None:
+    """Publish another rank's batch of events on this worker's events connection (a torchrun
+    group's rank 0 relays the other ranks'), counted as this worker's (see _events_sent)."""
+    with _publishing:
+        event_conn.send(events)
+        _sent[0] += 1
 
 
 def worker_main(conn, event_conn, options, inline: bool = False, group=None) -> None:
@@ -118,11 +127,10 @@ def worker_main(conn, event_conn, options, inline: bool = False, group=None) -> 
     ``group``: this process is a rank of a worker group (a gt_core.remote.group.GroupSpec):
     it runs the same stream as the others; only rank 0 answers.
     """
-    lock = threading.Lock()
     tag = {} if group is None else {"rank": group.rank}
 
     def publish(events):
-        with lock:
+        with _publishing:
             event_conn.send([{**e, **tag} for e in events] if tag else events)
             _sent[0] += 1
 
@@ -135,7 +143,7 @@ def worker_main(conn, event_conn, options, inline: bool = False, group=None) -> 
     try:
         import_op_modules(options.worker_imports)
     except Exception as exc:  # the answer to the client's first request, then the end
-        _refuse(conn, exc)
+        refuse(conn, exc)
         return
     w = _start(adjust(options) if group is not None else options, publish, group)
     inbox = _Inbox(conn)
@@ -260,7 +268,7 @@ def _exit_on_sigterm(signum, frame):
     raise SystemExit(0)
 
 
-def _refuse(conn, exc: BaseException) -> None:
+def refuse(conn, exc: BaseException) -> None:
     """Answer the first request with ``exc`` (a worker that could not start)."""
     try:
         while True:
