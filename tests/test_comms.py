@@ -2,7 +2,6 @@
 known case, the gradients' all-reduces of a batch-sharded MLP step, against what the
 parameter sizes say; and a replicated group, which runs none per step."""
 
-import pytest
 import torch
 
 import gt_core
@@ -16,7 +15,7 @@ def _sum_of_squares(o, y):
     return ((o - y) ** 2).sum()
 
 
-def _train(shard: bool, jit: bool):
+def _train(shard: bool):
     options = {"shard": {"batch": 0}} if shard else {}
     with gt_core.capture(workers=2, **options):
         torch.manual_seed(0)
@@ -25,23 +24,21 @@ def _train(shard: bool, jit: bool):
         with gt_core.signal.context("batch"):
             x, y = torch.randn(32, 32), torch.randn(32, 4)
         step = training_step(model, opt, _sum_of_squares)
-        fn = gt_core.jit(step) if jit else step
         for _ in range(STEPS):
-            loss = fn(x, y)
+            loss = step(x, y)
         last = loss.item()
         gt_core.wait()
     return model, last
 
 
-@pytest.mark.parametrize("jit", [False, True], ids=["plain", "jit"])
-def test_a_sharded_steps_collectives_are_its_gradients_all_reduces(group, jit):
+def test_a_sharded_steps_collectives_are_its_gradients_all_reduces(group):
     """The batch sharded on axis 0: each parameter's gradient is a partial sum on each rank,
     all-reduced once per step where SGD adds it to the whole parameter; a loss that DTensor
     reduces itself (a sum) adds none. So a step is one all-reduce per parameter, of its
     bytes, on each rank, and nothing else."""
     torch.manual_seed(0)
     want_model = mlp(32, 16, 4)
-    model, last = _train(shard=True, jit=jit)
+    model, _ = _train(shard=True)
     params = list(model.parameters())
     for g, w in zip(params, want_model.parameters(), strict=True):
         assert g.shape == w.shape
@@ -64,7 +61,7 @@ def test_a_sharded_steps_collectives_are_its_gradients_all_reduces(group, jit):
 
 
 def test_a_replicated_group_runs_no_collective_per_step(group):
-    _train(shard=False, jit=False)
+    _train(shard=False)
     data = gt_core.report().to_data()
     for r in data["ranks"]:
         assert r["comm_per_step"] == {} and r["bytes_per_step"] == 0, r

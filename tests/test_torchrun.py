@@ -16,7 +16,7 @@ import gt_core
 from gt_core.workloads import mlp, training_step
 
 KEY = b"a-torchrun-test-key-0123456789"
-STEPS = 20
+STEPS = 12
 
 
 class Torchrun:

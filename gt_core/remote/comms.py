@@ -111,13 +111,16 @@ def _counting(comms: Comms, op, kind: str, at: int):
     tensors' device (a redispatch: BackendSelect stays on for what that kernel makes, as
     an all-gather's output; excluding it would fail every factory op inside)."""
 
+    from torch._subclasses.fake_tensor import FakeTensor
+
     def kernel(*args, **kwargs):
         x = args[at] if at < len(args) else None
-        if not _traced(x):
-            comms.count(kind, _nbytes(x))
         t = _first(x if x is not None else args)
-        keys = _KEYS.get(t.device.type, _OTHER) if t is not None else _KEYS["cpu"]
-        return op.redispatch(keys, *args, **kwargs)
+        if t is None:
+            return op.redispatch(_KEYS["cpu"], *args, **kwargs)
+        if not (t.is_meta or isinstance(t, FakeTensor)):  # (meta, fake: a trace, nothing runs)
+            comms.count(kind, _nbytes(x))
+        return op.redispatch(_KEYS.get(t.device.type, _OTHER), *args, **kwargs)
 
     return kernel
 
@@ -132,15 +135,6 @@ def _first(x):
             if t is not None:
                 return t
     return None
-
-
-def _traced(x) -> bool:
-    """Whether the tensors are meta or fake ones (a trace: nothing runs)."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
-    while isinstance(x, (list, tuple)) and x:
-        x = x[0]
-    return isinstance(x, torch.Tensor) and (x.is_meta or isinstance(x, FakeTensor))
 
 
 def _nbytes(x) -> int:
