@@ -108,9 +108,9 @@ def test_a_torchrun_group_runs_the_clients_stream_sharded_and_replicated(torchru
         pids = {p.pid for p in torchrun.workers()}
         for r in ranks:  # each rank is a worker process of torchrun's, and ran the step compiled
             assert r["pid"] in pids and r["world"] == 2
-            assert until(lambda r=r: _rank(r["rank"])["compiled_runs"] > 0, 10), r
+            assert r["compiled_runs"] > 0, r  # (the drain brought every rank's events)
             if shard:
-                assert _rank(r["rank"])["comm_per_step"]["all_reduce"]["count"] > 0
+                assert r["comm_per_step"]["all_reduce"]["count"] > 0, r
         gt_core.worker().stop()  # the client leaves: the ranks' workers end, torchrun stays
         assert until(lambda: not torchrun.workers(), 30), torchrun.workers()
     assert torchrun.proc.poll() is None

@@ -89,6 +89,8 @@ def serve(w: Worker, msg):
 
 
 def _events_sent(w: Worker, req: rq.EventsSent) -> int:
+    if _others[0] is not None:  # (a torchrun group's rank 0: the others' events first)
+        _others[0]()
     w.publish_events()  # the count includes every event up to here
     return _sent[0]
 
@@ -109,6 +111,9 @@ _DOWNLOADS = 4 << 20  # the download area's first size in bytes (it grows for la
 _REUSE = 512 << 20  # bytes of uploads' storage kept for the next uploads of the same size
 _sent = [0]  # event batches this worker process has published (see the client's drain)
 _publishing = threading.Lock()
+# A torchrun group's rank 0: returns once the other ranks' events up to this point of the
+# stream are forwarded (see forward), so that a drain covers every rank's.
+_others = [None]
 
 
 def forward(event_conn, events: list) -> None:

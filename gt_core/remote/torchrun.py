@@ -35,6 +35,7 @@ __all__ = ["in_torchrun", "serve_group"]
 _POLL_S = 0.1  # how often a waiting rank looks for a client (or the end) in the store
 _CONNECT_S = 120.0  # a rank's worker reaches rank 0's relay within this long
 _READ = 1 << 20
+_DRAIN_S = 10.0  # a drain waits this long at most for the other ranks' events
 
 
 def in_torchrun() -> bool:
@@ -157,6 +158,7 @@ def _rank0(conn, events, options, spec, relay, authkey) -> None:
     """Rank 0's worker: the client's stream, copied to every rank; their events relayed."""
     from multiprocessing.connection import Connection
 
+    from gt_core.remote import serve
     from gt_core.remote.listen import Door
     from gt_core.remote.serve import worker_main
 
@@ -173,6 +175,7 @@ def _rank0(conn, events, options, spec, relay, authkey) -> None:
     mine, tee = socket.socketpair()
     relay = _Relay(conn, tee, streams, feeds, events)
     relay.start()
+    serve._others[0] = relay.wait_ranks
     worker_main(Connection(mine.detach()), events, options, inline=True, group=spec)
     relay.ending = True
 
@@ -187,11 +190,30 @@ class _Relay:
         self.streams, self.feeds, self.events = streams, feeds, events
         self.ranks = [socket.socket(fileno=os.dup(c.fileno())) for _, c in sorted(streams.items())]
         self.ending = False
+        # Each rank's answers to the drains (its event batches published by then) and its
+        # batches forwarded; the drains rank 0 has served (see wait_ranks).
+        self.answered = {r: [] for r in streams}
+        self.forwarded = dict.fromkeys(feeds, 0)
+        self.asked = 0
+        self.changed = threading.Condition()
+
+    def wait_ranks(self, timeout: float = _DRAIN_S) -> None:
+        """Once every rank has answered this drain and its batches up to then are
+        forwarded (each rank runs the same stream, so it answers the same drain)."""
+        self.asked += 1
+        k = self.asked
+
+        def done():
+            a, f = self.answered, self.forwarded
+            return all(len(a[r]) >= k and f.get(r, 0) >= a[r][k - 1] for r in a)
+
+        with self.changed:
+            self.changed.wait_for(done, timeout)
 
     def start(self) -> None:
         threads = [(self._down, ()), (self._up, ())]
         threads += [(self._answers, (r, c)) for r, c in self.streams.items()]
-        threads += [(self._events, (c,)) for c in self.feeds.values()]
+        threads += [(self._events, (r, c)) for r, c in self.feeds.items()]
         for fn, args in threads:
             threading.Thread(target=fn, args=args, name="gt-relay", daemon=True).start()
 
@@ -220,11 +242,14 @@ class _Relay:
             pass
 
     def _answers(self, rank: int, conn) -> None:
-        """A rank's answers (to the drains' requests, not the client's to read): dropped.
+        """A rank's answers (to the drains' requests, not the client's to read): noted.
         Its end before the client's ends the session (the client hears this worker end)."""
         try:
             while True:
-                conn.recv_bytes()
+                _, status, sent = pickle.loads(conn.recv_bytes())
+                with self.changed:
+                    self.answered[rank].append(sent if status == "ok" else 0)
+                    self.changed.notify_all()
         except (EOFError, OSError):
             pass
         if not self.ending:
@@ -238,11 +263,14 @@ class _Relay:
                 pass
             os._exit(1)
 
-    def _events(self, conn) -> None:
+    def _events(self, rank: int, conn) -> None:
         from gt_core.remote.serve import forward
 
         try:
             while True:
                 forward(self.events, conn.recv())
+                with self.changed:
+                    self.forwarded[rank] += 1
+                    self.changed.notify_all()
         except (EOFError, OSError):
             pass
