@@ -20,6 +20,8 @@ client with fresh workers, or, after ``--clients N``, tells the others to stop.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import multiprocessing as mp
 import os
 import pickle
@@ -64,7 +66,7 @@ def serve_group(address: tuple[str, int], authkey: bytes, clients=None, say=None
         host = os.environ.get("MASTER_ADDR", "127.0.0.1")
         init = f"tcp://{host}:{_free_port(host)}"
         relay = (host, _free_port(host))
-        store.set(f"client/{served[0]}", pickle.dumps((options, init, relay)))
+        store.set(f"client/{served[0]}", _sign(authkey, (options, init, relay)))
         _run(
             f"rank 0 of {world} serving {peer}",
             _rank0,
@@ -85,7 +87,7 @@ def _follow(store, rank: int, world: int, authkey: bytes, say) -> None:
     n = 1
     while True:
         if store.check([f"client/{n}"]):
-            options, init, relay = pickle.loads(store.get(f"client/{n}"))
+            options, init, relay = _verified(authkey, store.get(f"client/{n}"))
             args = (options, _spec(rank, world, init), relay, authkey)
             _run(f"rank {rank} of {world}, client {n}", _rank_r, args, say)
             n += 1
@@ -93,6 +95,24 @@ def _follow(store, rank: int, world: int, authkey: bytes, say) -> None:
             return
         else:
             time.sleep(_POLL_S)
+
+
+def _sign(authkey: bytes, obj) -> bytes:
+    """``obj`` pickled, after an HMAC of it with the key: a rank unpickles what rank 0 wrote
+    into torchrun's store (which anyone who reaches its port can write) only if it proves
+    the key (see _verified)."""
+    data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
+    return hmac.new(authkey, data, hashlib.sha256).digest() + data
+
+
+def _verified(authkey: bytes, signed: bytes):
+    mac, data = signed[:32], signed[32:]
+    if not hmac.compare_digest(mac, hmac.new(authkey, data, hashlib.sha256).digest()):
+        raise RuntimeError(
+            "gt remote worker group: a client announced in torchrun's store does not carry "
+            "rank 0's key: give every rank the same --authkey-file"
+        )
+    return pickle.loads(data)
 
 
 def _spec(rank: int, world: int, init: str):
