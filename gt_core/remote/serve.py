@@ -18,6 +18,7 @@ import torch
 from gt_core.hotpath.engine import Engine
 from gt_core.observe import events as ev
 from gt_core.options import shard_axes
+from gt_core.remote import published
 from gt_core.remote.cpu_share import CpuShare
 from gt_core.remote.executor import Executor
 from gt_core.remote.group import Group, adjust
@@ -25,7 +26,7 @@ from gt_core.stream import requests as rq
 from gt_core.stream import staging
 from gt_core.stream.instructions import PUT, RNG, SYNC, Sync, from_wire, import_op_modules
 
-__all__ = ["Worker", "worker_main", "serve", "forward", "refuse"]
+__all__ = ["Worker", "worker_main", "serve", "refuse"]
 
 
 def _device(choice: str = "auto"):
@@ -89,10 +90,9 @@ def serve(w: Worker, msg):
 
 
 def _events_sent(w: Worker, req: rq.EventsSent) -> int:
-    if _others[0] is not None:  # (a torchrun group's rank 0: the others' events first)
-        _others[0]()
+    published.wait_for_others()  # (a torchrun group's rank 0: the other ranks' events first)
     w.publish_events()  # the count includes every event up to here
-    return _sent[0]
+    return published.sent()
 
 
 _REQUESTS = {  # request type -> its answer, once everything sent before it has run
@@ -109,19 +109,6 @@ _REQUESTS = {  # request type -> its answer, once everything sent before it has 
 
 _DOWNLOADS = 4 << 20  # the download area's first size in bytes (it grows for larger values)
 _REUSE = 512 << 20  # bytes of uploads' storage kept for the next uploads of the same size
-_sent = [0]  # event batches this worker process has published (see the client's drain)
-_publishing = threading.Lock()
-# A torchrun group's rank 0: returns once the other ranks' events up to this point of the
-# stream are forwarded (see forward), so that a drain covers every rank's.
-_others = [None]
-
-
-def forward(event_conn, events: list) -> None:
-    """Publish another rank's batch of events on this worker's events connection (a torchrun
-    group's rank 0 relays the other ranks'), counted as this worker's (see _events_sent)."""
-    with _publishing:
-        event_conn.send(events)
-        _sent[0] += 1
 
 
 def worker_main(conn, event_conn, options, inline: bool = False, group=None) -> None:
@@ -135,9 +122,7 @@ def worker_main(conn, event_conn, options, inline: bool = False, group=None) -> 
     tag = {} if group is None else {"rank": group.rank}
 
     def publish(events):
-        with _publishing:
-            event_conn.send([{**e, **tag} for e in events] if tag else events)
-            _sent[0] += 1
+        published.send(event_conn, [{**e, **tag} for e in events] if tag else events)
 
     # Ctrl-C in a terminal reaches the whole process group: it is the client's to handle (its
     # wait ends; this process finishes the work and answers). SIGTERM (the client exiting

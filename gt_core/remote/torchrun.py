@@ -178,8 +178,8 @@ def _rank0(conn, events, options, spec, relay, authkey) -> None:
     """Rank 0's worker: the client's stream, copied to every rank; their events relayed."""
     from multiprocessing.connection import Connection
 
-    from gt_core.remote import serve
     from gt_core.remote.listen import Door
+    from gt_core.remote.published import drain_others
     from gt_core.remote.serve import worker_main
 
     if not _ends_with_its_rank():
@@ -195,7 +195,7 @@ def _rank0(conn, events, options, spec, relay, authkey) -> None:
     mine, tee = socket.socketpair()
     relay = _Relay(conn, tee, streams, feeds, events)
     relay.start()
-    serve._others[0] = relay.wait_ranks
+    drain_others(relay.wait_ranks)
     worker_main(Connection(mine.detach()), events, options, inline=True, group=spec)
     relay.ending = True
 
@@ -274,7 +274,7 @@ class _Relay:
             pass
         if not self.ending:
             from gt_core.observe import events as ev
-            from gt_core.remote.serve import forward
+            from gt_core.remote.published import send as forward
 
             why = f"rank {rank} of the torchrun group ended"
             try:
@@ -284,7 +284,7 @@ class _Relay:
             os._exit(1)
 
     def _events(self, rank: int, conn) -> None:
-        from gt_core.remote.serve import forward
+        from gt_core.remote.published import send as forward
 
         try:
             while True:
