@@ -12,8 +12,9 @@ message would time out while a notebook sits idle.) Decisions that could differ 
   on every rank (``agree``: an all-reduce of the outcome, at the same point of the stream);
 - reverts judged on measured times are off (times differ per rank; an event says so).
 
-Sharding is not done yet: every rank holds every tensor whole (replicated), so every rank
-computes what one worker would. Asking for sharding is refused (see gt_core.options).
+Without sharding every rank holds every tensor whole (replicated) and computes what one
+worker would; with it, see gt_core.remote.shard. Every collective a rank runs is counted
+(gt_core.remote.comms); the ranks' lines show a step's.
 """
 
 from __future__ import annotations
