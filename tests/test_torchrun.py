@@ -130,7 +130,9 @@ def test_a_killed_rank_is_one_line_and_the_next_client_gets_a_fresh_group(torchr
         rank1 = _rank(1)["pid"]
         os.kill(rank1, signal.SIGKILL)
         assert until(lambda: not gt_core.worker().alive, 20)
-        with pytest.raises(gt_core.WorkerDied, match=r"^gt remote worker .*died") as info:
+        with pytest.raises(
+            gt_core.WorkerDied, match=r"^gt remote worker .*died: .*rank 1 .*ended"
+        ) as info:
             a.sum().item()
         assert "\n" not in str(info.value)
     assert until(lambda: len(torchrun.workers()) == 0, 30), torchrun.workers()

@@ -17,6 +17,7 @@ from multiprocessing.connection import AuthenticationError, Client
 from gt_core.client.rank_lines import RankLines
 from gt_core.client.transport import Connected, no_modes
 from gt_core.errors import RemoteRefused
+from gt_core.observe import events as ev
 from gt_core.options import remote_address
 from gt_core.remote.listen import PROTOCOL, nodelay, read_authkey
 from gt_core.stream import staging
@@ -74,6 +75,9 @@ class RemoteTransport(RankLines, InlineStaging, Connected):
 
     def _split(self, on_events):
         def split(events):
+            for e in events:  # (a torchrun group's rank 0 says which rank ended, then ends)
+                if e.get("type") == ev.WORKER and e.get("state") == "died" and "cause" in e:
+                    self._cause = e["cause"]
             rank = events[0].get("rank") if events else None  # (a batch is one rank's)
             if rank is not None:
                 self._see(rank, events)
@@ -139,8 +143,12 @@ class RemoteTransport(RankLines, InlineStaging, Connected):
         except OSError:
             return False
 
+    _cause = None  # why the worker said it ends, if it did
+
     def _ended(self) -> str:
-        return "its connection closed (the remote worker ended, or the network failed)"
+        self._pump.join(timeout=1.0)  # (its last events, read until the connection closed)
+        why = "its connection closed (the remote worker ended, or the network failed)"
+        return why if self._cause is None else f"{why}: {self._cause}"
 
     def _doing(self) -> str:
         return "it is busy with the work sent before, or the network is slow"

@@ -276,7 +276,7 @@ class _Relay:
             from gt_core.observe import events as ev
             from gt_core.remote.published import send as forward
 
-            why = f"rank {rank} of the torchrun group ended"
+            why = f"rank {rank} of the torchrun group ended (its worker's connection closed)"
             try:
                 forward(self.events, [ev.event(ev.WORKER, state="died", cause=why, rank=0)])
             except OSError:
