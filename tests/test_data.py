@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import psutil
 import pytest
 import torch
@@ -406,15 +407,16 @@ def test_a_view_of_an_uploaded_tensor_is_its_value_at_the_op(process, view):
 def test_a_view_of_an_uploaded_tensor_costs_no_second_upload(process):
     """autograd saves the plain batch an op met and its backward reads ``x.t()`` of it: that
     view is the same view of the worker's copy, not a second upload (it was a barrier in the
-    middle of every step). A tensor changed since its upload goes again."""
+    middle of every step). Once the graph is gone, a use is an upload again, and a tensor
+    changed since its upload goes again."""
     x = _values((8, 5), torch.float32)
     w = torch.randn(5, 3)
 
     def fn(x, w):
         w = w.clone().requires_grad_()
-        loss = (x @ w).square().sum()
-        loss.backward()
-        return loss, w.grad, x.t() @ torch.ones(8), x[2:, ::2] * 2
+        loss = (x @ w).square().sum()  # (the graph saves x)
+        loss.backward()  # x.t() @ grad: the view of the worker's copy
+        return loss, w.grad
 
     want = fn(x, w)
     with gt_core.capture() as s:
@@ -430,6 +432,36 @@ def test_a_view_of_an_uploaded_tensor_costs_no_second_upload(process):
     for g, e in zip(got, want, strict=True):
         torch.testing.assert_close(g, e.detach(), rtol=0, atol=0)
     assert torch.equal(changed, x[1:])
+
+
+@pytest.mark.parametrize("backward", [False, True], ids=["graphs-kept", "backward"])
+def test_a_host_buffer_refilled_behind_torchs_version_counter_is_read_anew_each_step(
+    process, backward
+):
+    """A numpy buffer refilled in place each step (no version bump) is the same tensor object
+    every step. Its worker copy kept for a graph that saved it serves that graph's backward
+    only: each step's forward reads the buffer as it is now, as eager does."""
+    arr = np.zeros((8, 5), np.float32)
+    x = torch.from_numpy(arr)
+
+    def steps(w):
+        outs = []
+        for k in range(4):
+            arr[:] = k + 1  # x._version stays
+            ww = w.clone().requires_grad_()
+            out = (x @ ww).square().sum()
+            if backward:
+                out.backward(retain_graph=True)
+                outs.append(ww.grad)
+            outs.append(out)  # its graph, holding x, stays
+        return [o.detach().clone() for o in outs] if not gt_core.is_remote(outs[0]) else outs
+
+    w = torch.randn(5, 3)
+    want = steps(w)
+    with gt_core.capture():
+        got = [o.detach().cpu() for o in steps(gt_core.to_worker(w))]
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
 
 
 def test_a_dataloader_step_uploads_its_batch_once(process):

@@ -179,6 +179,27 @@ def test_uploads_and_made_tensors_inside_the_signal_are_halves_fetched_whole(gro
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-6)
 
 
+def test_a_plain_tensor_uploaded_whole_before_the_signal_goes_again_sharded_inside_it(group):
+    """The upload cache keeps a host tensor's whole copy while the tensor lives; inside the
+    sharded signal the same tensor is uploaded again as a half, as any upload made there."""
+    data = torch.randn(256, 64)  # 64 KiB
+    w = torch.randn(64)
+    with gt_core.capture(workers=2, shard={"batch": 0}, auto_compile=False):
+        ww = gt_core.to_worker(w)
+        before = (data * ww).sum()  # data goes up whole, and stays while it lives
+        held = gt_core.worker().stats()["bytes"]
+        with gt_core.signal.context("batch"):
+            inside = (data * ww).sum()  # data again, sharded
+            grew = gt_core.worker().stats()["bytes"] - held
+        got = (before.cpu(), inside.cpu())
+    # the whole copy let go (the cache holds the half now), a half and a 0-d sum in; reusing
+    # the whole copy, it would be the sum's bytes alone
+    assert abs(grew - (data.nbytes // 2 - data.nbytes)) <= 16, grew
+    want = (data * w).sum()
+    torch.testing.assert_close(got[0], want, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(got[1], want, atol=1e-5, rtol=1e-6)
+
+
 def test_a_block_compiled_for_a_sharded_batch_runs_a_whole_one_eagerly(group):
     def train(on_group: bool):
         ctx = (

@@ -7,17 +7,19 @@ plain copy of its value (see ``shadows``).
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import torch
 
 from gt_core.client.interrupt import user_line
+from gt_core.diagnostics.torch_hooks import in_backward
 from gt_core.errors import UnsupportedOperation
 from gt_core.stream.instructions import OP, PUT, Op, Put
 from gt_core.stream.meta import TensorMeta, tensor_meta
 from gt_core.stream.staging import layout
 
-__all__ = ["upload", "rebind", "CONSTANT_NUMEL"]
+__all__ = ["upload", "rebind", "saved", "CONSTANT_NUMEL"]
 
 # A tensor a jitted step makes from host data is frozen into its block when equal on the
 # recorded calls; one larger than this is data, never frozen (pass it as an argument).
@@ -25,25 +27,78 @@ CONSTANT_NUMEL = 1 << 16
 _SCALAR_TENSOR = torch.ops.aten.scalar_tensor.default
 _CPU = torch.device("cpu")
 
-# id(plain tensor) -> (weakref to it, its version, session gen, its proxy). The proxy lives as
-# long as the plain tensor: a batch used in the forward is used again by its backward (autograd
-# saved the plain tensor), and a view of it there is the same view of the worker's copy. Not
-# while a jit call records: a replayed call makes its uploads again, and a value the call made
-# that outlives it is one jit would have to put back (it refuses), so the cache holds a weak
-# reference there.
+# id(plain tensor) -> (weakref to it, its version, session gen and scope, weakref to its
+# proxy): a tensor met again while its proxy lives is not sent again. A scope is the sharded
+# signal open at the upload (a worker group shards what is uploaded inside it), so a tensor
+# uploaded whole outside goes again, sharded, inside.
 _uploads: dict[int, tuple] = {}
+# id(plain tensor) -> how many autograd graphs hold it saved (see saved), and the proxy of its
+# upload, kept alive for them: the backward reads the batch again (and ``x.t()`` of it, the
+# same view of the worker's copy), where a second upload would cut every step's block in two.
+# For the backward only: a forward op meeting a tensor whose proxy only a graph keeps uploads
+# it again, as without a graph, since a host tensor the user keeps may have been written
+# behind torch's version counter meanwhile (a numpy buffer refilled each step).
+_held: dict[int, int] = {}
+_kept: dict[int, object] = {}
+
+
+class _Saved:
+    """A plain tensor an autograd graph saved inside a capture (``saved``'s pack)."""
+
+    __slots__ = ("t",)
+
+    def __init__(self, t: torch.Tensor):
+        self.t = t
+        key = id(t)
+        _held[key] = _held.get(key, 0) + 1
+        hit = _uploads.get(key)
+        p = hit[3]() if hit is not None else None
+        if p is not None:  # (uploaded before the graph saved it)
+            _kept[key] = p
+
+    def __del__(self):
+        key = id(self.t)
+        try:
+            n = _held.pop(key) - 1
+        except (KeyError, TypeError):  # (at interpreter exit)
+            return
+        if n:
+            _held[key] = n
+        else:
+            _kept.pop(key, None)
+
+
+def _pack(t):
+    return _Saved(t) if type(t) is torch.Tensor else t  # (a proxy, a parameter: as they are)
+
+
+def _unpack(x):
+    return x.t if type(x) is _Saved else x
+
+
+def saved():
+    """The autograd hooks a capture installs: see ``_held``."""
+    return torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
 
 
 def _cached(session, t: torch.Tensor):
     """The proxy of ``t``'s upload while ``t`` is unchanged since (None: there is none)."""
-    hit = _uploads.get(id(t))
-    if hit is not None:
-        ref, version, gen, p = hit
-        if type(p) is weakref.ref:
-            p = p()
-        if ref() is t and version == t._version and gen == session.gen:
-            return p
-    return None
+    key = id(t)
+    hit = _uploads.get(key)
+    if hit is None:
+        return None
+    ref, version, gen, pref = hit
+    p = pref()
+    if p is None or ref() is not t or version != t._version or gen != _scope(session):
+        return None
+    # (references to p: _kept's, this frame's and getrefcount's argument: only a graph's)
+    if _kept.get(key) is p and sys.getrefcount(p) <= 3 and not in_backward():
+        return None
+    return p
+
+
+def _scope(session) -> object:
+    return (session.gen, session.sharding[-1]) if session.sharding else session.gen
 
 
 def _view_of_upload(session, t: torch.Tensor):
@@ -86,9 +141,13 @@ def upload(cls, session, t: torch.Tensor, cache: bool = True):
         _uploads[key] = (
             weakref.ref(t, lambda _r, k=key, d=_uploads: d.pop(k, None)),  # (d: at exit too)
             t._version,
-            session.gen,
-            p if session.tee_puts is None else weakref.ref(p),
+            _scope(session),
+            weakref.ref(p),
         )
+        # (not while a jit call records: a value the call makes that outlives it is one jit
+        # would have to put back, and a replayed call uploads again)
+        if key in _held and session.tee_puts is None:
+            _kept[key] = p
     except TypeError:
         pass
     return p

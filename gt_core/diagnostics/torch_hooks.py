@@ -26,6 +26,7 @@ __all__ = [
     "current_compile_id",
     "disable_current_modes",
     "hook_compilation_event",
+    "in_backward",
     "innermost_fn",
     "is_module_wrapper",
     "recompile_limit",
@@ -129,6 +130,13 @@ def compiled_fn_of(frame):
     """The function a call of a compiled function runs, from the frame of Dynamo's wrapper
     that asked ``_callback_from_stance`` (its local ``fn``), or None."""
     return frame.f_locals.get("fn")
+
+
+def in_backward() -> bool:
+    """Whether this thread runs an autograd node now (a backward pass is computing)."""
+    import torch
+
+    return torch._C._current_autograd_node() is not None
 
 
 def disable_current_modes():
