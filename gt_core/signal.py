@@ -17,18 +17,11 @@ __all__ = ["context"]
 def context(name: str):
     """Mark the instructions inside the block as one occurrence of the signal ``name``."""
     from gt_core.client.capture import session
-    from gt_core.options import shard_axes
 
     s = session()
-    name = str(name)
-    s.emit(Mark(MARK, name, "enter"))
-    sharded = name in shard_axes(s.options)
-    if sharded:  # (what a worker group shards: uploads inside are other values than outside)
-        s.sharding.append(name)
+    s.emit(Mark(MARK, str(name), "enter"))
     try:
         yield
     finally:
-        if sharded:
-            s.sharding.pop()
         if not s.closed:
-            s.emit(Mark(MARK, name, "exit"))
+            s.emit(Mark(MARK, str(name), "exit"))

@@ -180,24 +180,24 @@ def test_uploads_and_made_tensors_inside_the_signal_are_halves_fetched_whole(gro
 
 
 def test_a_plain_tensor_uploaded_whole_before_the_signal_goes_again_sharded_inside_it(group):
-    """The upload cache keeps a host tensor's whole copy while the tensor lives; inside the
-    sharded signal the same tensor is uploaded again as a half, as any upload made there."""
+    """A graph made before the signal keeps the host tensor's whole copy for its backward;
+    inside the sharded signal the same tensor is uploaded again, as a half, as any upload
+    made there (not the whole copy reused)."""
     data = torch.randn(256, 64)  # 64 KiB
     w = torch.randn(64)
-    with gt_core.capture(workers=2, shard={"batch": 0}, auto_compile=False):
-        ww = gt_core.to_worker(w)
-        before = (data * ww).sum()  # data goes up whole, and stays while it lives
-        held = gt_core.worker().stats()["bytes"]
+    with gt_core.capture(workers=2, shard={"batch": 0}, auto_compile=False) as s:
+        ww = gt_core.to_worker(w).requires_grad_()
+        before = (data * ww).sum()  # data goes up whole; the graph keeps it for the backward
+        sent = s.counters["uploads"]
         with gt_core.signal.context("batch"):
-            inside = (data * ww).sum()  # data again, sharded
-            grew = gt_core.worker().stats()["bytes"] - held
-        got = (before.cpu(), inside.cpu())
-    # the whole copy let go (the cache holds the half now), a half and a 0-d sum in; reusing
-    # the whole copy, it would be the sum's bytes alone
-    assert abs(grew - (data.nbytes // 2 - data.nbytes)) <= 16, grew
+            inside = (data * ww).sum()  # data again, sharded (its graph keeps the half)
+        assert s.counters["uploads"] - sent == 1
+        (before + inside).backward()
+        got = (before.detach().cpu(), inside.detach().cpu(), ww.grad.cpu())
     want = (data * w).sum()
     torch.testing.assert_close(got[0], want, atol=1e-5, rtol=1e-6)
     torch.testing.assert_close(got[1], want, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(got[2], 2 * data.sum(0), atol=1e-4, rtol=1e-5)
 
 
 def test_a_block_compiled_for_a_sharded_batch_runs_a_whole_one_eagerly(group):

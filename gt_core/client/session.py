@@ -94,7 +94,6 @@ class Session:
     def __init__(self, options: Options, log: ev.EventLog):
         self.gen = next(_generations)
         self.options = options
-        self.sharding: list[str] = []  # the sharded signals open (gt_core.signal), innermost last
         self.log = log
         self.buf: list = []
         self.freed: deque = deque()  # ids of proxies that died since the last instruction

@@ -27,10 +27,8 @@ CONSTANT_NUMEL = 1 << 16
 _SCALAR_TENSOR = torch.ops.aten.scalar_tensor.default
 _CPU = torch.device("cpu")
 
-# id(plain tensor) -> (weakref to it, its version, session gen and scope, weakref to its
-# proxy): a tensor met again while its proxy lives is not sent again. A scope is the sharded
-# signal open at the upload (a worker group shards what is uploaded inside it), so a tensor
-# uploaded whole outside goes again, sharded, inside.
+# id(plain tensor) -> (weakref to it, its version, session gen, weakref to its proxy): a tensor
+# met again while its proxy lives is not sent again.
 _uploads: dict[int, tuple] = {}
 # id(plain tensor) -> how many autograd graphs hold it saved (see saved), and the proxy of its
 # upload, kept alive for them: the backward reads the batch again (and ``x.t()`` of it, the
@@ -89,16 +87,12 @@ def _cached(session, t: torch.Tensor):
         return None
     ref, version, gen, pref = hit
     p = pref()
-    if p is None or ref() is not t or version != t._version or gen != _scope(session):
+    if p is None or ref() is not t or version != t._version or gen != session.gen:
         return None
     # (references to p: _kept's, this frame's and getrefcount's argument: only a graph's)
     if _kept.get(key) is p and sys.getrefcount(p) <= 3 and not in_backward():
         return None
     return p
-
-
-def _scope(session) -> object:
-    return (session.gen, session.sharding[-1]) if session.sharding else session.gen
 
 
 def _view_of_upload(session, t: torch.Tensor):
@@ -141,7 +135,7 @@ def upload(cls, session, t: torch.Tensor, cache: bool = True):
         _uploads[key] = (
             weakref.ref(t, lambda _r, k=key, d=_uploads: d.pop(k, None)),  # (d: at exit too)
             t._version,
-            _scope(session),
+            session.gen,
             weakref.ref(p),
         )
         # (not while a jit call records: a value the call makes that outlives it is one jit
