@@ -1,8 +1,11 @@
-"""The stream's recent history: the instructions run eagerly since the last hot occurrence.
+"""The stream's recent history: the instructions run eagerly, and the occurrences of detected
+blocks among them, since the last occurrence of any other block.
 
 Detection searches it. Each instruction is kept three ways: as sent, as a key without its
 ids (``local_key``: equal for the same op at the same place in a period), and as the paths of
-its result's tensors (what a block built from it returns).
+its result's tensors (what a block built from it returns). An occurrence of a detected block
+joins it with the keys and paths its block was found with; its instructions are expanded only
+when something reads them (a RUN from the client carries none).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ class History:
 
     def __init__(self, meta):
         self.meta = meta  # value id -> the ValueMeta of a live value, or None
-        self.instrs: list = []
+        self._instrs: list = []  # (None at a joined occurrence's place until it is read)
+        self._joined: list = []  # [position, length, Occurrence] of joined occurrences not yet read
+        self.runs: list = []  # [position, signature] of blocks' occurrences (joined, or found)
         self.keys: list = []
         self.paths: list = []  # out paths of the OP instructions' results (None for others)
         # ms each OP instruction took to run (None for others): a block's profile, read
@@ -32,8 +37,17 @@ class History:
         self.freed_meta: dict[int, ValueMeta] = {}
         self.started: float | None = None  # time.time() of the first instruction kept
 
+    @property
+    def instrs(self) -> list:
+        """The instructions, joined occurrences' expanded in place."""
+        if self._joined:
+            for at, n, occ in self._joined:
+                self._instrs[at : at + n] = occ.instructions
+            self._joined.clear()
+        return self._instrs
+
     def __len__(self) -> int:
-        return len(self.instrs)
+        return len(self._instrs)
 
     def __getitem__(self, i):
         return self.instrs[i]
@@ -52,7 +66,7 @@ class History:
     def append(self, ins, result, window: int, ms: float | None = None) -> int:
         """Record an instruction run eagerly (in ``ms``); how many old ones were dropped to
         make room."""
-        if not self.instrs:
+        if not self._instrs:
             self.started = time.time()
         # An upload's value is the worker's now; kept here, every batch uploaded would stay
         # alive for two windows of instructions (61 MB of batches after 40 small epochs).
@@ -60,21 +74,59 @@ class History:
             ins = ins._replace(value=None)
         elif ins.code == RNG:
             ins = ins._replace(state=None)
-        self.instrs.append(ins)
+        self._instrs.append(ins)
         self.keys.append(local_key(ins))
         self.paths.append(out_paths(result) if ins.code == OP else None)
         self.ms.append(ms)
-        if len(self.instrs) <= 2 * window:
+        return self._bound(window)
+
+    def join(self, sig: str, keys: tuple, paths: list, occ, window: int) -> int:
+        """Record an occurrence of block ``sig``, found with these ``keys`` and ``paths`` (one
+        per instruction); how many old instructions were dropped to make room."""
+        if not self._instrs:
+            self.started = time.time()
+        self.runs.append([len(self._instrs), sig])
+        self._joined.append([len(self._instrs), len(keys), occ])
+        self._instrs.extend([None] * len(keys))
+        self.keys.extend(keys)
+        self.paths.extend(paths)
+        self.ms.extend([None] * len(keys))  # (a block's run is timed whole, not per op)
+        for vid in occ.free_ids:  # (an input it frees may be an input of a longer block)
+            self.remember(vid)
+        return self._bound(window)
+
+    def _bound(self, window: int) -> int:
+        if len(self._instrs) <= 2 * window:
             return 0
-        drop = len(self.instrs) - window
-        del self.instrs[:drop], self.keys[:drop], self.paths[:drop], self.ms[:drop]
+        drop = len(self._instrs) - window
+        kept = []
+        for at, n, occ in self._joined:
+            if at >= drop:
+                kept.append([at - drop, n, occ])
+            elif at + n > drop:  # (partly dropped: what stays of it is read now)
+                self._instrs[at : at + n] = occ.instructions
+        self._joined = kept
+        self.runs = [[at - drop, sig] for at, sig in self.runs if at >= drop]
+        del self._instrs[:drop], self.keys[:drop], self.paths[:drop], self.ms[:drop]
         if len(self.freed_meta) > 4 * window:
             self.freed_meta.clear()
         return drop
 
     def clear(self) -> None:
-        """Forget the instructions (a hot occurrence ran: the period starts again)."""
-        self.instrs.clear(), self.keys.clear(), self.paths.clear(), self.ms.clear()
+        """Forget the instructions (an occurrence of a block not detected here ran: the period
+        starts again)."""
+        self._instrs.clear(), self._joined.clear(), self.runs.clear(), self.keys.clear()
+        self.paths.clear(), self.ms.clear()
+
+    def ran(self, sig: str, begins) -> None:
+        """Block ``sig`` was found in the instructions at ``begins``: count them as its
+        occurrences (runs_within)."""
+        self.runs += [[b, sig] for b in begins]
+
+    def runs_within(self, begins, length: int) -> set:
+        """The signatures of the joined occurrences that began inside [b, b + length) for a
+        b in ``begins``."""
+        return {sig for at, sig in self.runs if any(b <= at < b + length for b in begins)}
 
     def profile(self, begins, length: int) -> list:
         """ms per entry of a block found at ``begins`` (None where an entry is no op): the
