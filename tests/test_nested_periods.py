@@ -126,6 +126,7 @@ def test_a_gelu_layernorm_loop_of_60_steps_is_found_whole_at_every_threshold(nes
 
 def test_a_retired_block_says_so_in_the_report_and_the_dashboard(nested):
     from gt_jupyter import _render, _tables
+    from gt_jupyter.views import status_view
 
     paths = _trained_alike(lambda: Chain(6, "mul"))
     (inner,) = [p for p in paths if p["status"] == Status.RETIRED]
@@ -153,6 +154,7 @@ def test_a_retired_block_says_so_in_the_report_and_the_dashboard(nested):
         if r["where"] == inner["signature"] and r["kind"] == "jit would save"
     ]
     assert "gt-chip gt-retired'>retired<" in _render.tables_html(data)
+    assert "fallbacks 0, retired 1; " in repr(status_view(data, gt_core.worker()))  # %gt status
 
 
 def test_retired_is_final_whatever_events_of_the_block_come_after():

@@ -3,7 +3,8 @@
 States of a block (named as in the report): hot → compiling → compiled, or failed /
 reverted; blocks marked by a signal start as recording. Failed and reverted blocks stay
 known (and run eagerly): that keeps the stream aligned, so the same loop is not detected
-again at another rotation.
+again at another rotation. A retired block (Blocks.retire: a longer period's block runs its
+instructions) stays known too, and is matched no more.
 """
 
 from __future__ import annotations
@@ -77,7 +78,11 @@ class Block:
         # Its instructions' history keys and out paths where it was found (a detected block):
         # its occurrences join the history with them (History.join); None: they clear it
         self.keys: tuple | None = None
-        self.entry_paths: list | None = None
+        self.entry_paths: tuple | None = None
+        self.nones = (None,) * len(canon.entries)  # (what History.join extends with)
+        frees = [e.value for e in canon.entries if e.kind == "free"]
+        # which of an occurrence's freed ids (Occurrence.free_ids) are inputs of the block
+        self.freed_inputs = tuple(j for j, name in enumerate(frees) if name[0] == "i")
         self.n_produced = sum(
             1 for e in canon.entries if e.kind == "op" for o in e.outs if o is not None
         )

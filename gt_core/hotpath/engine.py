@@ -198,10 +198,7 @@ class Engine:
             self.history.clear()
             self.next_detect = 0
         else:
-            H = self.history
-            self._dropped(
-                H.join(block.sig, block.keys, block.entry_paths, occ, self.options.window)
-            )
+            self._dropped(self.history.join(block, occ, self.options.window))
         self.runner.run(block, occ)
 
     # -- detection -----------------------------------------------------------------------
@@ -251,10 +248,12 @@ class Engine:
             dtypes = tuple(namer.dtypes) if c.lift else ()
             block = self.registry.form(canon, namer, paths, p, lift=c.lift, scalar_dtypes=dtypes)
             block.op_ms = H.profile(c.occurrences, c.length)
-            block.keys, block.entry_paths = tuple(H.keys[begin:end]), H.paths[begin:end]
+            block.keys, block.entry_paths = tuple(H.keys[begin:end]), tuple(H.paths[begin:end])
             self._retire_nested(block, H.runs_within(c.occurrences, c.length))
             H.ran(block.sig, c.occurrences)  # (a longer period may hold these too)
-            self.registry.adopt(block, len(c.occurrences), recording_t=H.started)
+            self.registry.adopt(
+                block, len(c.occurrences), recording_t=H.when_recorded(c.occurrences[0])
+            )
         return True
 
     def _retire_nested(self, block, sigs) -> None:

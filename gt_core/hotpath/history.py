@@ -1,5 +1,5 @@
 """The stream's recent history: the instructions run eagerly, and the occurrences of detected
-blocks among them, since the last occurrence of any other block.
+blocks among them, since the last occurrence of a block a signal or a jit call marked.
 
 Detection searches it. Each instruction is kept three ways: as sent, as a key without its
 ids (``local_key``: equal for the same op at the same place in a period), and as the paths of
@@ -35,7 +35,9 @@ class History:
         self.ms: list = []
         # Metadata of values freed lately: a block's input may be freed before it is named.
         self.freed_meta: dict[int, ValueMeta] = {}
-        self.started: float | None = None  # time.time() of the first instruction kept
+        # [position, time.time()] where eager recording (re)started: at the first instruction
+        # kept, and after each joined occurrence (when_recorded)
+        self._since: list = []
 
     @property
     def instrs(self) -> list:
@@ -67,7 +69,7 @@ class History:
         """Record an instruction run eagerly (in ``ms``); how many old ones were dropped to
         make room."""
         if not self._instrs:
-            self.started = time.time()
+            self._since = [[0, time.time()]]
         # An upload's value is the worker's now; kept here, every batch uploaded would stay
         # alive for two windows of instructions (61 MB of batches after 40 small epochs).
         if ins.code == PUT:
@@ -80,20 +82,25 @@ class History:
         self.ms.append(ms)
         return self._bound(window)
 
-    def join(self, sig: str, keys: tuple, paths: list, occ, window: int) -> int:
-        """Record an occurrence of block ``sig``, found with these ``keys`` and ``paths`` (one
-        per instruction); how many old instructions were dropped to make room."""
-        if not self._instrs:
-            self.started = time.time()
-        self.runs.append([len(self._instrs), sig])
+    def join(self, block, occ, window: int) -> int:
+        """Record an occurrence of a detected ``block``, with the keys and out paths of the
+        instructions it was found in; how many old instructions were dropped to make room."""
+        keys, nones = block.keys, block.nones
+        self.runs.append([len(self._instrs), block.sig])
         self._joined.append([len(self._instrs), len(keys), occ])
-        self._instrs.extend([None] * len(keys))
+        self._instrs.extend(nones)
         self.keys.extend(keys)
-        self.paths.extend(paths)
-        self.ms.extend([None] * len(keys))  # (a block's run is timed whole, not per op)
-        for vid in occ.free_ids:  # (an input it frees may be an input of a longer block)
-            self.remember(vid)
+        self.paths.extend(block.entry_paths)
+        self.ms.extend(nones)  # (a block's run is timed whole, not per op)
+        for j in block.freed_inputs:  # (an input it frees may be an input of a longer block)
+            self.remember(occ.free_ids[j])
+        self._since.append([len(self._instrs), time.time()])
         return self._bound(window)
+
+    def when_recorded(self, position: int) -> float | None:
+        """When the eager recording that reached ``position`` began: the first instruction
+        kept, or the end of the last joined occurrence before it."""
+        return next((t for at, t in reversed(self._since) if at <= position), None)
 
     def _bound(self, window: int) -> int:
         if len(self._instrs) <= 2 * window:
@@ -107,6 +114,9 @@ class History:
                 self._instrs[at : at + n] = occ.instructions
         self._joined = kept
         self.runs = [[at - drop, sig] for at, sig in self.runs if at >= drop]
+        kept = [m for m in self._since if m[0] > drop]
+        before = [m for m in self._since if m[0] <= drop][-1:]  # (what the first kept began in)
+        self._since = [[max(0, at - drop), t] for at, t in before + kept]
         del self._instrs[:drop], self.keys[:drop], self.paths[:drop], self.ms[:drop]
         if len(self.freed_meta) > 4 * window:
             self.freed_meta.clear()
@@ -115,7 +125,8 @@ class History:
     def clear(self) -> None:
         """Forget the instructions (an occurrence of a block not detected here ran: the period
         starts again)."""
-        self._instrs.clear(), self._joined.clear(), self.runs.clear(), self.keys.clear()
+        self._instrs.clear(), self._joined.clear(), self.runs.clear(), self._since.clear()
+        self.keys.clear()
         self.paths.clear(), self.ms.clear()
 
     def ran(self, sig: str, begins) -> None:
