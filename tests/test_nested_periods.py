@@ -172,3 +172,46 @@ def test_retired_is_final_whatever_events_of_the_block_come_after():
     assert p["status"] == Status.RETIRED
     assert p["retired"] == {"reason": "inside xyz", "by": "xyz"}
     assert [s for s, _ in p["states"]] == [Status.HOT, Status.COMPILING, Status.RETIRED]
+
+
+def test_joined_occurrences_read_back_as_their_instructions_however_the_window_cuts_them():
+    """An occurrence joins the history as its block's keys; its instructions are read only
+    when asked for (a RUN carries none), or when the window drops part of it."""
+    from gt_core.hotpath.blocks import Occurrence
+    from gt_core.hotpath.history import History, local_key
+    from gt_core.stream.instructions import FREE, OP, Free, Op, Ref
+
+    def occurrence(base):  # mul(in, 2.0) -> t; add(t, in) -> u; free t
+        return [
+            Op(OP, 0, (Ref(base), 2.0), {}, (base + 1,)),
+            Op(OP, 1, (Ref(base + 1), Ref(base)), {}, (base + 2,)),
+            Free(FREE, base + 1),
+        ]
+
+    class Block:
+        sig, nones, freed_inputs = "b", (None,) * 3, ()
+        keys = tuple(local_key(i) for i in occurrence(0))
+        entry_paths = ([()], [()], None)
+
+    expanded = []
+
+    def joined(base):
+        def expand():
+            expanded.append(base)
+            return occurrence(base)
+
+        return Occurrence([base], [], [base + 2], [base + 1], expand_=expand)
+
+    cut = 0
+    for window in (5, 6, 7, 8):
+        H = History(lambda vid: None)
+        expanded.clear()
+        for k in range(1, 12):
+            H.append(Op(OP, 2, (Ref(0),), {}, (1000 + k,)), torch.zeros(1), window)
+            H.join(Block, joined(10 * k), window)
+            assert len(H) <= 2 * window
+        cut += len(expanded)  # (occurrences the window cut in two: read before it dropped them)
+        assert H.keys == [local_key(i) for i in H.instrs] and None not in H.instrs
+        assert H.paths == [[()] if i.code == OP else None for i in H.instrs]
+        assert H.runs_within([0], len(H)) == {"b"}
+    assert cut
