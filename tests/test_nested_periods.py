@@ -211,6 +211,9 @@ def test_joined_occurrences_read_back_as_their_instructions_however_the_window_c
             H.join(Block, joined(10 * k), window)
             assert len(H) <= 2 * window
         cut += len(expanded)  # (occurrences the window cut in two: read before it dropped them)
+        before = len(expanded)
+        H.read_from(len(H) - 2)  # (what detection does: it reads the last few periods)
+        assert expanded[before:] == [110]  # the last occurrence alone
         assert H.keys == [local_key(i) for i in H.instrs] and None not in H.instrs
         assert H.paths == [[()] if i.code == OP else None for i in H.instrs]
         assert H.runs_within([0], len(H)) == {"b"}

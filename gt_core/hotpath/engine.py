@@ -221,14 +221,16 @@ class Engine:
             return lift_positions(ex.ops[a.op], a, b, H.meta_of)
 
         # Cut at sync points, and at ops whose arguments change from one period to the next,
-        # unless only floats change where they can be lifted into tensor inputs.
-        lifts, barriers = changes(H.instrs, p, o.threshold, unresolved, lift)
+        # unless only floats change where they can be lifted into tensor inputs. (Detection
+        # reads the last threshold + 1 periods, and best_cut three: the rest stays unread.)
+        instrs = H.read_from(len(H) - (o.threshold + 3) * p)
+        lifts, barriers = changes(instrs, p, o.threshold, unresolved, lift)
         since = periodic_since(H.keys, p, o.threshold)
 
         def is_view(ins):
             return ex.ops[ins.op].is_view
 
-        c = cut(H.instrs, p, o.threshold, o.min_seq, lifts, barriers, since, is_view)
+        c = cut(instrs, p, o.threshold, o.min_seq, lifts, barriers, since, is_view)
         if c is None:
             return False
         try:

@@ -42,17 +42,26 @@ class History:
     @property
     def instrs(self) -> list:
         """The instructions, joined occurrences' expanded in place."""
-        if self._joined:
-            for at, n, occ in self._joined:
-                self._instrs[at : at + n] = occ.instructions
-            self._joined.clear()
+        return self.read_from(0)
+
+    def read_from(self, lo: int) -> list:
+        """The instructions, the joined occurrences that reach position ``lo`` or later
+        expanded in place (before it, a joined occurrence's places may still be None):
+        detection reads only the last few periods."""
+        joined = self._joined
+        if joined and joined[-1][0] + joined[-1][1] > lo:
+            self._joined = [j for j in joined if j[0] + j[1] <= lo]
+            for at, n, occ in joined:
+                if at + n > lo:
+                    self._instrs[at : at + n] = occ.instructions
         return self._instrs
 
     def __len__(self) -> int:
         return len(self._instrs)
 
     def __getitem__(self, i):
-        return self.instrs[i]
+        lo = (i.start or 0) if isinstance(i, slice) else i
+        return self.read_from(max(0, lo))[i]
 
     def meta_of(self, vid: int):
         """The metadata of a value, live or freed lately; None if unknown."""
