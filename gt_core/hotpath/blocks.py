@@ -110,7 +110,7 @@ class Blocks:
         """Match ``block`` no more, for ``reason``. A block found as back-to-back repetitions
         inside a longer period (a run of alike parameters in an optimizer's loop: three found
         in one step, the fourth differs) is part of a larger loop's body: once that loop is
-        found, or its repetitions keep breaking, the loop's block runs it."""
+        found (Engine._retire_nested), the loop's block runs its instructions."""
         block.retired = reason
         self._lift_first = [b for b in self._lift_first if b is not block]
         for first, bs in list(self._by_first.items()):
