@@ -75,7 +75,7 @@ def headline(data: dict) -> str:
     ]
     states = [
         f"{s[k]} {k}"
-        for k in (Status.COMPILED, Status.COMPILING, Status.FAILED, Status.REVERTED)
+        for k in (Status.COMPILED, Status.COMPILING, Status.FAILED, Status.REVERTED, Status.RETIRED)
         if s[k]
     ]
     if states:

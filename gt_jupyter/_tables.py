@@ -50,31 +50,29 @@ def _advice(kind: str, options: dict | None = None) -> str:
     return explain(kind, "", options)["fix"]
 
 
+def _status_rows(p: dict, failure: dict) -> list[dict]:
+    """Why a hot path does not run compiled (reverted, retired, failed), with what to do."""
+    sig, options, status = p["signature"], p.get("options"), p.get("status")
+    if status == Status.REVERTED:
+        kind, advice, reason = "revert", "revert", p.get("fallback_reason") or "slower than eager"
+    elif status == Status.RETIRED:
+        kind = advice = "retired"
+        reason = (p.get("retired") or {}).get("reason") or "matched no more"
+    elif status == Status.FAILED:
+        kind, advice = failure.get(sig, "compile failed"), "compile_failed"
+        reason = p.get("fallback_reason") or "unknown"
+    else:
+        return []
+    return [{"where": sig, "kind": kind, "reason": reason, "what to do": _advice(advice, options)}]
+
+
 def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
     sig, options = p["signature"], p.get("options")
     rows = [
         {"where": sig, "kind": "recompile", "reason": r, "what to do": recompile_advice(r, options)}
         for r in p.get("recompile_reasons", [])
     ]
-    if p.get("status") == Status.REVERTED:
-        rows.append(
-            {
-                "where": sig,
-                "kind": "revert",
-                "reason": p.get("fallback_reason") or "slower than eager",
-                "what to do": _advice("revert", options),
-            }
-        )
-    elif p.get("status") == Status.FAILED:
-        kind = failure.get(sig, "compile failed")
-        rows.append(
-            {
-                "where": sig,
-                "kind": kind,
-                "reason": p.get("fallback_reason") or "unknown",
-                "what to do": _advice("compile_failed", options),
-            }
-        )
+    rows += _status_rows(p, failure)
     for r, why in zip(
         p.get("cudagraph_skips", []), p.get("cudagraph_explanations", []), strict=True
     ):
@@ -135,8 +133,11 @@ def _jit_rows(j: dict) -> list[dict]:
 
 
 def _would_save_rows(p: dict) -> list[dict]:
-    """A plain hot path whose step's Python costs more than its block: what jit would save."""
+    """A plain hot path whose step's Python costs more than its block: what jit would save
+    (not for a retired one: the longer hot path that runs it says so, if it applies)."""
     sig, rows = p["signature"], []
+    if p.get("status") == Status.RETIRED:
+        return rows
     client = (p.get("timings") or {}).get("client_ms")
     block = p.get("compiled_median_ms") or p.get("eager_median_ms")
     if p.get("jit") is None and client and block and client > block:
@@ -268,7 +269,13 @@ def summary(data: dict) -> dict:
     paths = data.get("hot_paths", [])
     by = {
         str(s): sum(p["status"] == s for p in paths)
-        for s in (Status.COMPILED, Status.COMPILING, Status.FAILED, Status.REVERTED)
+        for s in (
+            Status.COMPILED,
+            Status.COMPILING,
+            Status.FAILED,
+            Status.REVERTED,
+            Status.RETIRED,
+        )
     }
     return {
         "ops": data.get("stats", {}).get("ops", 0),

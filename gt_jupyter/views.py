@@ -49,7 +49,9 @@ class StatusView:
         return [
             head,
             f"hot paths: {s['hot_paths']}, compiled {s['compiled']}, compiling {s['compiling']}, "
-            f"failed {s['failed']}, reverted {s['reverted']}, fallbacks {fallbacks}; "
+            f"failed {s['failed']}, reverted {s['reverted']}, fallbacks {fallbacks}"
+            + (f", retired {s['retired']}" if s["retired"] else "")
+            + "; "
             f"{s['ops']} ops recorded",
             *([data] if data else []),
             *_render.to_text(self.data, head=False).splitlines(),

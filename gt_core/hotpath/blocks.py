@@ -3,7 +3,8 @@
 States of a block (named as in the report): hot → compiling → compiled, or failed /
 reverted; blocks marked by a signal start as recording. Failed and reverted blocks stay
 known (and run eagerly): that keeps the stream aligned, so the same loop is not detected
-again at another rotation.
+again at another rotation. A retired block (Blocks.retire: a longer period's block runs its
+instructions) stays known too, and is matched no more.
 """
 
 from __future__ import annotations
@@ -72,10 +73,16 @@ class Block:
         self.plan = None  # set when registered: what the client matches and RUNs carry
         self.free_slots: list = []  # the plan's freed values, in order (what a RUN frees)
         self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan
-        self.broken_runs = 0  # back-to-back repetitions expected after an occurrence that broke
         self.occurrences = 0  # occurrences matched since it was found
-        self.embedded = False  # found after a longer stretch of unrepeated instructions
-        self.retired = False  # not a loop's body after all: matched no more (see Blocks.retire)
+        self.retired: str | None = None  # why it is matched no more (see Blocks.retire)
+        # Its instructions' history keys and out paths where it was found (a detected block):
+        # its occurrences join the history with them (History.join); None: they clear it
+        self.keys: tuple | None = None
+        self.entry_paths: tuple | None = None
+        self.nones = (None,) * len(canon.entries)  # (what History.join extends with)
+        frees = [e.value for e in canon.entries if e.kind == "free"]
+        # which of an occurrence's freed ids (Occurrence.free_ids) are inputs of the block
+        self.freed_inputs = tuple(j for j, name in enumerate(frees) if name[0] == "i")
         self.n_produced = sum(
             1 for e in canon.entries if e.kind == "op" for o in e.outs if o is not None
         )
@@ -99,12 +106,12 @@ class Blocks:
             self._by_first.setdefault(first, []).append(block)
             self._free_first = self._free_first or first.kind == "free"
 
-    def retire(self, block: Block) -> None:
-        """Match ``block`` no more. A block found as back-to-back repetitions that then never
-        repeat back to back (a run of alike parameters in an optimizer's loop: three found in
-        one step, the fourth differs) is part of a larger loop's body; its occurrences would
-        each restart the search, and the loop around it would never be found."""
-        block.retired = True
+    def retire(self, block: Block, reason: str) -> None:
+        """Match ``block`` no more, for ``reason``. A block found as back-to-back repetitions
+        inside a longer period (a run of alike parameters in an optimizer's loop: three found
+        in one step, the fourth differs) is part of a larger loop's body: once that loop is
+        found (Engine._retire_nested), the loop's block runs its instructions."""
+        block.retired = reason
         self._lift_first = [b for b in self._lift_first if b is not block]
         for first, bs in list(self._by_first.items()):
             kept = [b for b in bs if b is not block]

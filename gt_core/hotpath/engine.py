@@ -37,12 +37,6 @@ from gt_core.stream.requests import JitPlan, SetOptions, WaitCompiles
 
 __all__ = ["Engine"]
 
-# A block found after more than this many times its run's instructions of unrepeated ones
-# is "embedded": a run of a few alike parameter updates inside a step is tens of instructions
-# after the step's hundreds, where a loop's first steps are found after a setup of about
-# their own size (a model's initialisation).
-_EMBEDDED = 8
-
 
 class Engine:
     """Detects hot blocks in the stream, compiles them, and runs their occurrences."""
@@ -175,7 +169,9 @@ class Engine:
             ms = (perf_counter() - t0) * 1e3
         else:
             result, ms = self.ex.execute(ins), None
-        dropped = self.history.append(ins, result, self.options.window, ms)
+        self._dropped(self.history.append(ins, result, self.options.window, ms))
+
+    def _dropped(self, dropped: int) -> None:
         if dropped:
             self.next_detect = max(0, self.next_detect - dropped)
             self.signals.shift(dropped)
@@ -189,10 +185,20 @@ class Engine:
             self._detect()
 
     def _occurrence(self, block, occ) -> None:
-        """A complete occurrence: the period starts again after it; run it."""
+        """A complete occurrence: run it.
+
+        A detected block's occurrence joins the history (History.join), so that a longer
+        period around it can be found: a run of alike ops inside a step (an optimizer's
+        updates of alike parameters, a backward through a chain of alike layers) repeats back
+        to back and is found before the step has repeated. A block that a signal or a jit
+        call marked starts the period again: the history is cleared.
+        """
         self.matcher.expect(block.gap)
-        self.history.clear()
-        self.next_detect = 0
+        if block.keys is None:
+            self.history.clear()
+            self.next_detect = 0
+        else:
+            self._dropped(self.history.join(block, occ, self.options.window))
         self.runner.run(block, occ)
 
     # -- detection -----------------------------------------------------------------------
@@ -215,14 +221,16 @@ class Engine:
             return lift_positions(ex.ops[a.op], a, b, H.meta_of)
 
         # Cut at sync points, and at ops whose arguments change from one period to the next,
-        # unless only floats change where they can be lifted into tensor inputs.
-        lifts, barriers = changes(H.instrs, p, o.threshold, unresolved, lift)
+        # unless only floats change where they can be lifted into tensor inputs. (Detection
+        # reads the last threshold + 1 periods, and best_cut three: the rest stays unread.)
+        instrs = H.read_from(len(H) - (o.threshold + 3) * p)
+        lifts, barriers = changes(instrs, p, o.threshold, unresolved, lift)
         since = periodic_since(H.keys, p, o.threshold)
 
         def is_view(ins):
             return ex.ops[ins.op].is_view
 
-        c = cut(H.instrs, p, o.threshold, o.min_seq, lifts, barriers, since, is_view)
+        c = cut(instrs, p, o.threshold, o.min_seq, lifts, barriers, since, is_view)
         if c is None:
             return False
         try:
@@ -237,13 +245,35 @@ class Engine:
             return False  # (the loop around it is searched for as the history grows)
         self.matcher.expect(c.gap)
         if known is None:
-            begin = c.occurrences[-1]
-            paths = H.out_paths_of(range(begin, begin + c.length))
+            begin, end = c.occurrences[-1], c.occurrences[-1] + c.length
+            paths = H.out_paths_of(range(begin, end))
             dtypes = tuple(namer.dtypes) if c.lift else ()
             block = self.registry.form(canon, namer, paths, p, lift=c.lift, scalar_dtypes=dtypes)
             block.op_ms = H.profile(c.occurrences, c.length)
-            # Its run is short next to the unrepeated instructions before it: it may be a run
-            # of alike ops inside a longer loop's body (see Matcher._broke_run).
-            block.embedded = c.occurrences[0] > _EMBEDDED * len(c.occurrences) * c.length
-            self.registry.adopt(block, len(c.occurrences), recording_t=H.started)
+            block.keys, block.entry_paths = tuple(H.keys[begin:end]), tuple(H.paths[begin:end])
+            self._retire_nested(block, H.runs_within(c.occurrences, c.length))
+            H.ran(block.sig, c.occurrences)  # (a longer period may hold these too)
+            self.registry.adopt(
+                block, len(c.occurrences), recording_t=H.when_recorded(c.occurrences[0])
+            )
         return True
+
+    def _retire_nested(self, block, sigs) -> None:
+        """Retire the blocks whose occurrences ran inside ``block``'s: nested periods.
+
+        The rule for a period nested in a longer one: the shorter block is found first (it
+        repeats sooner), and its occurrences join the history instead of clearing it, so the
+        longer period is found as soon as it has repeated too. The longer block then runs the
+        shorter one's instructions with the rest of its period, so the shorter one is matched
+        no more: the longest period that repeats wins.
+        """
+        for sig in sigs:
+            inner = self.blocks[sig]
+            if not inner.retired:
+                self.matcher.retire(
+                    inner,
+                    f"its occurrences lie inside the period of hot path {block.sig} "
+                    f"({len(block.canon.ops)} ops): part of a larger loop's body, which runs "
+                    "it from now on",
+                    by=block.sig,
+                )

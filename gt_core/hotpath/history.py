@@ -1,8 +1,11 @@
-"""The stream's recent history: the instructions run eagerly since the last hot occurrence.
+"""The stream's recent history: the instructions run eagerly, and the occurrences of detected
+blocks among them, since the last occurrence of a block a signal or a jit call marked.
 
 Detection searches it. Each instruction is kept three ways: as sent, as a key without its
 ids (``local_key``: equal for the same op at the same place in a period), and as the paths of
-its result's tensors (what a block built from it returns).
+its result's tensors (what a block built from it returns). An occurrence of a detected block
+joins it with the keys and paths its block was found with; its instructions are expanded only
+when something reads them (a RUN from the client carries none).
 """
 
 from __future__ import annotations
@@ -22,7 +25,9 @@ class History:
 
     def __init__(self, meta):
         self.meta = meta  # value id -> the ValueMeta of a live value, or None
-        self.instrs: list = []
+        self._instrs: list = []  # (None at a joined occurrence's place until it is read)
+        self._joined: list = []  # [position, length, Occurrence] of joined occurrences not yet read
+        self.runs: list = []  # [position, signature] of blocks' occurrences (joined, or found)
         self.keys: list = []
         self.paths: list = []  # out paths of the OP instructions' results (None for others)
         # ms each OP instruction took to run (None for others): a block's profile, read
@@ -30,13 +35,33 @@ class History:
         self.ms: list = []
         # Metadata of values freed lately: a block's input may be freed before it is named.
         self.freed_meta: dict[int, ValueMeta] = {}
-        self.started: float | None = None  # time.time() of the first instruction kept
+        # [position, time.time()] where eager recording (re)started: at the first instruction
+        # kept, and after each joined occurrence (when_recorded)
+        self._since: list = []
+
+    @property
+    def instrs(self) -> list:
+        """The instructions, joined occurrences' expanded in place."""
+        return self.read_from(0)
+
+    def read_from(self, lo: int) -> list:
+        """The instructions, the joined occurrences that reach position ``lo`` or later
+        expanded in place (before it, a joined occurrence's places may still be None):
+        detection reads only the last few periods."""
+        joined = self._joined
+        if joined and joined[-1][0] + joined[-1][1] > lo:
+            self._joined = [j for j in joined if j[0] + j[1] <= lo]
+            for at, n, occ in joined:
+                if at + n > lo:
+                    self._instrs[at : at + n] = occ.instructions
+        return self._instrs
 
     def __len__(self) -> int:
-        return len(self.instrs)
+        return len(self._instrs)
 
     def __getitem__(self, i):
-        return self.instrs[i]
+        lo = (i.start or 0) if isinstance(i, slice) else i
+        return self.read_from(max(0, lo))[i]
 
     def meta_of(self, vid: int):
         """The metadata of a value, live or freed lately; None if unknown."""
@@ -52,29 +77,76 @@ class History:
     def append(self, ins, result, window: int, ms: float | None = None) -> int:
         """Record an instruction run eagerly (in ``ms``); how many old ones were dropped to
         make room."""
-        if not self.instrs:
-            self.started = time.time()
+        if not self._instrs:
+            self._since = [[0, time.time()]]
         # An upload's value is the worker's now; kept here, every batch uploaded would stay
         # alive for two windows of instructions (61 MB of batches after 40 small epochs).
         if ins.code == PUT:
             ins = ins._replace(value=None)
         elif ins.code == RNG:
             ins = ins._replace(state=None)
-        self.instrs.append(ins)
+        self._instrs.append(ins)
         self.keys.append(local_key(ins))
         self.paths.append(out_paths(result) if ins.code == OP else None)
         self.ms.append(ms)
-        if len(self.instrs) <= 2 * window:
+        return self._bound(window)
+
+    def join(self, block, occ, window: int) -> int:
+        """Record an occurrence of a detected ``block``, with the keys and out paths of the
+        instructions it was found in; how many old instructions were dropped to make room."""
+        keys, nones = block.keys, block.nones
+        self.runs.append([len(self._instrs), block.sig])
+        self._joined.append([len(self._instrs), len(keys), occ])
+        self._instrs.extend(nones)
+        self.keys.extend(keys)
+        self.paths.extend(block.entry_paths)
+        self.ms.extend(nones)  # (a block's run is timed whole, not per op)
+        for j in block.freed_inputs:  # (an input it frees may be an input of a longer block)
+            self.remember(occ.free_ids[j])
+        self._since.append([len(self._instrs), time.time()])
+        return self._bound(window)
+
+    def when_recorded(self, position: int) -> float | None:
+        """When the eager recording that reached ``position`` began: the first instruction
+        kept, or the end of the last joined occurrence before it."""
+        return next((t for at, t in reversed(self._since) if at <= position), None)
+
+    def _bound(self, window: int) -> int:
+        if len(self._instrs) <= 2 * window:
             return 0
-        drop = len(self.instrs) - window
-        del self.instrs[:drop], self.keys[:drop], self.paths[:drop], self.ms[:drop]
+        drop = len(self._instrs) - window
+        kept = []
+        for at, n, occ in self._joined:
+            if at >= drop:
+                kept.append([at - drop, n, occ])
+            elif at + n > drop:  # (partly dropped: what stays of it is read now)
+                self._instrs[at : at + n] = occ.instructions
+        self._joined = kept
+        self.runs = [[at - drop, sig] for at, sig in self.runs if at >= drop]
+        kept = [m for m in self._since if m[0] > drop]
+        before = [m for m in self._since if m[0] <= drop][-1:]  # (what the first kept began in)
+        self._since = [[max(0, at - drop), t] for at, t in before + kept]
+        del self._instrs[:drop], self.keys[:drop], self.paths[:drop], self.ms[:drop]
         if len(self.freed_meta) > 4 * window:
             self.freed_meta.clear()
         return drop
 
     def clear(self) -> None:
-        """Forget the instructions (a hot occurrence ran: the period starts again)."""
-        self.instrs.clear(), self.keys.clear(), self.paths.clear(), self.ms.clear()
+        """Forget the instructions (an occurrence of a block not detected here ran: the period
+        starts again)."""
+        self._instrs.clear(), self._joined.clear(), self.runs.clear(), self._since.clear()
+        self.keys.clear()
+        self.paths.clear(), self.ms.clear()
+
+    def ran(self, sig: str, begins) -> None:
+        """Block ``sig`` was found in the instructions at ``begins``: count them as its
+        occurrences (runs_within)."""
+        self.runs += [[b, sig] for b in begins]
+
+    def runs_within(self, begins, length: int) -> set:
+        """The signatures of the joined occurrences that began inside [b, b + length) for a
+        b in ``begins``."""
+        return {sig for at, sig in self.runs if any(b <= at < b + length for b in begins)}
 
     def profile(self, begins, length: int) -> list:
         """ms per entry of a block found at ``begins`` (None where an entry is no op): the

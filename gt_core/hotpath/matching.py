@@ -16,14 +16,6 @@ from gt_core.stream.instructions import BARRIERS, FREE, MARK, OP, SYNC
 
 __all__ = ["Matcher"]
 
-# A block is retired (Blocks.retire) once the occurrence expected right after each of its
-# occurrences has broken, this many times: a loop's body repeats back to back and breaks its
-# run once per loop (or at a step that differs now and then); a run of alike ops inside a
-# larger loop's body (an optimizer's update of three alike parameters) breaks after each one.
-# One found after a longer stretch of unrepeated instructions than its run (Block.embedded)
-# is retired at once when the occurrence expected right after its finding breaks.
-_BROKEN_RUNS = 2
-
 
 class Matcher:
     """The occurrence in progress: the candidate blocks still matching, and the buffer."""
@@ -94,7 +86,6 @@ class Matcher:
         """Run buffered instructions eagerly: the occurrence did not complete."""
         if mismatch and self.trackers and self.buf and not self.speculative:
             t = max(self.trackers, key=lambda t: t.pos)
-            self._broke_run(t.block)
             if t.pos > 0 or len(self.buf) > 1:
                 entries = t.block.canon.entries
                 expected = _expected(entries[t.pos]) if t.pos < len(entries) else "end"
@@ -110,26 +101,13 @@ class Matcher:
         for ins in buf:
             self.run_eagerly(ins)
 
-    def _broke_run(self, block: Block) -> None:
-        """An occurrence expected right after the last one broke (see _BROKEN_RUNS): the
-        block may be retired, said once."""
-        if block.gap != 0 or block.retired:
-            return
-        block.broken_runs += 1
-        b = block.broken_runs
-        if (b >= _BROKEN_RUNS and b >= block.occurrences) or (
-            block.embedded and not block.occurrences
-        ):
-            self.blocks.retire(block)
-            if block.plan is not None and not block.withdrawn:
-                self._withdraw(block)
-            self.outbox.emit(
-                ev.NOTE,
-                signature=block.sig,
-                reason=f"its back-to-back repetitions broke {b} times in {block.occurrences} "
-                "occurrences: part of a larger loop's body, matched no more so that the loop "
-                "around it can be found",
-            )
+    def retire(self, block: Block, reason: str, by: str | None = None) -> None:
+        """Match ``block`` no more (Blocks.retire), its plan withdrawn; an event says why
+        (``by``: the hot path that runs its instructions now)."""
+        self.blocks.retire(block, reason)
+        if block.plan is not None and not block.withdrawn:
+            self._withdraw(block)
+        self.outbox.emit(ev.RETIRED, signature=block.sig, reason=reason, by=by)
 
     def _withdraw(self, block: Block) -> None:
         """The client's matcher stops using ``block``'s plan (its RUNs would not be taken)."""

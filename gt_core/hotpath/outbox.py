@@ -26,6 +26,7 @@ _DEBUG_LINES = frozenset(
         ev.FALLBACK,
         ev.REVERT,
         ev.CHECK_FAILED,
+        ev.RETIRED,
     )
 )
 _EVENTS_EVERY_S = 0.05

@@ -32,6 +32,7 @@ HOTPATH_KINDS = (
     "signature_change",
     "revert",
     "compile_failed",
+    "retired",
     "sync",
     "mismatch",
     "jit_refused",

@@ -42,6 +42,9 @@ REVERT = "revert"  # signature, reason, eager_ms, compiled_ms
 CHECKED = "hotpath.checked"  # signature, diff, what, tolerance (or skipped: why not checked)
 CHECK_FAILED = "hotpath.check_failed"  # signature, reason, what, diff, tolerance: reverted
 KEPT = "hotpath.kept"  # signature, eager_ms, compiled_ms: a regression check kept it compiled
+# signature, reason, by (the longer hot path that runs its instructions, or None): matched no
+# more, for good (the report's status "retired")
+RETIRED = "hotpath.retired"
 NOTE = "hotpath.note"  # signature, reason: what some of its runs did (said once per block)
 MISMATCH = "mismatch"  # signature, position, expected, got
 ITERATION = "iteration"  # signature, kind ("eager" | "compiled" | "compiling"), ms

@@ -42,6 +42,8 @@ def new_path(signature: str) -> dict:
         "cudagraph_explanations": [],  # each reason's {"id", "cause", "fix"} (gt_core.observe.causes)
         "recompile_reasons": [],
         "fallback_reason": None,
+        # Matched no more: {"reason", "by" (the longer hot path that runs it, or None)}
+        "retired": None,
         # Its first compiled run against its eager graph: {"ok", "what", "diff", "tolerance"}
         # (or {"skipped": why}); None until a compiled run (gt_core.hotpath.numerics).
         "checked": None,
@@ -61,6 +63,14 @@ def new_path(signature: str) -> dict:
         "frozen_scalars": [],  # Python numbers a replay keeps as recorded: {op, arg, value}
         "replay_refused": None,  # why calls are not replayed (the function runs instead)
     }
+
+
+def _enter(p: dict, state: Status, t) -> None:
+    """The hot path is in ``state`` from ``t`` on, unless it was retired: that is final (a
+    compile of it may still finish, or fail, afterwards)."""
+    if p["status"] != Status.RETIRED:
+        p["status"] = state
+        enter(p["states"], state, t)
 
 
 def _check(e: dict) -> dict:
@@ -132,15 +142,13 @@ class Fold:
 
     def _compile_started(self, e, sig, i) -> None:
         p = self.path(sig)
-        p["status"] = Status.COMPILING
         p["options"] = {k: e[k] for k in ("backend", "mode", "dynamic") if k in e}
-        enter(p["states"], Status.COMPILING, e.get("t"))
+        _enter(p, Status.COMPILING, e.get("t"))
 
     def _compile_finished(self, e, sig, i) -> None:
         p = self.path(sig)
-        enter(p["states"], Status.COMPILED, e.get("t"))
+        _enter(p, Status.COMPILED, e.get("t"))
         p.update(
-            status=Status.COMPILED,
             compile_seconds=e.get("seconds"),
             compiled_at=e.get("t"),
             cudagraphs=e.get("cudagraphs"),
@@ -150,20 +158,25 @@ class Fold:
 
     def _failed(self, e, sig, i) -> None:
         p = self.path(sig)
-        p.update(status=Status.FAILED, fallback_reason=e.get("reason"))
-        enter(p["states"], Status.FAILED, e.get("t"))
+        p["fallback_reason"] = e.get("reason")
+        _enter(p, Status.FAILED, e.get("t"))
 
     def _verdict(self, e, sig, i) -> None:  # (a kept block's runs go on compiled)
         p = self.path(sig)
         p["judged"] = {"eager_ms": e.get("eager_ms"), "compiled_ms": e.get("compiled_ms")}
         if e["type"] == ev.REVERT:
-            p.update(status=Status.REVERTED, fallback_reason=e.get("reason"))
-            enter(p["states"], Status.REVERTED, e.get("t"))
+            p["fallback_reason"] = e.get("reason")
+            _enter(p, Status.REVERTED, e.get("t"))
 
     def _check_failed(self, e, sig, i) -> None:
         p = self.path(sig)
-        p.update(status=Status.REVERTED, fallback_reason=e.get("reason"), checked=_check(e))
-        enter(p["states"], Status.REVERTED, e.get("t"))
+        p.update(fallback_reason=e.get("reason"), checked=_check(e))
+        _enter(p, Status.REVERTED, e.get("t"))
+
+    def _retired(self, e, sig, i) -> None:
+        p = self.path(sig)
+        _enter(p, Status.RETIRED, e.get("t"))
+        p["retired"] = {"reason": e.get("reason"), "by": e.get("by")}
 
     def _checked(self, e, sig, i) -> None:
         self.path(sig)["checked"] = _check(e)
@@ -257,6 +270,7 @@ _HANDLERS = {
     **dict.fromkeys(ev.VERDICTS, Fold._verdict),
     ev.CHECK_FAILED: Fold._check_failed,
     ev.CHECKED: Fold._checked,
+    ev.RETIRED: Fold._retired,
     ev.NOTE: Fold._note,
     ev.CACHE_EVICTED: Fold._note,
     ev.RECOMPILE: Fold._recompile,

@@ -101,6 +101,15 @@ HOTPATH_CAUSES: tuple[Cause, ...] = (
         ),
     ),
     Cause(
+        "retired",
+        ("retired",),
+        r"",
+        "the block repeated inside a longer period (e.g. the backward or the optimizer's "
+        "update of alike layers inside a training step), so it is matched no more",
+        "nothing to do: the longer hot path its reason names runs these instructions, "
+        "with the rest of its period",
+    ),
+    Cause(
         "sync_cut",
         ("sync",),
         r"",

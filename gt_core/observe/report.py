@@ -125,6 +125,8 @@ class Report:
                 lines.append(f"    recompile: {r}")
             if p["fallback_reason"]:
                 lines.append(f"    {p['status']}: {p['fallback_reason']}")
+            if p.get("retired"):
+                lines.append(f"    retired: {p['retired']['reason']}")
             lines += [f"    note: {r}" for r in p.get("notes", ())]
             for r in p["cudagraph_skips"]:
                 lines.append(f"    cudagraphs skipped: {r}")

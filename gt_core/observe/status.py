@@ -1,7 +1,8 @@
 """A hot path's states, named once for the engine that sets them and the UI that shows them.
 
 ``recording → hot → compiling → compiled``; ``failed`` (the compile or a compiled run
-failed: eager from then on) and ``reverted`` (slower than eager: eager again). Each state is
+failed: eager from then on), ``reverted`` (slower than eager: eager again) and ``retired``
+(matched no more: its instructions belong to a longer period's hot path; final). Each state is
 its own name as a string, so events, reports and JSON logs carry plain strings.
 """
 
@@ -21,6 +22,7 @@ class Status(str, enum.Enum):
     COMPILED = "compiled"
     FAILED = "failed"
     REVERTED = "reverted"
+    RETIRED = "retired"
 
     # Shown as the bare name ("compiled"), in f-strings and tables alike.
     __str__ = str.__str__
