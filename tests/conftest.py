@@ -151,3 +151,33 @@ def group():
         left = [n for n in os.listdir("/dev/shm") if n.split("-")[2:3] in [[str(p)] for p in pids]]
         assert not left, left
         assert not os.path.exists(t._dir)
+
+
+def line_of(fn, marker: str) -> str:
+    """'file:line' of the line of ``fn``'s source that ends with ``# marker``."""
+    import inspect
+
+    src, first = inspect.getsourcelines(fn)
+    k = next(i for i, s in enumerate(src) if s.rstrip().endswith("# " + marker))
+    return f"{fn.__code__.co_filename}:{first + k}"
+
+
+def start_listener(command: list, key_file, **env) -> tuple:
+    """(process, "127.0.0.1:PORT") of ``python -m gt_core.remote --listen 127.0.0.1:0`` run
+    as ``command`` (its launcher: the interpreter, or torchrun), once it says where it
+    listens."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **env}
+    proc = subprocess.Popen(
+        [*command, "-m", "gt_core.remote", "--listen", "127.0.0.1:0"]
+        + ["--authkey-file", str(key_file)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    line = proc.stdout.readline()
+    assert line.startswith("gt remote worker: listening on 127.0.0.1:"), line
+    return proc, f"127.0.0.1:{int(line.rsplit(':', 1)[1])}"

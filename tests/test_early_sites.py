@@ -11,6 +11,7 @@ import inspect
 
 import pytest
 import torch
+from conftest import line_of
 
 import gt_core
 from gt_core.client.early_sites import EarlySites
@@ -47,12 +48,6 @@ def _step(model, opt, x, y):
     opt.step()  # OPTIMIZER
     opt.zero_grad()
     return loss
-
-
-def _line_of(marker: str) -> str:
-    src, first = inspect.getsourcelines(_step)
-    k = next(i for i, s in enumerate(src) if s.rstrip().endswith("# " + marker))
-    return f"{__file__}:{first + k}"
 
 
 class HeldPlans:
@@ -101,7 +96,7 @@ def _check_sites(path: dict) -> None:
     entries = path["canonical"]["entries"]
     ops = [e for e in entries if e["kind"] == "op"]
     assert len(ops) == path["n_ops"]
-    want = {_line_of(m): m for m in ("FORWARD", "BACKWARD", "OPTIMIZER")}
+    want = {line_of(_step, m): m for m in ("FORWARD", "BACKWARD", "OPTIMIZER")}
     assert all(e["source"] in want and e["phase"] for e in ops), [
         (e["op"], e["source"], e["phase"]) for e in ops if e["source"] not in want or not e["phase"]
     ]

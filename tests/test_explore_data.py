@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import line_of
 
 import gt_core
 from gt_core.client.sites import Siting
@@ -30,15 +31,6 @@ def _train(steps: int = STEPS):
     return loss
 
 
-def _line_of(marker: str) -> str:
-    """'this file:line' of the line of _train that ends with ``# marker``."""
-    import inspect
-
-    src, first = inspect.getsourcelines(_train)
-    k = next(i for i, s in enumerate(src) if s.rstrip().endswith("# " + marker))
-    return f"{__file__}:{first + k}"
-
-
 @pytest.fixture
 def hot(inprocess):
     """The MLP loop run with hot-path compilation on (eager backend): its report's hot path."""
@@ -56,7 +48,7 @@ def hot(inprocess):
 def test_each_entry_carries_the_users_line_its_module_and_its_phase(hot):
     ops = [e for e in hot["canonical"]["entries"] if e["kind"] == "op"]
     assert len(ops) == hot["n_ops"]
-    want = {_line_of(m): m for m in ("FORWARD", "BACKWARD", "OPTIMIZER")}
+    want = {line_of(_train, m): m for m in ("FORWARD", "BACKWARD", "OPTIMIZER")}
     assert {e["source"] for e in ops} == set(want)
     for e in ops:
         assert e["text"].endswith("# " + want[e["source"]])
@@ -68,7 +60,7 @@ def test_each_entry_carries_the_users_line_its_module_and_its_phase(hot):
     # backward ops carry the module of the forward op they differentiate
     backward = [e for e in ops if e["phase"] == "backward"]
     assert {"0", "1", "2"} <= {e["module"] for e in backward}
-    assert {e["source"] for e in backward} == {_line_of("BACKWARD")}
+    assert {e["source"] for e in backward} == {line_of(_train, "BACKWARD")}
     # optimizer ops: no nn.Module, their optimizer's class; no other op has one
     assert all(
         (e["module"] is None and e["optimizer"] == "SGD")
@@ -86,7 +78,9 @@ def test_each_entry_carries_the_users_line_its_module_and_its_phase(hot):
 
 def test_the_blocks_lines_count_its_ops_and_split_its_time(hot):
     got = hot["lines"]
-    assert [x["source"] for x in got] == [_line_of(m) for m in ("FORWARD", "BACKWARD", "OPTIMIZER")]
+    assert [x["source"] for x in got] == [
+        line_of(_train, m) for m in ("FORWARD", "BACKWARD", "OPTIMIZER")
+    ]
     assert sum(x["ops"] for x in got) == hot["n_ops"]
     assert all(x["share"] > 0 for x in got)  # from the eager runs it was found in
     assert sum(x["share"] for x in got) == pytest.approx(1.0, abs=1e-3)

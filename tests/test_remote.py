@@ -4,13 +4,12 @@ import os
 import pickle
 import signal
 import socket
-import subprocess
 import sys
 
 import psutil
 import pytest
 import torch
-from conftest import until
+from conftest import start_listener, until
 from IPython.core.error import UsageError
 
 import gt_core
@@ -24,19 +23,8 @@ class Server:
     """``python -m gt_core.remote --listen 127.0.0.1:0`` in a subprocess; its port, its lines."""
 
     def __init__(self, key_file):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "gt_core.remote", "--listen", "127.0.0.1:0"]
-            + ["--authkey-file", str(key_file)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        assert line.startswith("gt remote worker: listening on 127.0.0.1:"), line
-        self.port = int(line.rsplit(":", 1)[1])
-        self.address = f"127.0.0.1:{self.port}"
+        self.proc, self.address = start_listener([sys.executable], key_file)
+        self.port = int(self.address.rsplit(":", 1)[1])
         self.seen = {self.proc.pid}  # its pid and its workers' (see workers)
 
     def workers(self) -> list:

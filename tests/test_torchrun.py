@@ -4,13 +4,12 @@ Eager on one process is the oracle."""
 
 import os
 import signal
-import subprocess
 import sys
 
 import psutil
 import pytest
 import torch
-from conftest import until
+from conftest import start_listener, until
 
 import gt_core
 from gt_core.workloads import mlp, training_step
@@ -23,19 +22,10 @@ class Torchrun:
     """``torchrun --standalone --nproc-per-node=2 -m gt_core.remote --listen 127.0.0.1:0``."""
 
     def __init__(self, key_file):
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"}
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-        self.proc = subprocess.Popen(
-            [torchrun, "--standalone", "--nproc-per-node=2", "-m", "gt_core.remote"]
-            + ["--listen", "127.0.0.1:0", "--authkey-file", str(key_file)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=env,
-            text=True,
+        self.proc, self.address = start_listener(
+            [torchrun, "--standalone", "--nproc-per-node=2"], key_file, OMP_NUM_THREADS="1"
         )
-        line = self.proc.stdout.readline()
-        assert line.startswith("gt remote worker: listening on 127.0.0.1:"), line
-        self.address = f"127.0.0.1:{int(line.rsplit(':', 1)[1])}"
         self.seen = set()
 
     def processes(self) -> list:

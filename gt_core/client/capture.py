@@ -27,7 +27,6 @@ from gt_core.client.patches import (
 )
 from gt_core.client.proxy import Proxy
 from gt_core.client.session import Session, set_live_session
-from gt_core.client.uploads import saved
 from gt_core.diagnostics.stance import in_worker as _in_worker
 from gt_core.diagnostics.stance import routing
 from gt_core.errors import CaptureError, ConfigError
@@ -246,7 +245,7 @@ def capture(**options):
         # The user's torch.compile'd functions run eagerly here: their ops join the stream
         # and gt's hot path compiles them (see gt_core.diagnostics). Before CaptureMode: the
         # hook imports torch._dynamo, whose import must not be recorded.
-        with held(), routing(_on_routed(), lambda: _in_worker.active), CaptureMode(Proxy), saved():
+        with held(), routing(_on_routed(), lambda: _in_worker.active), CaptureMode(Proxy):
             yield s
         ok = True
     finally:

@@ -19,7 +19,7 @@ from gt_core.stream.instructions import OP, PUT, Op, Put
 from gt_core.stream.meta import TensorMeta, tensor_meta
 from gt_core.stream.staging import layout
 
-__all__ = ["upload", "rebind", "saved", "CONSTANT_NUMEL"]
+__all__ = ["upload", "rebind", "CONSTANT_NUMEL"]
 
 # A tensor a jitted step makes from host data is frozen into its block when equal on the
 # recorded calls; one larger than this is data, never frozen (pass it as an argument).
@@ -30,53 +30,16 @@ _CPU = torch.device("cpu")
 # id(plain tensor) -> (weakref to it, its version, session gen, weakref to its proxy): a tensor
 # met again while its proxy lives is not sent again.
 _uploads: dict[int, tuple] = {}
-# id(plain tensor) -> how many autograd graphs hold it saved (see saved), and the proxy of its
-# upload, kept alive for them: the backward reads the batch again (and ``x.t()`` of it, the
-# same view of the worker's copy), where a second upload would cut every step's block in two.
-# For the backward only: a forward op meeting a tensor whose proxy only a graph keeps uploads
-# it again, as without a graph, since a host tensor the user keeps may have been written
-# behind torch's version counter meanwhile (a numpy buffer refilled each step).
-_held: dict[int, int] = {}
+# id(plain tensor) -> the proxy of its upload, kept while the tensor lives: autograd saves the
+# plain batch an op met and the backward reads it again (and ``x.t()`` of it, the same view of
+# the worker's copy), where a second upload would cut every step's block in two. For a
+# backward only: a forward op meeting a tensor whose proxy nothing but this keeps uploads it
+# again, since a host tensor the user keeps may have been written behind torch's version
+# counter meanwhile (a numpy buffer refilled each step), and eager reads it as it is now. (A
+# saved_tensors_hooks pair would say exactly which tensors a graph holds, but returning a
+# saved output from its pack hook ties the output to its graph in a cycle that only the
+# garbage collector frees: frees would land anywhere.)
 _kept: dict[int, object] = {}
-
-
-class _Saved:
-    """A plain tensor an autograd graph saved inside a capture (``saved``'s pack)."""
-
-    __slots__ = ("t",)
-
-    def __init__(self, t: torch.Tensor):
-        self.t = t
-        key = id(t)
-        _held[key] = _held.get(key, 0) + 1
-        hit = _uploads.get(key)
-        p = hit[3]() if hit is not None else None
-        if p is not None:  # (uploaded before the graph saved it)
-            _kept[key] = p
-
-    def __del__(self):
-        key = id(self.t)
-        try:
-            n = _held.pop(key) - 1
-        except (KeyError, TypeError):  # (at interpreter exit)
-            return
-        if n:
-            _held[key] = n
-        else:
-            _kept.pop(key, None)
-
-
-def _pack(t):
-    return _Saved(t) if type(t) is torch.Tensor else t  # (a proxy, a parameter: as they are)
-
-
-def _unpack(x):
-    return x.t if type(x) is _Saved else x
-
-
-def saved():
-    """The autograd hooks a capture installs: see ``_held``."""
-    return torch.autograd.graph.saved_tensors_hooks(_pack, _unpack)
 
 
 def _cached(session, t: torch.Tensor):
@@ -133,15 +96,19 @@ def upload(cls, session, t: torch.Tensor, cache: bool = True):
         return p
     try:
         _uploads[key] = (
-            weakref.ref(t, lambda _r, k=key, d=_uploads: d.pop(k, None)),  # (d: at exit too)
+            weakref.ref(
+                t, lambda _r, k=key, d=_uploads, kd=_kept: (d.pop(k, None), kd.pop(k, None))
+            ),
             t._version,
             session.gen,
             weakref.ref(p),
         )
         # (not while a jit call records: a value the call makes that outlives it is one jit
         # would have to put back, and a replayed call uploads again)
-        if key in _held and session.tee_puts is None:
+        if session.tee_puts is None:
             _kept[key] = p
+        else:
+            _kept.pop(key, None)
     except TypeError:
         pass
     return p
