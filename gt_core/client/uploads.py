@@ -27,33 +27,32 @@ CONSTANT_NUMEL = 1 << 16
 _SCALAR_TENSOR = torch.ops.aten.scalar_tensor.default
 _CPU = torch.device("cpu")
 
-# id(plain tensor) -> (weakref to it, its version, session gen, weakref to its proxy): a tensor
-# met again while its proxy lives is not sent again.
-_uploads: dict[int, tuple] = {}
-# id(plain tensor) -> the proxy of its upload, kept while the tensor lives: autograd saves the
-# plain batch an op met and the backward reads it again (and ``x.t()`` of it, the same view of
-# the worker's copy), where a second upload would cut every step's block in two. For a
-# backward only: a forward op meeting a tensor whose proxy nothing but this keeps uploads it
-# again, since a host tensor the user keeps may have been written behind torch's version
-# counter meanwhile (a numpy buffer refilled each step), and eager reads it as it is now. (A
+# id(plain tensor) -> (weakref to it, its version, session gen, its proxy). A tensor met again
+# while its proxy lives is not sent again. The proxy is held while the tensor lives: autograd
+# saves the plain batch an op met and the backward reads it again (and ``x.t()`` of it, the
+# same view of the worker's copy), where a second upload would cut every step's block in two.
+# For a backward only: a forward op meeting a tensor whose proxy nothing but this holds
+# uploads it again, since a host tensor the user keeps may have been written behind torch's
+# version counter meanwhile (a numpy buffer refilled each step), and eager reads it as it is
+# now. While a jit call records, the proxy is held weakly: a value the call makes that
+# outlives it is one jit would have to put back, and a replayed call uploads again. (A
 # saved_tensors_hooks pair would say exactly which tensors a graph holds, but returning a
 # saved output from its pack hook ties the output to its graph in a cycle that only the
 # garbage collector frees: frees would land anywhere.)
-_kept: dict[int, object] = {}
+_uploads: dict[int, tuple] = {}
 
 
 def _cached(session, t: torch.Tensor):
     """The proxy of ``t``'s upload while ``t`` is unchanged since (None: there is none)."""
-    key = id(t)
-    hit = _uploads.get(key)
+    hit = _uploads.get(id(t))
     if hit is None:
         return None
-    ref, version, gen, pref = hit
-    p = pref()
+    ref, version, gen, p = hit
+    if type(p) is weakref.ref:
+        p = p()
+    elif sys.getrefcount(p) <= 3 and not in_backward():
+        return None  # (its holders: the entry, this frame, getrefcount's argument)
     if p is None or ref() is not t or version != t._version or gen != session.gen:
-        return None
-    # (references to p: _kept's, this frame's and getrefcount's argument: only a graph's)
-    if _kept.get(key) is p and sys.getrefcount(p) <= 3 and not in_backward():
         return None
     return p
 
@@ -96,19 +95,11 @@ def upload(cls, session, t: torch.Tensor, cache: bool = True):
         return p
     try:
         _uploads[key] = (
-            weakref.ref(
-                t, lambda _r, k=key, d=_uploads, kd=_kept: (d.pop(k, None), kd.pop(k, None))
-            ),
+            weakref.ref(t, lambda _r, k=key, d=_uploads: d.pop(k, None)),  # (d: at exit too)
             t._version,
             session.gen,
-            weakref.ref(p),
+            p if session.tee_puts is None else weakref.ref(p),
         )
-        # (not while a jit call records: a value the call makes that outlives it is one jit
-        # would have to put back, and a replayed call uploads again)
-        if session.tee_puts is None:
-            _kept[key] = p
-        else:
-            _kept.pop(key, None)
     except TypeError:
         pass
     return p

@@ -257,7 +257,7 @@ class Writer:
         span = self.ring.size - _HEADER
         at = self.head % span
         start = self.head if at + size <= span else self.head + (span - at)  # wrap to 0
-        if at and start == self.head and self.make_room is not None and self._read_all():
+        if at and start == self.head and self.make_room is not None and self._tail() == self.head:
             # The reader has read everything: start over at 0, its tail with us (it writes
             # the tail only after reading what comes next). A batch a step then lands where
             # the last one did, still in the cache for both copies, where a ring walked
@@ -278,9 +278,6 @@ class Writer:
 
     def _tail(self) -> int:
         return _TAIL.unpack_from(self.ring.map, 0)[0]
-
-    def _read_all(self) -> bool:
-        return self._tail() == self.head
 
     def rewind(self) -> None:
         """Start the area over (a download: the last answer has been read, or dropped)."""
