@@ -1,6 +1,7 @@
 """The client matches hot blocks itself and sends each occurrence as one RUN."""
 
 import contextlib
+import os
 
 import pytest
 import torch
@@ -530,20 +531,43 @@ def two_threads():
     torch.set_num_threads(before)
 
 
-def test_the_worker_leaves_a_core_to_the_client_while_it_records(two_threads):
+def test_compiled_runs_leave_a_core_to_the_client_and_eager_ops_keep_eagers_count(two_threads):
     from gt_core.remote.cpu_share import CpuShare as _CpuShare
 
     share = _CpuShare(torch.device("cpu"))
-    share.set(client_waits=False)
-    assert torch.get_num_threads() == 1
-    share.set(client_waits=True)
+    share.set(client_waits=False)  # the client records beside the worker
+    assert torch.get_num_threads() == 2  # eager ops: eager's count (its rounding), always
+    assert share.choose("a") is None and torch.get_num_threads() == 1  # a compiled run: one
+    share.release()
     assert torch.get_num_threads() == 2
     share.set(client_waits=True, compiling=True)  # a compile (its process) gets a core
-    assert torch.get_num_threads() == 1
+    assert share.choose("a") is None and torch.get_num_threads() == 1
+    share.release()
     share.set(client_waits=False, compiling=True)  # never fewer than one
-    assert torch.get_num_threads() == 1
+    assert share.choose("a") is None and torch.get_num_threads() == 1
+    share.release()
+    assert torch.get_num_threads() == 2
     torch.set_num_threads(1)
     assert not _CpuShare(torch.device("cpu")).active  # one thread: nothing to share
+
+
+def test_a_worker_process_starts_with_openmp_threads_that_sleep_between_regions(
+    process, monkeypatch
+):
+    """Spinning OpenMP threads of the worker hold a core the client's recording wants."""
+    import psutil
+
+    from gt_core.remote.cpu_share import worker_environment
+
+    assert psutil.Process(process.pid).environ().get("OMP_WAIT_POLICY") == "PASSIVE"
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    with worker_environment(OMP_NUM_THREADS="1"):
+        assert (os.environ["OMP_WAIT_POLICY"], os.environ["OMP_NUM_THREADS"]) == ("PASSIVE", "1")
+    assert "OMP_WAIT_POLICY" not in os.environ and os.environ["OMP_NUM_THREADS"] == "3"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice stands
+    with worker_environment():
+        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
 
 
 def test_each_block_keeps_the_thread_count_it_ran_faster_with_while_the_client_waits(two_threads):
@@ -589,7 +613,7 @@ def test_a_sync_that_arrives_after_its_run_gives_the_block_every_core(two_thread
 def test_compiled_runs_ask_the_cpu_share_for_their_thread_count(hot):
     class Share:  # what the worker process's _CpuShare is asked, and told
         def __init__(self):
-            self.asked, self.told, self.waits = [], [], True
+            self.asked, self.told, self.waits, self.released = [], [], True, 0
 
         def choose(self, block):
             self.asked.append(block)
@@ -599,13 +623,16 @@ def test_compiled_runs_ask_the_cpu_share_for_their_thread_count(hot):
             self.told.append((block, n, ms))
             return len(self.told) > 3  # the first three runs tried a thread count
 
+        def release(self):
+            self.released += 1
+
     share = Share()
     gt_core.client.capture.session().transport.engine.cpu_share = share
     params, _ = _train(20, True)
     ref, _ = _train(20, False)
     for a, b in zip(params, ref, strict=True):
         assert_close(a, b)
-    assert share.asked and len(share.told) == len(share.asked)
+    assert share.asked and len(share.told) == len(share.asked) == share.released
     assert all(block == share.asked[0] and n == 1 and ms > 0 for block, n, ms in share.told)
     (block,) = gt_core.client.capture.session().transport.engine.blocks.values()
     assert len(block.samples[("compiled", (True, False))]) == len(share.told) - 3
@@ -621,6 +648,9 @@ class _Share:
 
     def learn(self, block, n, ms):
         return True
+
+    def release(self):
+        pass
 
 
 def _engine():

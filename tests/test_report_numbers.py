@@ -172,6 +172,9 @@ class _Share:
     def learn(self, block, n, ms):
         return True
 
+    def release(self):
+        pass
+
 
 def test_the_revert_reason_says_the_numbers_the_table_shows(fixed_times):
     gt_core.configure(auto_compile=True, background=False, threshold=3, regression_samples=3)

@@ -12,7 +12,6 @@ rank 0 through shared memory, as from one worker.
 from __future__ import annotations
 
 import collections
-import contextlib
 import multiprocessing as mp
 import os
 import pickle
@@ -65,6 +64,7 @@ class GroupTransport(RankLines, InlineStaging, ProcessTransport):
         super().__init__(options, self._tap(on_events), start_timeout)
 
     def _open(self, options):
+        from gt_core.remote.cpu_share import worker_environment
         from gt_core.remote.group import GroupSpec
         from gt_core.remote.serve import worker_main
 
@@ -84,7 +84,8 @@ class GroupTransport(RankLines, InlineStaging, ProcessTransport):
                 daemon=True,
                 name=f"gt-worker-rank{r}",
             )
-            with without_main(), _one_thread():
+            # (one OpenMP thread each: N ranks share the cores)
+            with without_main(), worker_environment(OMP_NUM_THREADS="1"):
                 p.start()
             child.close()
             child_events.close()
@@ -181,17 +182,3 @@ def _check_shard_workers(options, n: int) -> None:
                 f"every rank of the group, {list(range(n))} (a tensor is split over the whole "
                 "group), or no workers: name them all, or change workers",
             )
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """A rank's process starts with one OpenMP thread (N ranks share the cores)."""
-    was = os.environ.get("OMP_NUM_THREADS")
-    os.environ["OMP_NUM_THREADS"] = "1"
-    try:
-        yield
-    finally:
-        if was is None:
-            del os.environ["OMP_NUM_THREADS"]
-        else:
-            os.environ["OMP_NUM_THREADS"] = was

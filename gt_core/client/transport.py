@@ -343,12 +343,13 @@ class ProcessTransport(Connected):
         ctx = mp.get_context("spawn")
         conn, child = ctx.Pipe()
         events_conn, child_events = ctx.Pipe(duplex=False)
+        from gt_core.remote.cpu_share import worker_environment
         from gt_core.remote.serve import worker_main
 
         self.proc = ctx.Process(
             target=worker_main, args=(child, child_events, options), daemon=True, name="gt-worker"
         )
-        with without_main():
+        with without_main(), worker_environment():
             self.proc.start()
         child.close()
         child_events.close()

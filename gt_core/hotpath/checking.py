@@ -44,11 +44,11 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
     oracle = _oracle(runner.ex, eager, inputs, occ, rng)
     numerics.set_rng_state(dev, rng)
     verdict = None
-    share = runner.judge.share
-    threads = share.choose(block.sig) if share is not None else None
+    threads = None
     try:
         args = aliases.call_args(inputs, block.aliases, runner.scalars(block, occ))
-        got, ms = runner.timer("compiled", fn, *args)
+        with runner.judge.threads(block) as threads:
+            got, ms = runner.timer("compiled", fn, *args)
         pairs = _pairs(block, [*got, *inputs], [*want, *saved.tensors], oracle)
         verdict = numerics.compare(pairs)
         why = verdict.words()

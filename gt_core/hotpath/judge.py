@@ -8,6 +8,7 @@ condition, a few eager occurrences are run as probes first.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 
 from gt_core.hotpath.blocks import TIMED_RUNS, Block
@@ -34,6 +35,19 @@ class Judge:
         self.compiler = compiler  # (its count of compiles under way is part of the condition)
         self.options = options
         self.share = None  # the worker process's intra-op threads (remote.cpu_share.CpuShare)
+
+    @contextlib.contextmanager
+    def threads(self, block: Block):
+        """Around a compiled run of ``block``: the intra-op threads the CPU share chooses for it
+        (the count it yields goes to compiled_ran), and eager's count again after it."""
+        share = self.share
+        if share is None:
+            yield None
+            return
+        try:
+            yield share.choose(block.sig)
+        finally:
+            share.release()
 
     def compiled_ran(self, block: Block, ms: float, threads) -> None:
         """A compiled run took ``ms`` with ``threads`` intra-op threads (the share's choice)."""

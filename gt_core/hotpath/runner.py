@@ -84,10 +84,9 @@ class Runner:
     def run_compiled(self, block: Block, occ: Occurrence, fn, inputs=None) -> None:
         if inputs is None:
             inputs = self.ex.lookup(occ.inputs)
-        share = self.judge.share
-        threads = share.choose(block.sig) if share is not None else None
         args = aliases.call_args(inputs, block.aliases, self.scalars(block, occ))
-        outs, ms = self.timer("compiled", fn, *args)
+        with self.judge.threads(block) as threads:
+            outs, ms = self.timer("compiled", fn, *args)
         self.bind(block, occ, outs)
         self.judge.compiled_ran(block, ms, threads)
 

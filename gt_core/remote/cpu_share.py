@@ -2,21 +2,50 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
 
-__all__ = ["CpuShare"]
+__all__ = ["CpuShare", "worker_environment"]
+
+
+@contextlib.contextmanager
+def worker_environment(**forced: str):
+    """Around starting a worker process: the environment it starts with (this process's, as
+    it was, after). Its OpenMP threads sleep between parallel regions instead of spinning
+    (``OMP_WAIT_POLICY=PASSIVE``, unless the environment says otherwise): a spinning thread
+    holds a core the client's recording wants, and on two cores a DataLoader step ran 1.6-2.1
+    ms under plain gt with spinning threads, 1.5-1.6 with sleeping ones, its jit 0.94-1.28
+    against 0.91-0.95 (benchmarks/data.py). ``forced``: variables set whatever they were.
+    """
+    want = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), **forced}
+    was = {k: os.environ.get(k) for k in want}
+    os.environ.update(want)
+    try:
+        yield
+    finally:
+        for k, v in was.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
 
 
 class CpuShare:
-    """The worker's intra-op threads on a CPU: every core while the client waits for an answer,
-    one fewer while the client records the next steps, one fewer again while a block compiles.
+    """The worker's intra-op threads on a CPU: eager's count for every op that runs eagerly;
+    for a compiled block's run, every core while the client waits for an answer, one fewer
+    while the client records the next steps, one fewer again while a block compiles.
 
-    Two busy processes on too few cores stall each other: OpenMP's barriers spin for threads
-    the client's recording has preempted (benchmarks/overhead.py and stall.py measure it; the
-    README has the figures). Whether a compiled block gains from the extra core while the
-    client waits depends on the block (small kernels lose to waking a second thread), so each
-    block tries both counts a few times and keeps the one with the lower median (see choose
-    and learn).
+    Ops that run eagerly use the thread count eager uses, always: a matrix product or a
+    reduction split over two threads rounds otherwise than over one, and a ReLU network
+    amplifies such a difference into 1e-3 of its parameters within a few hundred steps
+    (benchmarks/data.py, README "Data in and out"). So eager's graph, on the worker, is eager's
+    numbers, whatever the client does meanwhile. A compiled block rounds as its compiler does
+    whatever the count; there two busy processes on too few cores stall each other (OpenMP's
+    barriers spin for threads the client's recording has preempted: benchmarks/overhead.py and
+    stall.py), and whether a block gains from the extra core while the client waits depends on
+    the block (small kernels lose to waking a second thread), so each block tries both counts
+    a few times and keeps the one with the lower median (see choose and learn).
     """
 
     TRIALS = 5  # runs per thread count before a block's choice is made
@@ -27,7 +56,10 @@ class CpuShare:
         self.torch = torch
         self.all = torch.get_num_threads()
         self.active = device.type == "cpu" and self.all > 1
-        self.now = self.all
+        if threads:  # a fixed count instead (options.worker_threads; benchmarks)
+            torch.set_num_threads(threads)
+            self.active = False
+        self.eager = self.now = torch.get_num_threads()  # what eager ops run with
         self.waits = False
         self.compiling = False
         # () -> whether the client waits now, reading messages that arrived since the block's
@@ -35,15 +67,10 @@ class CpuShare:
         self.recheck = None
         self.trials: dict[str, dict[int, list[float]]] = {}  # block -> thread count -> ms
         self.chosen: dict[str, int] = {}
-        if threads:  # a fixed count instead (options.worker_threads; benchmarks)
-            torch.set_num_threads(threads)
-            self.active = False
 
     def set(self, client_waits: bool, compiling: bool = False) -> None:
-        if not self.active:
-            return
+        """What the worker shares the CPU with now (read by the next compiled run's choice)."""
         self.waits, self.compiling = client_waits, compiling
-        self._use(max(1, self.all - (not client_waits) - compiling))
 
     def _use(self, n: int) -> None:
         if n != self.now:
@@ -51,18 +78,28 @@ class CpuShare:
             self.now = n
 
     def choose(self, block: str) -> int | None:
-        """The thread count for a compiled run of ``block`` now (None: the current one)."""
-        if self.active and not self.waits and self.recheck is not None and self.recheck():
-            self.set(True, self.compiling)  # the client's sync came in after the block's RUN
-        if not self.active or not self.waits or self.now < 2:
+        """Set the thread count for a compiled run of ``block`` now; the count when it is one
+        the block runs with more than one thread while the client waits (learn takes its time),
+        else None. release() after the run."""
+        if not self.active:
+            return None
+        if not self.waits and self.recheck is not None and self.recheck():
+            self.waits = True  # the client's sync came in after the block's RUN
+        free = max(1, self.all - (not self.waits) - self.compiling)
+        if not self.waits or free < 2:
+            self._use(free)
             return None  # nothing to choose: the client records beside it, or one core
         n = self.chosen.get(block)
         if n is None:
-            tried = self.trials.setdefault(block, {self.now: [], self.now - 1: []})
+            tried = self.trials.setdefault(block, {free: [], free - 1: []})
             n = min(tried, key=lambda k: len(tried[k]))  # the count tried least so far
-        n = min(n, self.now)
+        n = min(n, free)
         self._use(n)
         return n
+
+    def release(self) -> None:
+        """A compiled run ended: eager's count again, for the ops that follow it."""
+        self._use(self.eager)
 
     def learn(self, block: str, n: int | None, ms: float) -> bool:
         """A compiled run of ``block`` with ``n`` threads took ``ms``; False while trying."""

@@ -29,6 +29,8 @@ from multiprocessing.connection import (
     deliver_challenge,
 )
 
+from gt_core.remote.cpu_share import worker_environment
+
 __all__ = [
     "PROTOCOL",
     "parse_address",
@@ -168,7 +170,8 @@ def _one_worker(conn, events, options, peer: str, say) -> None:
     proc = ctx.Process(
         target=_worker, args=(conn, events, options), daemon=True, name="gt-remote-worker"
     )
-    proc.start()
+    with worker_environment():
+        proc.start()
     conn.close()
     events.close()
     say(f"gt remote worker: serving {peer} (worker pid {proc.pid})")

@@ -32,6 +32,8 @@ import threading
 import time
 from multiprocessing.connection import Client
 
+from gt_core.remote.cpu_share import worker_environment
+
 __all__ = ["in_torchrun", "serve_group"]
 
 _POLL_S = 0.1  # how often a waiting rank looks for a client (or the end) in the store
@@ -124,7 +126,8 @@ def _spec(rank: int, world: int, init: str):
 def _run(what: str, target, args, say, *close) -> None:
     """Run ``target(*args)`` in a worker process of its own until it ends."""
     proc = mp.get_context("spawn").Process(target=target, args=args, daemon=True, name="gt-rank")
-    proc.start()
+    with worker_environment():
+        proc.start()
     for c in close:
         c.close()
     say(f"gt remote worker group: {what} (worker pid {proc.pid})")
