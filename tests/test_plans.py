@@ -551,23 +551,25 @@ def test_compiled_runs_leave_a_core_to_the_client_and_eager_ops_keep_eagers_coun
     assert not _CpuShare(torch.device("cpu")).active  # one thread: nothing to share
 
 
-def test_a_worker_process_starts_with_openmp_threads_that_sleep_between_regions(
-    process, monkeypatch
-):
+def test_a_worker_process_starts_with_openmp_threads_that_spin_briefly(process, monkeypatch):
     """Spinning OpenMP threads of the worker hold a core the client's recording wants."""
     import psutil
 
-    from gt_core.remote.cpu_share import worker_environment
+    from gt_core.remote.cpu_share import SPIN, worker_environment
 
-    assert psutil.Process(process.pid).environ().get("OMP_WAIT_POLICY") == "PASSIVE"
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert psutil.Process(process.pid).environ().get("GOMP_SPINCOUNT") == SPIN
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     with worker_environment(OMP_NUM_THREADS="1"):
-        assert (os.environ["OMP_WAIT_POLICY"], os.environ["OMP_NUM_THREADS"]) == ("PASSIVE", "1")
-    assert "OMP_WAIT_POLICY" not in os.environ and os.environ["OMP_NUM_THREADS"] == "3"
+        assert (os.environ["GOMP_SPINCOUNT"], os.environ["OMP_NUM_THREADS"]) == (SPIN, "1")
+    assert "GOMP_SPINCOUNT" not in os.environ and os.environ["OMP_NUM_THREADS"] == "3"
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # the user's choice stands
     with worker_environment():
-        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+        assert "GOMP_SPINCOUNT" not in os.environ
+    monkeypatch.setenv("GOMP_SPINCOUNT", "7")
+    with worker_environment():
+        assert os.environ["GOMP_SPINCOUNT"] == "7"
 
 
 def test_each_block_keeps_the_thread_count_it_ran_faster_with_while_the_client_waits(two_threads):

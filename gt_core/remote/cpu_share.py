@@ -9,16 +9,26 @@ import statistics
 __all__ = ["CpuShare", "worker_environment"]
 
 
+SPIN = "2000"  # GOMP_SPINCOUNT of a worker process: a few microseconds of spinning
+
+
 @contextlib.contextmanager
 def worker_environment(**forced: str):
     """Around starting a worker process: the environment it starts with (this process's, as
-    it was, after). Its OpenMP threads sleep between parallel regions instead of spinning
-    (``OMP_WAIT_POLICY=PASSIVE``, unless the environment says otherwise): a spinning thread
-    holds a core the client's recording wants, and on two cores a DataLoader step ran 1.6-2.1
-    ms under plain gt with spinning threads, 1.5-1.6 with sleeping ones, its jit 0.94-1.28
-    against 0.91-0.95 (benchmarks/data.py). ``forced``: variables set whatever they were.
+    it was, after). Its OpenMP threads spin briefly after a parallel region, then sleep
+    (``GOMP_SPINCOUNT``, unless the environment sets it or ``OMP_WAIT_POLICY``): long enough
+    for the next kernel of a compiled block, not through the gap between two ops run one by
+    one, where a spinning thread holds a core the client's recording wants. Measured on two
+    cores (benchmarks/data.py and jit.py, three rounds each): libgomp's default spinning made
+    plain gt's DataLoader step 3.2-4.6 ms; sleeping at once (``OMP_WAIT_POLICY=PASSIVE``)
+    1.8-2.0 ms, but woke a thread for every kernel and slowed jit's batch-128 step to
+    1.3-1.5 ms; 2000 spins 1.6-2.2 and 1.1-1.2 ms. ``forced``: variables set whatever they
+    were.
     """
-    want = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE"), **forced}
+    mine = (
+        {} if {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ) else {"GOMP_SPINCOUNT": SPIN}
+    )
+    want = {**mine, **forced}
     was = {k: os.environ.get(k) for k in want}
     os.environ.update(want)
     try:
