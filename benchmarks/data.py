@@ -1,6 +1,7 @@
 """The data path: uploads, fetches, and a training loop fed by a DataLoader (one run, medians).
 
     python benchmarks/data.py [--quick] [--steps N] [--repeats R] [--batch B] [--backend NAME]
+                              [--seeds K]
 
 Transfers, through a worker process:
 
@@ -22,7 +23,8 @@ of eager itself with its threads alternating: rounding alone, see rounding_refer
 CPU time per step of this process and of the worker (both over the timed steps: where a way
 spends two cores' time, or one waits for the other). Variants
 alternate within each repeat, so ratios compare runs made side by side; timings on a shared
-2-core CPU vary ±30% between runs.
+2-core CPU vary ±30% between runs. Last, the parameters' difference from eager per seed of
+the loop (``--seeds``, see by_seed): plain gt with its blocks run eagerly must be exact.
 """
 
 from __future__ import annotations
@@ -88,7 +90,13 @@ def _cpu_ms(proc: psutil.Process | None) -> float:
 
 
 def loop(
-    variant: str, batch: int, steps: int, backend: str, mode: str | None = None
+    variant: str,
+    batch: int,
+    steps: int,
+    backend: str,
+    mode: str | None = None,
+    seed: int = 0,
+    compile: bool = True,
 ) -> tuple[float, list, dict, tuple[float, float]]:
     """(ms per step, the parameters after training, the report's data figures, CPU ms per
     step of this process and of the worker) of one way of running the DataLoader loop:
@@ -96,13 +104,13 @@ def loop(
     torch.compile run on the worker's kind of device (on a GPU: the loader pins each batch
     and the step moves it there); gt's loop is the same code without a device."""
     on_worker = variant in ("gt", "jit")
-    opts = dict(backend=backend, mode=mode, auto_compile=True)
+    opts = dict(backend=backend, mode=mode, auto_compile=compile)
     ctx = gt_core.capture(**opts) if on_worker else None
     if on_worker:
         gt_core.reset()
     device = torch.device(gt_core.worker().device).type
     with ctx or contextlib.nullcontext():
-        f = fed(batch, device=None if on_worker or device == "cpu" else device)
+        f = fed(batch, seed=seed, device=None if on_worker or device == "cpu" else device)
         run = f.step
         if variant == "jit":
             run = gt_core.jit(f.step)
@@ -112,7 +120,7 @@ def loop(
         for _ in range(30):
             run(*next(batches))
         if on_worker:
-            gt_core.wait(compiles=True, timeout=600)  # compiled, as in a long run
+            gt_core.wait(compiles=compile, timeout=600)  # compiled, as in a long run
         run(*next(batches)).item()
         me = psutil.Process()
         worker = psutil.Process(gt_core.worker().pid) if on_worker else None
@@ -136,8 +144,8 @@ def rounding_reference(batch: int, steps: int) -> list:
     What rounding alone does to the comparison with eager: a kernel's sums depend on how its
     work is split over threads (and a compiled graph's on its fused order); a ReLU input near
     zero then flips and the parameters part by ~1e-4 after a few dozen steps, although every
-    step is right. The worker's thread count follows the client (all cores while it waits,
-    one fewer while it records), so gt's runs see such differences too.
+    step is right. The worker runs eager ops on eager's thread count (bit for bit: see
+    by_seed); a compiled block's rounding is its compiler's, like torch.compile's.
     """
     was = torch.get_num_threads()
     f = fed(batch)
@@ -160,9 +168,12 @@ def main(argv=None) -> None:
     ap.add_argument("--backend", default=None, help="default inductor (quick: aot_eager)")
     ap.add_argument("--mode", default=None, help="compile mode (e.g. reduce-overhead on a GPU)")
     ap.add_argument("--no-loop", action="store_true", help="the transfers only")
+    ap.add_argument(
+        "--seeds", type=int, default=3, help="seeds of the parameters-by-seed table (0: none)"
+    )
     a = ap.parse_args(argv)
     if a.quick:
-        a.steps, a.repeats = 40, 1
+        a.steps, a.repeats, a.seeds = 40, 1, 0
     a.backend = a.backend or ("aot_eager" if a.quick else "inductor")
     print(
         f"gt data path: torch {torch.__version__}, {torch.get_num_threads()} threads, "
@@ -219,12 +230,47 @@ def main(argv=None) -> None:
         )
     if figures:
         print(
-            "plain gt, per iteration: {} bytes in, {} bytes out, {:.3f} ms copying".format(
-                figures.get("bytes_up_per_iter"),
-                figures.get("bytes_down_per_iter"),
+            "plain gt, per iteration: {:.1f} KB in, {:.1f} KB out, {:.3f} ms copying".format(
+                (figures.get("bytes_up_per_iter") or 0) / 1e3,
+                (figures.get("bytes_down_per_iter") or 0) / 1e3,
                 figures.get("ms_per_iter") or 0.0,
             )
         )
+    if a.seeds:
+        by_seed(a.batch, a.steps, a.backend, a.mode, a.seeds)
+
+
+BY_SEED = {  # way -> (variant of loop, whether it compiles)
+    "gt, not compiling": ("gt", False),
+    "gt": ("gt", True),
+    "jit": ("jit", True),
+    "torch.compile": ("torch.compile", True),
+}
+
+
+def by_seed(batch: int, steps: int, backend: str, mode: str | None, seeds: int) -> None:
+    """The largest parameter difference from eager of each way, per seed of the loop (its
+    initial weights and its shuffle): which runs part from eager, and how far.
+
+    "gt, not compiling" runs plain gt's hot blocks as their eager graphs (auto_compile off):
+    the data path and the worker alone, which must give eager's parameters bit for bit. The compiled
+    ways round as their compiler does; a difference of 1e-8 flips a ReLU unit now and then,
+    after which the parameters part by 1e-4 to 1e-3 (for torch.compile of the step as well).
+    """
+    print(f"\nParameters by seed: max |param - eager| after {30 + 1 + steps} steps")
+    print(f"{'way':>18} " + " ".join(f"{'seed ' + str(k):>9}" for k in range(seeds)))
+    rows: dict[str, list[float]] = {w: [] for w in BY_SEED}
+    for seed in range(seeds):
+        _, want, _, _ = loop("eager", batch, steps, backend, seed=seed)
+        for way, (variant, compiles) in BY_SEED.items():
+            if not compiles:  # (a fresh worker: blocks compiled before would run compiled)
+                gt_core.worker().restart()
+            _, got, _, _ = loop(variant, batch, steps, backend, mode, seed, compiles)
+            rows[way].append(
+                max((p - e).abs().max().item() for p, e in zip(got, want, strict=True))
+            )
+    for way, diffs in rows.items():
+        print(f"{way:>18} " + " ".join(f"{d:>9.1e}" for d in diffs))
 
 
 if __name__ == "__main__":
