@@ -88,9 +88,9 @@ class CpuShare:
             self.now = n
 
     def choose(self, block: str) -> int | None:
-        """Set the thread count for a compiled run of ``block`` now; the count when it is one
-        the block runs with more than one thread while the client waits (learn takes its time),
-        else None. release() after the run."""
+        """Set the thread count for a compiled run of ``block`` now, and return it while the
+        client waits with more than one core free (a trial's count, or the block's choice:
+        learn takes the run's time); None otherwise. release() after the run."""
         if not self.active:
             return None
         if not self.waits and self.recheck is not None and self.recheck():
