@@ -870,6 +870,33 @@ def test_the_workers_eager_ops_round_as_eager_does_while_the_client_records_besi
         assert torch.equal(g, w), f"{(g - w).abs().max().item():.1e} from eager"
 
 
+def test_a_captures_worker_threads_apply_to_a_worker_already_running(process):
+    """``capture(worker_threads=1)`` on a running worker: its ops round as eager on one thread;
+    the next capture without it, as eager on eager's count again (never silently ignored)."""
+
+    def run(on_worker: bool):
+        f = fed(64, n_batches=10)
+        batches = f.batches()
+        for _ in range(3):
+            f.step(*next(batches))
+        return [p.detach().cpu() if on_worker else p.detach().clone() for p in f.params]
+
+    process.restart()
+    before, eager = torch.get_num_threads(), _eager_threads()
+    want = {}
+    try:
+        for n in {1, eager}:
+            torch.set_num_threads(n)
+            want[n] = run(False)
+    finally:
+        torch.set_num_threads(before)
+    for n in (1, None, 1):
+        with gt_core.capture(worker_threads=n):
+            got = run(True)
+        for g, w in zip(got, want[n or eager], strict=True):
+            assert torch.equal(g, w), f"worker_threads={n}: {(g - w).abs().max().item():.1e}"
+
+
 @pytest.mark.inductor
 def test_compiled_blocks_of_a_float64_dataloader_loop_equal_eager_to_rounding(process):
     """In float64 no rounding difference can flip a ReLU: compiled blocks that end more than

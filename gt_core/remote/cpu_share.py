@@ -64,12 +64,8 @@ class CpuShare:
         import torch
 
         self.torch = torch
-        self.all = torch.get_num_threads()
-        self.active = device.type == "cpu" and self.all > 1
-        if threads:  # a fixed count instead (options.worker_threads; benchmarks)
-            torch.set_num_threads(threads)
-            self.active = False
-        self.eager = self.now = torch.get_num_threads()  # what eager ops run with
+        self.all = self.now = torch.get_num_threads()  # (the process's count as it started)
+        self.cpu = device.type == "cpu"
         self.waits = False
         self.compiling = False
         # () -> whether the client waits now, reading messages that arrived since the block's
@@ -77,6 +73,15 @@ class CpuShare:
         self.recheck = None
         self.trials: dict[str, dict[int, list[float]]] = {}  # block -> thread count -> ms
         self.chosen: dict[str, int] = {}
+        self.fix(threads)
+
+    def fix(self, threads: int | None) -> None:
+        """A fixed count for every op from now on (options.worker_threads), or None: eager's
+        count for eager ops, the share's choice for compiled runs."""
+        self.fixed = threads
+        self.active = self.cpu and self.all > 1 and not threads
+        self.eager = threads or self.all  # what eager ops run with
+        self._use(self.eager)
 
     def set(self, client_waits: bool, compiling: bool = False) -> None:
         """What the worker shares the CPU with now (read by the next compiled run's choice)."""
