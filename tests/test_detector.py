@@ -1,5 +1,6 @@
 """Period detection on synthetic streams: keys and instructions made up here, no worker."""
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -229,6 +230,27 @@ def test_frees_and_views_at_the_edges_of_a_stretch_stay_out_of_the_block():
         cuts.append([(i.code, getattr(i, "op", None)) for i in block])
     assert cuts[0] == cuts[1]
     assert cuts[0][0] == (OP, 0) and cuts[0][-1] == (OP, 3)  # (the write ends it)
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_stretch_read_past_the_historys_end_leaves_the_next_steps_view_out(keep):
+    """The history ends in the middle of a step (detection runs there too), and the stretch
+    of the last period wraps to the period before. Its trailing view (the next
+    step's ``W.t()``) is the one whose value the stretch's first op reads there: still out
+    (it was kept, and a warm-up loop and the loop after it made two blocks)."""
+    instrs = [i for s in range(6) for i in _fed_step(100 + 10 * s, keep)][:-8]  # mid-step
+    keys = [local_key(i) for i in instrs]
+    p = repeating_period(keys, 3, 3)
+    lifts, barriers = changes(instrs, p, 3)
+    c = cut(instrs, p, 3, 3, lifts, barriers, is_view=lambda ins: ins.op == VIEW)
+    block = [instrs[c.occurrences[-1] + k] for k in range(c.length)]
+    assert [(i.code, getattr(i, "op", None)) for i in block] == [
+        (OP, 0),
+        (OP, 1),
+        (OP, 2),
+        (FREE, None),
+        (OP, 3),
+    ]
 
 
 def test_trim_keeps_views_the_stretch_reads_and_ops_that_compute():

@@ -196,20 +196,22 @@ def trim(instrs: list, start: int, length: int, p: int, is_view=None) -> tuple[i
         j = start + r
         return instrs[j if j < n else j - p]
 
-    reads: set = set()
-    for r in range(length):
-        ins = at(r)
-        if ins.code == OP:
-            reads.update(v for v in value_ids(ins) if v not in ins.outs)
+    # Values the trailing views after the one at hand read. (Only those: an op before a view
+    # never reads it, and where the stretch wraps past the history's end, at() reads the
+    # period before, whose trailing view is the one this stretch's first op reads.)
+    later: set = set()
     end = length
     while end > 0:
         ins = at(end - 1)
-        if ins.code == FREE or (
+        if ins.code == FREE:
+            end -= 1
+        elif (
             ins.code == OP
             and is_view is not None
             and is_view(ins)
-            and not any(v in reads for v in ins.outs)
+            and not any(v in later for v in ins.outs)
         ):
+            later.update(v for v in value_ids(ins) if v not in ins.outs)
             end -= 1
         else:
             break
