@@ -480,6 +480,57 @@ def test_a_dataloader_step_uploads_its_batch_once(process):
         assert s.counters["bytes_up"] - bytes_before == 6 * 16 * (784 * 4 + 8)
 
 
+class _Rows(Dataset):
+    """Rows as dicts, as a map-style dataset of one's own gives them."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "y": self.y[i]}
+
+
+@pytest.mark.parametrize("as_dict", [False, True])
+def test_a_dataloader_batch_goes_up_together_and_its_step_is_one_block(process, as_dict):
+    """The target is met only at the loss: uploaded when the batch is, the step's uploads
+    stand together at its start, and the forward is in the step's one block. (Uploaded at
+    the loss, it cut the forward off, which ran eagerly every step.) Still one upload of
+    each a step, and eager's parameters. Dict batches from a loader process."""
+    x_all, y_all = torch.randn(320, 784), torch.randint(10, (320,))
+
+    def run(on_worker: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        if as_dict:
+            loader = DataLoader(_Rows(x_all, y_all), batch_size=32, num_workers=1)
+        else:
+            loader = DataLoader(TensorDataset(x_all, y_all), batch_size=32)
+        for _ in range(3):
+            for b in loader:
+                x, y = (b["x"], b["y"]) if as_dict else b
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+        return [p.detach().cpu() if on_worker else p.detach().clone() for p in model.parameters()]
+
+    want = run(False)
+    process.restart()  # (a block known from before has no detection event since reset())
+    with gt_core.capture(auto_compile=True) as s:  # (detection runs where compiling may)
+        before = s.counters["uploads"]
+        got = run(True)
+        assert s.counters["uploads"] - before == 2 * 30
+        (hot,) = gt_core.report().to_data()["hot_paths"]
+    ops = [e["op"] for e in hot["canonical"]["entries"] if e["kind"] == "op"]
+    assert ops.count("aten.addmm.default") == 2 and "aten.nll_loss_forward.default" in ops
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+
+
 def test_a_plain_tensor_moved_to_shared_memory_in_a_capture_keeps_its_values(process):
     """What pickling a tensor for another process does to it (a DataLoader's spawned worker
     processes get the dataset so): its storage moves to shared memory, its values stay."""

@@ -142,10 +142,46 @@ def _fetch_plainly(fetch):
     return run
 
 
+def _batches_go_up_together(next_batch):
+    """A DataLoader iterator's ``__next__`` whose batches' host tensors are uploaded together
+    (gt_core.client.uploads.batch), whichever of them a step uses first.
+
+    A batch from the loader's processes is unpickled here without the capture mode: it is
+    host data (rebuilding each tensor made an ``empty`` on the worker, a stray op in every
+    step's block), and nothing there draws random numbers."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    from torch.utils._pytree import tree_leaves
+    from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+    from gt_core.client.uploads import batch
+
+    def run(self):
+        if isinstance(self, _MultiProcessingDataLoaderIter):
+            with _disable_current_modes():
+                data = next_batch(self)
+        else:
+            data = next_batch(self)
+        batch(
+            [
+                t
+                for t in tree_leaves(data)
+                if type(t) is torch.Tensor and t.device.type == "cpu" and t.layout == torch.strided
+            ]
+        )
+        return data
+
+    return run
+
+
 def patch_loader(on: bool) -> None:
-    """Batches of a TensorDataset made as without gt while ``on`` (see _fetch_plainly)."""
+    """While ``on``: batches of a TensorDataset made as without gt (see _fetch_plainly), and
+    each batch's host tensors uploaded together (see _batches_go_up_together)."""
+    from torch.utils.data import dataloader
     from torch.utils.data._utils import fetch
 
     cls = fetch._MapDatasetFetcher
     original = _saved.setdefault("fetch", cls.fetch)
     cls.fetch = _fetch_plainly(original) if on else original
+    it = dataloader._BaseDataLoaderIter
+    original = _saved.setdefault("next_batch", it.__next__)
+    it.__next__ = _batches_go_up_together(original) if on else original

@@ -19,7 +19,7 @@ from gt_core.stream.instructions import OP, PUT, Op, Put
 from gt_core.stream.meta import TensorMeta, tensor_meta
 from gt_core.stream.staging import layout
 
-__all__ = ["upload", "rebind", "CONSTANT_NUMEL"]
+__all__ = ["upload", "batch", "rebind", "CONSTANT_NUMEL"]
 
 # A tensor a jitted step makes from host data is frozen into its block when equal on the
 # recorded calls; one larger than this is data, never frozen (pass it as an argument).
@@ -41,17 +41,47 @@ _CPU = torch.device("cpu")
 # garbage collector frees: frees would land anywhere.)
 _uploads: dict[int, tuple] = {}
 
+# id(plain tensor) -> the weakrefs of the tensors of its DataLoader batch (see batch).
+_batches: dict[int, list] = {}
+
+
+def batch(tensors: list) -> None:
+    """``tensors`` (plain host tensors) came out of a DataLoader as one batch: the first of
+    them an op uploads takes the others up with it, each served once to the first op that
+    meets it. A step's uploads then stand together at its start, and the step is one block:
+    its target's upload, met only at the loss, cut the forward off the rest (uploads are
+    barriers: gt_core.hotpath.detector), and the forward ran eagerly every step. Each copy is
+    taken as the first of them goes up, so a batch tensor the user writes behind torch's
+    version counter in between (through numpy) is read as it was then."""
+    if len(tensors) < 2:
+        return
+    group: list = []
+    for t in tensors:
+        key = id(t)
+
+        def gone(_r, k=key, g=group, d=_batches):
+            if d.get(k) is g:
+                del d[k]
+
+        try:
+            group.append(weakref.ref(t, gone))
+        except TypeError:
+            continue
+        _batches[key] = group
+
 
 def _cached(session, t: torch.Tensor):
     """The proxy of ``t``'s upload while ``t`` is unchanged since (None: there is none)."""
     hit = _uploads.get(id(t))
     if hit is None:
         return None
-    ref, version, gen, p = hit
+    ref, version, gen, p, fresh = hit
     if type(p) is weakref.ref:
         p = p()
     elif sys.getrefcount(p) <= 3 and not in_backward():
-        return None  # (its holders: the entry, this frame, getrefcount's argument)
+        if not fresh:  # (its holders: the entry, this frame, getrefcount's argument)
+            return None
+        _uploads[id(t)] = (ref, version, gen, p, False)  # (taken up with its batch: once)
     if p is None or ref() is not t or version != t._version or gen != session.gen:
         return None
     return p
@@ -93,16 +123,30 @@ def upload(cls, session, t: torch.Tensor, cache: bool = True):
     p = _send(cls, session, t)
     if not cache:
         return p
+    _keep(session, t, p, fresh=False)
+    group = _batches.pop(key, None)
+    if session.tee_puts is not None:  # (a jit call's batch goes up with its RUN anyway)
+        return p
+    for ref in group or ():  # (the rest of its batch, sent beside it)
+        other = ref()
+        if other is not None and _batches.pop(id(other), None) is group:
+            _keep(session, other, _send(cls, session, other), fresh=True)
+    return p
+
+
+def _keep(session, t: torch.Tensor, p, fresh: bool) -> None:
+    """Cache ``p`` as the upload of ``t`` (``fresh``: served once whoever holds it)."""
+    key = id(t)
     try:
         _uploads[key] = (
             weakref.ref(t, lambda _r, k=key, d=_uploads: d.pop(k, None)),  # (d: at exit too)
             t._version,
             session.gen,
             p if session.tee_puts is None else weakref.ref(p),
+            fresh,
         )
     except TypeError:
         pass
-    return p
 
 
 def _send(cls, session, t: torch.Tensor):
