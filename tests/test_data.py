@@ -895,28 +895,31 @@ def _eager_threads() -> int:
     return int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout)
 
 
+def _fed_params(steps: int, on_worker: bool, threads: int | None = None) -> list:
+    """The DataLoader MLP's parameters after ``steps`` steps, no sync between them (the
+    client records while the worker runs); ``threads``: eager's intra-op count for the run."""
+    before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    try:
+        f = fed(64, n_batches=10)
+        batches = f.batches()
+        for _ in range(steps):
+            f.step(*next(batches))
+        return [p.detach().cpu() if on_worker else p.detach().clone() for p in f.params]
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_the_workers_eager_ops_round_as_eager_does_while_the_client_records_beside(process):
     """Ops run eagerly on the worker give eager's numbers bit for bit, also while the client
     records the next steps beside it. (A worker that left a core to the client then ran the
     weight gradient's matrix product on one thread: 3.7e-9 from eager after one step, 1e-4
     after 300 as a ReLU unit flipped; eager on two threads and on one differ so.)"""
-
-    def run(on_worker: bool):
-        f = fed(64, n_batches=10)
-        batches = f.batches()
-        for _ in range(40):  # no sync: the client records while the worker runs
-            f.step(*next(batches))
-        return [p.detach().cpu() if on_worker else p.detach().clone() for p in f.params]
-
     process.restart()  # (blocks an earlier test compiled for this loop would run compiled)
-    before = torch.get_num_threads()
-    torch.set_num_threads(_eager_threads())
-    try:
-        want = run(False)
-    finally:
-        torch.set_num_threads(before)
+    want = _fed_params(40, False, _eager_threads())
     with gt_core.capture():
-        got = run(True)
+        got = _fed_params(40, True)
     for g, w in zip(got, want, strict=True):
         assert torch.equal(g, w), f"{(g - w).abs().max().item():.1e} from eager"
 
@@ -924,26 +927,12 @@ def test_the_workers_eager_ops_round_as_eager_does_while_the_client_records_besi
 def test_a_captures_worker_threads_apply_to_a_worker_already_running(process):
     """``capture(worker_threads=1)`` on a running worker: its ops round as eager on one thread;
     the next capture without it, as eager on eager's count again (never silently ignored)."""
-
-    def run(on_worker: bool):
-        f = fed(64, n_batches=10)
-        batches = f.batches()
-        for _ in range(3):
-            f.step(*next(batches))
-        return [p.detach().cpu() if on_worker else p.detach().clone() for p in f.params]
-
     process.restart()
-    before, eager = torch.get_num_threads(), _eager_threads()
-    want = {}
-    try:
-        for n in {1, eager}:
-            torch.set_num_threads(n)
-            want[n] = run(False)
-    finally:
-        torch.set_num_threads(before)
+    eager = _eager_threads()
+    want = {n: _fed_params(3, False, n) for n in {1, eager}}
     for n in (1, None, 1):
         with gt_core.capture(worker_threads=n):
-            got = run(True)
+            got = _fed_params(3, True)
         for g, w in zip(got, want[n or eager], strict=True):
             assert torch.equal(g, w), f"worker_threads={n}: {(g - w).abs().max().item():.1e}"
 

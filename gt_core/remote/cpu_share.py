@@ -77,8 +77,7 @@ class CpuShare:
 
     def fix(self, threads: int | None) -> None:
         """A fixed count for every op from now on (options.worker_threads), or None: eager's
-        count for eager ops, the share's choice for compiled runs."""
-        self.fixed = threads
+        count for eager ops, the share's choice for compiled runs. (The same again: no change.)"""
         self.active = self.cpu and self.all > 1 and not threads
         self.eager = threads or self.all  # what eager ops run with
         self._use(self.eager)

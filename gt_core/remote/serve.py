@@ -205,7 +205,7 @@ def _loop(w: Worker, conn, inbox, uploads, downloads) -> None:
         elif msg[0] == "req":
             if w.group is not None and type(msg[2]) is rq.SetOptions:
                 msg = (*msg[:2], rq.SetOptions(adjust(msg[2].options)))
-            if type(msg[2]) is rq.SetOptions and msg[2].options.worker_threads != share.fixed:
+            if type(msg[2]) is rq.SetOptions:
                 share.fix(msg[2].options.worker_threads)  # (a capture's own worker_threads)
             status, value = serve(w, msg)
             if not answers and type(msg[2]) is not rq.EventsSent:  # (GroupTransport.drain)
