@@ -198,9 +198,19 @@ def host_dataset(n: int, features: int = 784, classes: int = 10, seed: int = 0):
     return _host_data[key]
 
 
-def fed(batch: int = 64, n_batches: int = 50, seed: int = 0, device=None, **loader_options) -> Fed:
+def fed(
+    batch: int = 64,
+    n_batches: int = 50,
+    seed: int = 0,
+    device=None,
+    resident: bool = False,
+    **loader_options,
+) -> Fed:
     """The MLP 784→256→10 with cross-entropy and SGD momentum, trained from a DataLoader over
     ``n_batches * batch`` host samples, shuffled by a generator seeded with ``seed``.
+
+    ``resident``: the samples are copied first, inside a capture onto the worker (as data a
+    notebook makes or loads in a ``%%gt`` cell lives there), so each batch is made there.
 
     With ``device`` (eager on a GPU), the model is made there and the step moves each batch
     there as users write it: pinned by the loader, ``.to(device, non_blocking=True)``.
@@ -208,6 +218,8 @@ def fed(batch: int = 64, n_batches: int = 50, seed: int = 0, device=None, **load
     from torch.utils.data import DataLoader, TensorDataset
 
     x, y = host_dataset(n_batches * batch, seed=seed)
+    if resident:  # (zeros is a factory: on the worker inside a capture; copy_ uploads once)
+        x, y = (torch.zeros(t.shape, dtype=t.dtype).copy_(t) for t in (x, y))
     torch.manual_seed(seed)
     # (on a device, initialised there from its generator, as a worker on it initialises)
     with torch.device(device) if device is not None else contextlib.nullcontext():

@@ -531,6 +531,42 @@ def test_a_dataloader_batch_goes_up_together_and_its_step_is_one_block(process, 
         torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
 
 
+@pytest.mark.parametrize("n", [320, 330], ids=["whole-batches", "last-batch-short"])
+def test_a_tensordataset_of_worker_tensors_fetches_a_batch_in_one_op_per_tensor(process, n):
+    """Data made inside the capture lives on the worker: a batch is one indexing op per tensor
+    with the batch's indices, not a select per row (each with another integer every step, so
+    no hot path held them and every step ran op by op). The step is one block, from the
+    indexing to the optimizer, and the parameters are eager's, a short last batch included."""
+
+    def run(on_worker: bool):
+        torch.manual_seed(0)
+        x_all, y_all = torch.randn(n, 784), torch.randint(10, (n,))
+        model = nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+        g = torch.Generator().manual_seed(3)
+        loader = DataLoader(TensorDataset(x_all, y_all), batch_size=32, shuffle=True, generator=g)
+        assert gt_core.is_remote(x_all) == on_worker
+        for _ in range(3):
+            for x, y in loader:
+                loss = F.cross_entropy(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+        return [p.detach().cpu() if on_worker else p.detach().clone() for p in model.parameters()]
+
+    want = run(False)
+    process.restart()
+    with gt_core.capture(auto_compile=True) as s:
+        got = run(True)
+        steps = 3 * -(-n // 32)
+        assert s.counters["ops"] < 80 * steps  # (a select per row: over 100 ops a step)
+        hot = gt_core.report().to_data()["hot_paths"]
+    ops = [e["op"] for e in hot[0]["canonical"]["entries"] if e["kind"] == "op"]
+    assert ops.count("aten.index.Tensor") == 2 and ops.count("aten.addmm.default") == 2
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+
+
 def test_a_plain_tensor_moved_to_shared_memory_in_a_capture_keeps_its_values(process):
     """What pickling a tensor for another process does to it (a DataLoader's spawned worker
     processes get the dataset so): its storage moves to shared memory, its values stay."""

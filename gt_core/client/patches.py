@@ -11,6 +11,9 @@ import sys
 import torch
 import torch.optim.optimizer as _torch_optimizer
 
+from gt_core.client.proxy import is_remote
+from gt_core.client.session import LOCK
+from gt_core.client.uploads import upload
 from gt_core.diagnostics.stance import in_worker
 
 __all__ = [
@@ -125,7 +128,12 @@ def _fetch_plainly(fetch):
     ops does (README, "Benchmarks"). It is only
     indexing and stacking: host tensors give host batches (uploaded when a step uses them),
     worker tensors are still recorded (their own dispatch), and nothing draws random numbers,
-    whose order on the worker must stay eager's (so no other dataset is fetched this way)."""
+    whose order on the worker must stay eager's (so no other dataset is fetched this way).
+
+    Where the dataset holds worker tensors (made inside a capture), a batch is one indexing
+    op per tensor with the batch's indices (a host tensor, uploaded), the same values as
+    stacking its rows one by one: those rows were a ``select`` per row, each with another
+    integer every step, which no hot path can hold, so every step ran op by op."""
     from torch.utils._python_dispatch import _disable_current_modes
     from torch.utils.data import TensorDataset
     from torch.utils.data._utils.collate import default_collate, default_convert
@@ -136,10 +144,37 @@ def _fetch_plainly(fetch):
             default_convert,
         ):
             with _disable_current_modes():
+                if self.collate_fn is default_collate and _batched(self, possibly_batched_index):
+                    batch = _rows_of_worker_tensors(self.dataset.tensors, possibly_batched_index)
+                    if batch is not None:
+                        return batch
                 return fetch(self, possibly_batched_index)
         return fetch(self, possibly_batched_index)
 
     return run
+
+
+def _rows_of_worker_tensors(tensors: tuple, index: list) -> list | None:
+    """Rows ``index`` of each tensor, as default_collate stacks them (a list), where one of
+    them is a worker tensor (None: none is). The indices go up once, held here for every
+    tensor's indexing (an upload nothing holds goes up again at its next use)."""
+    first = next((t for t in tensors if is_remote(t)), None)
+    if first is None:
+        return None
+    at = torch.tensor(index, dtype=torch.long)
+    with LOCK:
+        on_worker = upload(type(first), first._gt_s, at, cache=False)
+    return [t[on_worker] if is_remote(t) else t[at] for t in tensors]
+
+
+def _batched(fetcher, index) -> bool:
+    """Whether ``index`` is a batch's list of row numbers (auto-collation, plain ints)."""
+    return (
+        fetcher.auto_collation
+        and type(index) is list
+        and len(index) > 0
+        and all(type(i) is int for i in index)
+    )
 
 
 def _batches_go_up_together(next_batch):
