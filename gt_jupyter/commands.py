@@ -239,6 +239,6 @@ def _find_signature(data: dict, prefix: str | None) -> str:
 
 def _canonical(data: dict, sig: str) -> dict:
     for e in reversed(data["events"]):
-        if e.get("type") == ev.DETECTED and e.get("signature") == sig and e.get("canonical"):
+        if e.get("type") in ev.FORMS and e.get("signature") == sig and e.get("canonical"):
             return e["canonical"]
     raise UsageError(f"%gt diff: the event log has no canonical form for {sig} (was it reset?)")

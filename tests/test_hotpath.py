@@ -509,6 +509,42 @@ def test_reset_forgets_the_op_counts_too(hot):
     assert gt_core.report().to_data()["stats"]["ops"] == 0
 
 
+def test_reset_forgets_the_runs_the_worker_had_not_yet_reported(process):
+    """A worker process publishes a block's runs up to a twentieth of a second after them:
+    reset() takes those in before it forgets, or they showed in the history after it as a
+    hot path running without its detection (no canonical form, status 'recording')."""
+    from gt_core.workloads import fed
+
+    with gt_core.capture(auto_compile=True):
+        f = fed(16, n_batches=10)
+        batches = f.batches()
+        for _ in range(12):
+            loss = f.step(*next(batches))
+        loss.item()
+        gt_core.reset()
+        gt_core.wait()
+        assert gt_core.report().to_data()["hot_paths"] == []
+
+
+def test_after_a_reset_a_known_blocks_next_run_says_its_form_and_state(hot):
+    """reset() forgets the events, not the worker's blocks: a block known from before says at
+    its first run since what it is and its state, once. It showed in the report as
+    'recording' while it ran compiled, with no form and no graph."""
+    from gt_core.observe.graph import graph_of
+
+    _check_against_eager(steps=10)
+    (before,) = _paths()
+    assert before["status"] == "compiled"
+    gt_core.reset()
+    _check_against_eager(steps=6)
+    (p,) = _paths()
+    assert p["signature"] == before["signature"] and p["status"] == "compiled"
+    assert p["canonical"] == before["canonical"] and p["compiled_runs"] >= 3
+    events = gt_core.report().to_data()["events"]
+    assert [e["type"] for e in events if e.get("signature") == p["signature"]].count(ev.KNOWN) == 1
+    assert graph_of(events, p["signature"]) is not None
+
+
 def test_compile_every_flushed_block(hot):
     gt_core.configure(compile_all=True, auto_compile=False)
     try:

@@ -179,6 +179,51 @@ def test_retired_is_final_whatever_events_of_the_block_come_after():
     assert [s for s, _ in p["states"]] == [Status.HOT, Status.COMPILING, Status.RETIRED]
 
 
+def test_a_block_retired_by_a_longer_loop_runs_again_once_its_own_loop_does(nested):
+    """A loop, then a loop whose step holds the first one's (an op before it), then the first
+    loop again, as cells run in turn: the second loop's block retires the first loop's, and
+    the first loop, back, finds its block again (revived, compiled, with an event saying
+    why). It was refused for good: that loop then had no block at all, every step op by op."""
+
+    def three_loops(on_worker: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+        opt = SGD(model.parameters())
+        x, y = _data()
+
+        def step(inp):
+            F.mse_loss(model(inp), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+        for make in (lambda: x, lambda: x * 2.0, lambda: x):
+            for _ in range(STEPS):
+                step(make())
+            if on_worker:
+                gt_core.wait()
+                runs[len(runs)] = _compiled_runs()
+        return [p.detach().cpu() if on_worker else p.detach().clone() for p in model.parameters()]
+
+    def _compiled_runs():
+        return {p["signature"]: p["compiled_runs"] for p in gt_core.report().to_data()["hot_paths"]}
+
+    runs: dict[int, dict] = {}
+    want = three_loops(False)
+    with gt_core.capture():
+        got = three_loops(True)
+    for g, w in zip(got, want, strict=True):
+        assert_close(g, w, atol=1e-5)
+    events = gt_core.report().to_data()["events"]
+    (retired,) = [e for e in events if e["type"] == ev.RETIRED]
+    (revived,) = [e for e in events if e["type"] == ev.REVIVED]
+    first = retired["signature"]
+    assert revived["signature"] == first and retired["by"] in revived["reason"]
+    assert revived["status"] == Status.COMPILED.value
+    (p,) = [p for p in gt_core.report().to_data()["hot_paths"] if p["signature"] == first]
+    assert p["status"] == Status.COMPILED and p["retired"] is None
+    assert runs[2][first] - runs[1][first] >= STEPS - 5  # (the loop back runs it compiled)
+
+
 def test_joined_occurrences_read_back_as_their_instructions_however_the_window_cuts_them():
     """An occurrence joins the history as its block's keys; its instructions are read only
     when asked for (a RUN carries none), or when the window drops part of it."""

@@ -29,11 +29,11 @@ from gt_core.client.proxy import Proxy
 from gt_core.client.session import Session, set_live_session
 from gt_core.diagnostics.stance import in_worker as _in_worker
 from gt_core.diagnostics.stance import routing
-from gt_core.errors import CaptureError, ConfigError
+from gt_core.errors import CaptureError, ConfigError, WorkerDied
 from gt_core.observe import events as ev
 from gt_core.observe.report import Report
 from gt_core.options import Options, from_env, shard_axes
-from gt_core.stream.requests import SetOptions, Stats, WaitCompiles
+from gt_core.stream.requests import Forget, SetOptions, Stats, WaitCompiles
 
 __all__ = [
     "capture",
@@ -356,10 +356,21 @@ def report(since: int | None = None) -> Report:
 
 
 def reset() -> None:
-    """Forget the event history and the op counts (the worker and its tensors stay)."""
-    events_log().clear()
+    """Forget the event history and the op counts (the worker and its tensors stay).
+
+    The worker's events of what ran before are taken in first, then forgotten with the rest:
+    arriving after the clear (the worker publishes runs up to a twentieth of a second late),
+    they showed its blocks' runs in the new history without their detection. The blocks the
+    worker knows say what they are again at their next run (Forget)."""
     s = _state["session"]
-    if s is not None:
-        for k in s.counters:
-            s.counters[k] = 0
-        s.matcher.lines.reset()  # syncs and uploads per line
+    try:
+        if s is not None and not s.closed and s.dead is None:
+            with contextlib.suppress(WorkerDied):  # (a dead worker's events are gone anyway)
+                s.request(Forget())  # (a sync: an error of the work before it is raised here)
+                s.transport.drain()
+    finally:
+        events_log().clear()
+        if s is not None:
+            for k in s.counters:
+                s.counters[k] = 0
+            s.matcher.lines.reset()  # syncs and uploads per line

@@ -173,10 +173,12 @@ class Lines:
         self.counts: dict[tuple[str, str], int] = {}
         self._sent = 0
         self._n = 0
+        self.said: dict[str, list] = {}  # signature -> its sites, as said
 
     def sites(self, sig: str, sites: list) -> None:
         """Where a hot block's entries were recorded: the ``hotpath.sites`` event."""
-        self.log.emit(ev.SITES, signature=sig, entries=site_data(sites))
+        entries = self.said[sig] = site_data(sites)
+        self.log.emit(ev.SITES, signature=sig, entries=entries)
 
     def count(self, kind: str, counters: dict) -> None:
         """One more of ``kind`` ("syncs" or "uploads"): in the client's ``counters`` and on
@@ -191,9 +193,13 @@ class Lines:
             self._n += 1
 
     def reset(self) -> None:
-        """Count from zero (the event history was cleared)."""
+        """Count from zero (the event history was cleared). The blocks' sites are said again:
+        a block's first run since says its form again (gt_core.observe.events.KNOWN), and
+        its sites are found only once."""
         self.counts.clear()
         self._sent = self._n = 0
+        for sig, entries in self.said.items():
+            self.log.emit(ev.SITES, signature=sig, entries=entries)
 
     def publish(self, counters: dict) -> None:
         """The client's ``counters`` (a ``stats`` event), then the lines' counts if changed."""

@@ -4,7 +4,8 @@ States of a block (named as in the report): hot → compiling → compiled, or f
 reverted; blocks marked by a signal start as recording. Failed and reverted blocks stay
 known (and run eagerly): that keeps the stream aligned, so the same loop is not detected
 again at another rotation. A retired block (Blocks.retire: a longer period's block runs its
-instructions) stays known too, and is matched no more.
+instructions) stays known too, and is matched no more, until its own period is found again
+outside that longer block's runs (Blocks.revive: the stream went back to the loop it was).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class Block:
         self.free_slots: list = []  # the plan's freed values, in order (what a RUN frees)
         self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan
         self.occurrences = 0  # occurrences matched since it was found
-        self.retired: str | None = None  # why it is matched no more (see Blocks.retire)
+        self.retired = self.retired_by = None  # why it is matched no more, and who runs it
         # Its instructions' history keys and out paths where it was found (a detected block):
         # its occurrences join the history with them (History.join); None: they clear it
         self.keys: tuple | None = None
@@ -99,6 +100,9 @@ class Blocks:
 
     def add(self, block: Block) -> None:
         self._by_sig[block.sig] = block
+        self._matchable(block)
+
+    def _matchable(self, block: Block) -> None:
         if 0 in block.lift:
             self._lift_first.append(block)
         else:
@@ -106,12 +110,12 @@ class Blocks:
             self._by_first.setdefault(first, []).append(block)
             self._free_first = self._free_first or first.kind == "free"
 
-    def retire(self, block: Block, reason: str) -> None:
+    def retire(self, block: Block, reason: str, by: str | None = None) -> None:
         """Match ``block`` no more, for ``reason``. A block found as back-to-back repetitions
         inside a longer period (a run of alike parameters in an optimizer's loop: three found
         in one step, the fourth differs) is part of a larger loop's body: once that loop is
-        found (Engine._retire_nested), the loop's block runs its instructions."""
-        block.retired = reason
+        found (Engine._retire_nested), the loop's block ``by`` runs its instructions."""
+        block.retired, block.retired_by = reason, by
         self._lift_first = [b for b in self._lift_first if b is not block]
         for first, bs in list(self._by_first.items()):
             kept = [b for b in bs if b is not block]
@@ -119,6 +123,12 @@ class Blocks:
                 self._by_first[first] = kept
             else:
                 del self._by_first[first]
+
+    def revive(self, block: Block) -> None:
+        """Match a retired ``block`` again (its loop's block runs no more: Engine._revive)."""
+        if block.retired is not None:
+            block.retired = block.retired_by = None
+            self._matchable(block)
 
     def get(self, sig) -> Block | None:
         return self._by_sig.get(sig)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 from time import perf_counter
 
+from gt_core.hotpath import nesting
 from gt_core.hotpath.blocks import Blocks
 from gt_core.hotpath.compiling import Compiler
 from gt_core.hotpath.detector import changes, cut, periodic_since, repeating_period
@@ -33,7 +34,7 @@ from gt_core.stream.instructions import BARRIERS, DEFOP, FREE, MARK, OP, RUN, SY
 from gt_core.stream.lift import lift_positions
 from gt_core.stream.meta import all_fit
 from gt_core.stream.plan import expand
-from gt_core.stream.requests import JitPlan, SetOptions, WaitCompiles
+from gt_core.stream.requests import Forget, JitPlan, SetOptions, WaitCompiles
 
 __all__ = ["Engine"]
 
@@ -116,9 +117,11 @@ class Engine:
             self.flush_events()
         elif type(req) is JitPlan:  # a jit call's block, if its last two calls made the same one
             return self.signals.jit_plan(req.name)
+        elif type(req) is Forget:  # the client cleared its events: blocks announce themselves
+            self.registry.announced.clear()
         else:
             raise ValueError(
-                f"gt engine: expected SetOptions, WaitCompiles or JitPlan, got {req!r}"
+                f"gt engine: expected SetOptions, WaitCompiles, JitPlan or Forget, got {req!r}"
             )
         return None
 
@@ -193,6 +196,7 @@ class Engine:
         to back and is found before the step has repeated. A block that a signal or a jit
         call marked starts the period again: the history is cleared.
         """
+        self.registry.announce(block)
         self.matcher.expect(block.gap)
         if block.keys is None:
             self.history.clear()
@@ -242,7 +246,9 @@ class Engine:
         canon, namer = forms[-1]
         known = self.blocks.get(canon.id)
         if known is not None and known.retired:
-            return False  # (the loop around it is searched for as the history grows)
+            if nesting.inside_its_loop(known, c.occurrences, self.blocks, H):
+                return False  # (the loop around it is searched for as the history grows)
+            nesting.revive(known, self.matcher, self.options.client_match)
         self.matcher.expect(c.gap)
         if known is None:
             begin, end = c.occurrences[-1], c.occurrences[-1] + c.length
@@ -251,29 +257,10 @@ class Engine:
             block = self.registry.form(canon, namer, paths, p, lift=c.lift, scalar_dtypes=dtypes)
             block.op_ms = H.profile(c.occurrences, c.length)
             block.keys, block.entry_paths = tuple(H.keys[begin:end]), tuple(H.paths[begin:end])
-            self._retire_nested(block, H.runs_within(c.occurrences, c.length))
+            inner = H.runs_within(c.occurrences, c.length)
+            nesting.retire_nested(block, inner, self.blocks, self.matcher)
             H.ran(block.sig, c.occurrences)  # (a longer period may hold these too)
             self.registry.adopt(
                 block, len(c.occurrences), recording_t=H.when_recorded(c.occurrences[0])
             )
         return True
-
-    def _retire_nested(self, block, sigs) -> None:
-        """Retire the blocks whose occurrences ran inside ``block``'s: nested periods.
-
-        The rule for a period nested in a longer one: the shorter block is found first (it
-        repeats sooner), and its occurrences join the history instead of clearing it, so the
-        longer period is found as soon as it has repeated too. The longer block then runs the
-        shorter one's instructions with the rest of its period, so the shorter one is matched
-        no more: the longest period that repeats wins.
-        """
-        for sig in sigs:
-            inner = self.blocks[sig]
-            if not inner.retired:
-                self.matcher.retire(
-                    inner,
-                    f"its occurrences lie inside the period of hot path {block.sig} "
-                    f"({len(block.canon.ops)} ops): part of a larger loop's body, which runs "
-                    "it from now on",
-                    by=block.sig,
-                )

@@ -104,10 +104,19 @@ class Matcher:
     def retire(self, block: Block, reason: str, by: str | None = None) -> None:
         """Match ``block`` no more (Blocks.retire), its plan withdrawn; an event says why
         (``by``: the hot path that runs its instructions now)."""
-        self.blocks.retire(block, reason)
+        self.blocks.retire(block, reason, by)
         if block.plan is not None and not block.withdrawn:
             self._withdraw(block)
         self.outbox.emit(ev.RETIRED, signature=block.sig, reason=reason, by=by)
+
+    def revive(self, block: Block, reason: str, client_match: bool) -> None:
+        """Match the retired ``block`` again, its plan offered to the client again; an event
+        says why, and the state it is in (compiled, say)."""
+        self.blocks.revive(block)
+        if client_match and block.plan is not None and block.withdrawn:
+            block.withdrawn = False
+            self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.plan)
+        self.outbox.emit(ev.REVIVED, signature=block.sig, reason=reason, status=block.status.value)
 
     def _withdraw(self, block: Block) -> None:
         """The client's matcher stops using ``block``'s plan (its RUNs would not be taken)."""

@@ -33,6 +33,7 @@ class Registry:
         self.outbox = outbox
         self.compiler = compiler
         self.options = options
+        self.announced: set[str] = set()  # blocks the client's events say what they are
 
     def block_op_name(self, idx: int) -> str:
         """op_name for canonicalizing a block: an unresolved op never enters one."""
@@ -107,23 +108,34 @@ class Registry:
                 traceback.print_exc()
             return None
 
-    def _make_hot(self, block: Block, occurrences: int, recording_t: float | None) -> None:
-        block.status = Status.HOT
-        data = block.canon.to_data()
-        emit = self.outbox.emit
-        emit(
-            ev.DETECTED,
+    def announce(self, block: Block) -> None:
+        """Say what ``block`` is and its state, once since the client forgot (Forget): at its
+        first run after a reset, a block known from before showed in the report as running,
+        but without its form, its graph, or its state."""
+        if block.sig not in self.announced:
+            self.announced.add(block.sig)
+            self.outbox.emit(ev.KNOWN, status=block.status.value, **self._form(block))
+
+    def _form(self, block: Block) -> dict:
+        """What the detected and known events say of ``block``."""
+        return dict(
             signature=block.sig,
             ops=block.canon.ops,
             n_ops=len(block.canon.ops),
             n_instructions=len(block.canon.entries),
-            occurrences=occurrences,
-            recording_t=recording_t,
             signal=block.signal,
-            canonical=data,
+            canonical=block.canon.to_data(),
             values=block.value_meta,  # (the client draws the graph: gt_core.observe.graph)
             op_ms=block.op_ms,  # its profile: ms per entry (History.profile), or None
         )
+
+    def _make_hot(self, block: Block, occurrences: int, recording_t: float | None) -> None:
+        block.status = Status.HOT
+        form = self._form(block)
+        data = form["canonical"]
+        emit = self.outbox.emit
+        self.announced.add(block.sig)
+        emit(ev.DETECTED, occurrences=occurrences, recording_t=recording_t, **form)
         for other in self.blocks.values():
             if (
                 other is not block

@@ -28,6 +28,9 @@ __all__ = ["event", "EventLog", "load_log", "TYPES"]
 RECORDING = "hotpath.recording"  # signature, ops, n_ops, signal (a signal's block, seen once)
 # signature, ops, n_ops, occurrences, recording_t, canonical, values, op_ms (ms per entry)
 DETECTED = "hotpath.detected"
+# the detected event's fields but occurrences and recording_t, and status (its state now): a
+# block known from before reset(), at its first run since
+KNOWN = "hotpath.known"
 COMPILE_STARTED = (
     "compile.started"  # signature, backend, mode, dynamic, where ("process" | "thread" | "inline")
 )
@@ -45,6 +48,9 @@ KEPT = "hotpath.kept"  # signature, eager_ms, compiled_ms: a regression check ke
 # signature, reason, by (the longer hot path that runs its instructions, or None): matched no
 # more, for good (the report's status "retired")
 RETIRED = "hotpath.retired"
+# signature, reason, status (its state, compiled say): a retired block matched again, its own
+# period found outside the longer block that ran it
+REVIVED = "hotpath.revived"
 NOTE = "hotpath.note"  # signature, reason: what some of its runs did (said once per block)
 MISMATCH = "mismatch"  # signature, position, expected, got
 ITERATION = "iteration"  # signature, kind ("eager" | "compiled" | "compiling"), ms
@@ -84,6 +90,7 @@ FOLDED = "folded"  # of (a type), signature, n, counts {key: n}, totals {key: su
 
 TYPES = frozenset(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))
 VERDICTS = frozenset((REVERT, KEPT))  # a regression check's, with the medians it compared
+FORMS = frozenset((DETECTED, KNOWN))  # the events that say what a block is (its form, graph)
 
 # What a fold keeps of each per-step type: counts by this field, sums of that one.
 _FOLDS = {

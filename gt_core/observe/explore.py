@@ -31,6 +31,8 @@ def annotate(hot_paths: list[dict], events: list[dict]) -> None:
     last: dict[tuple[str, str], dict] = {}
     for e in events:
         t = e.get("type")
+        if t in ev.FORMS:
+            t = ev.DETECTED  # (a known block's form, said again after a reset)
         if t in (ev.DETECTED, ev.SITES, ev.COMPILE_FINISHED):
             last[(t, e.get("signature"))] = e
     for p in hot_paths:

@@ -67,7 +67,7 @@ def new_path(signature: str) -> dict:
 
 def _enter(p: dict, state: Status, t) -> None:
     """The hot path is in ``state`` from ``t`` on, unless it was retired: that is final (a
-    compile of it may still finish, or fail, afterwards)."""
+    compile of it may still finish, or fail, afterwards) but for its own revival (REVIVED)."""
     if p["status"] != Status.RETIRED:
         p["status"] = state
         enter(p["states"], state, t)
@@ -140,6 +140,14 @@ class Fold:
         if i >= self.since:  # (its occurrences ran before the view: not the view's runs)
             p["occurrences"] = max(p["occurrences"], e.get("occurrences", 0))
 
+    def _known(self, e, sig, i) -> None:
+        p = self.path(sig)
+        if p["status"] != Status.RECORDING:  # (its events since are the newer word)
+            return
+        p.update(ops=list(e.get("ops", [])), n_ops=e.get("n_ops", 0))
+        p["status"] = Status(e.get("status", Status.HOT.value))
+        enter(p["states"], p["status"], e.get("t"))
+
     def _compile_started(self, e, sig, i) -> None:
         p = self.path(sig)
         p["options"] = {k: e[k] for k in ("backend", "mode", "dynamic") if k in e}
@@ -177,6 +185,11 @@ class Fold:
         p = self.path(sig)
         _enter(p, Status.RETIRED, e.get("t"))
         p["retired"] = {"reason": e.get("reason"), "by": e.get("by")}
+
+    def _revived(self, e, sig, i) -> None:
+        p = self.path(sig)
+        p["status"], p["retired"] = Status(e.get("status", Status.HOT.value)), None
+        enter(p["states"], p["status"], e.get("t"))
 
     def _checked(self, e, sig, i) -> None:
         self.path(sig)["checked"] = _check(e)
@@ -271,6 +284,8 @@ _HANDLERS = {
     ev.CHECK_FAILED: Fold._check_failed,
     ev.CHECKED: Fold._checked,
     ev.RETIRED: Fold._retired,
+    ev.REVIVED: Fold._revived,
+    ev.KNOWN: Fold._known,
     ev.NOTE: Fold._note,
     ev.CACHE_EVICTED: Fold._note,
     ev.RECOMPILE: Fold._recompile,

@@ -117,7 +117,7 @@ def graph_of(events: list[dict], signature: str | None = None) -> dict | None:
     """The graph data of the latest ``hotpath.detected`` of ``signature`` (None: any)."""
     for e in reversed(events):
         if (
-            e.get("type") == ev.DETECTED
+            e.get("type") in ev.FORMS
             and e.get("canonical")
             and signature in (None, e.get("signature"))
         ):

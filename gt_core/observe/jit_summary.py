@@ -47,7 +47,7 @@ def summarize_jit(events: list[dict], since: int = 0) -> list[dict]:
     blocks: dict[str, str] = {}  # entry name -> the block its marks cut (a detected signal)
     for i, e in enumerate(events):
         t = e.get("type")
-        if t == ev.DETECTED and e.get("signal"):
+        if t in ev.FORMS and e.get("signal"):
             blocks[e["signal"]] = e.get("signature")
         if t == ev.FOLDED and e.get("of") == ev.JIT_STATS:
             e, t = e["last"], ev.JIT_STATS

@@ -71,7 +71,7 @@ def _shown(events: list[dict], since: int, active: set) -> list[dict]:
         shown = [
             e
             for e in events[:since]
-            if (e.get("type") == ev.DETECTED or e.get("type") in ev.VERDICTS)
+            if (e.get("type") in ev.FORMS or e.get("type") in ev.VERDICTS)
             and e.get("signature") in active
         ] + shown
     return shown

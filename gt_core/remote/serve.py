@@ -105,6 +105,7 @@ _REQUESTS = {  # request type -> its answer, once everything sent before it has 
     rq.SetOptions: lambda w, req: w.engine.control(req),
     rq.WaitCompiles: lambda w, req: w.engine.control(req),
     rq.JitPlan: lambda w, req: w.engine.control(req),
+    rq.Forget: lambda w, req: w.engine.control(req),
 }
 
 _DOWNLOADS = 4 << 20  # the download area's first size in bytes (it grows for larger values)

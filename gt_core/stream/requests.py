@@ -21,6 +21,7 @@ __all__ = [
     "SetOptions",
     "WaitCompiles",
     "JitPlan",
+    "Forget",
     "TENSOR_ANSWERS",
 ]
 
@@ -85,6 +86,13 @@ class JitPlan(NamedTuple):
     the same one; else None."""
 
     name: str
+    kind = "engine"
+
+
+class Forget(NamedTuple):
+    """The client forgot the events so far (reset): each known block says again what it is
+    at its next run (gt_core.observe.events.KNOWN)."""
+
     kind = "engine"
 
 
