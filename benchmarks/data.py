@@ -7,15 +7,17 @@ Transfers, through a worker process:
 
   size          a host tensor of 4 KB, 200 KB, 4 MB and 64 MB
   sync ms       a one-element ``index_select`` of a worker tensor of that size and its
-                ``.item()``: a sync alone (timed just before the uploads of that size)
+                ``.item()``: a sync alone (timed alternately with the uploads of that size)
   +upload ms    the same on a fresh host tensor (uploaded on the way) minus the sync alone
   up GB/s       size / +upload ms (the client's copy into the ring and the worker's out of it)
   .cpu() ms     fetching a worker tensor of that size (a sync and the copies)
   down GB/s     size / .cpu() ms
 
 Then the loop of ``gt_core.workloads.fed``: MLP 784→256→10, cross-entropy, SGD momentum, a
-shuffled DataLoader batch every step from host data, run four ways from the same seed on the
-same batches: eager; plain gt (the loop inside a capture); ``gt_core.jit`` of the step (the
+shuffled DataLoader batch every step from host data, run five ways from the same seed on the
+same batches: eager; plain gt (the loop inside a capture); gt resident (the same, its data
+copied in the capture first, so that it lives on the worker and each batch is made there, as
+with data a notebook makes in a ``%%gt`` cell); ``gt_core.jit`` of the step (the
 batch is its argument); ``torch.compile`` of the step (eager, in this process). ms per step
 (the median over the repeats of steady-state steps, one sync at the end), the ratio to eager,
 and the largest difference of a parameter from eager's after the same steps (beside it, that
@@ -41,7 +43,8 @@ import gt_core
 from gt_core.workloads import fed
 
 SIZES = {"4 KB": 4 << 10, "200 KB": 200 << 10, "4 MB": 4 << 20, "64 MB": 64 << 20}
-VARIANTS = ("eager", "gt", "jit", "torch.compile")
+VARIANTS = ("eager", "gt", "gt resident", "jit", "torch.compile")
+ON_WORKER = ("gt", "gt resident", "jit")
 
 
 def _median_ms(fn, n: int) -> float:
@@ -66,16 +69,21 @@ def transfers(repeats: int) -> list[tuple]:
 def _transfer(name: str, host: list, idx, repeats: int) -> tuple:
     nbytes = SIZES[name]
     resident = torch.zeros(nbytes // 4)  # a worker tensor of the same size
-    times = max(5, repeats * (3 if nbytes < 1 << 20 else 1))
+    # (small sizes take well under a millisecond a sample: many, for a steady median)
+    times = max(5, repeats * 3) if nbytes >= 1 << 20 else 200
     torch.index_select(resident, 0, idx).item()
-    sync_ms = _median_ms(lambda: torch.index_select(resident, 0, idx).item(), times)
-    up = []
+    sync, up = [], []
     for k in range(-3, times):  # (three first: a size's first uploads find no storage to reuse)
+        # The sync alone and the sync with an upload alternate: both medians come from the
+        # same stretch of time, whatever the machine does meanwhile.
+        alone = _median_ms(lambda: torch.index_select(resident, 0, idx).item(), 1)
         fresh = host[k % 2]
         fresh.add_(0)  # a new version: the upload cache does not hold it
         ms = _median_ms(lambda t=fresh: torch.index_select(t, 0, idx).item(), 1)
         if k >= 0:
+            sync.append(alone)
             up.append(ms)
+    sync_ms = statistics.median(sync)
     up_ms = max(statistics.median(up) - sync_ms, 1e-3)
     resident.cpu()
     down_ms = _median_ms(resident.cpu, times)
@@ -103,14 +111,19 @@ def loop(
     warm-up steps, then ``steps`` timed ones. Eager and
     torch.compile run on the worker's kind of device (on a GPU: the loader pins each batch
     and the step moves it there); gt's loop is the same code without a device."""
-    on_worker = variant in ("gt", "jit")
+    on_worker = variant in ON_WORKER
     opts = dict(backend=backend, mode=mode, auto_compile=compile)
     ctx = gt_core.capture(**opts) if on_worker else None
     if on_worker:
         gt_core.reset()
     device = torch.device(gt_core.worker().device).type
     with ctx or contextlib.nullcontext():
-        f = fed(batch, seed=seed, device=None if on_worker or device == "cpu" else device)
+        f = fed(
+            batch,
+            seed=seed,
+            device=None if on_worker or device == "cpu" else device,
+            resident=variant == "gt resident",
+        )
         run = f.step
         if variant == "jit":
             run = gt_core.jit(f.step)
@@ -217,7 +230,7 @@ def main(argv=None) -> None:
             (p - e).abs().max().item() for p, e in zip(params[v], params["eager"], strict=True)
         )
         here = statistics.median(c[0] for c in cpu[v])
-        worker = statistics.median(c[1] for c in cpu[v]) if v in ("gt", "jit") else None
+        worker = statistics.median(c[1] for c in cpu[v]) if v in ON_WORKER else None
         w = f"{worker:>7.3f}" if worker is not None else f"{'-':>7}"
         print(f"{v:>14} {m:>8.3f} {eager / m:>8.2f}x {diff:>20.2e} {here:>13.3f} {w}")
     if torch.device(gt_core.worker().device).type == "cpu":

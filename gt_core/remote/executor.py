@@ -112,7 +112,9 @@ class Executor:
             self.values.pop(ins.vid, None)
             self.poisoned.discard(ins.vid)
         elif code == PUT:
-            value = ins.value.to(self.device)  # (the tensor itself on the CPU)
+            value = ins.value
+            if value.device != self.device:  # (a staged upload is read onto it already)
+                value = value.to(self.device)
             self.values[ins.vid] = value if self.sharding is None else self.sharding.place(value)
         elif code == DEFOP:
             self.define(ins.op, ins.name, ins.module)
