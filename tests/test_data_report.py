@@ -359,3 +359,43 @@ def test_a_fetch_each_step_is_its_bytes_per_iteration_and_the_fix_fetches_less(i
             fetching(every, value)()
             data = _cell(fetching(every, value)).to_data()
             assert data["hot_paths"] and data["data"]["bytes_down_per_iter"] == per_iter, every
+
+
+class _Rows(torch.utils.data.Dataset):
+    """A map-style dataset of one's own: a row at a time."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+def test_batches_built_on_the_worker_row_by_row_are_a_reason_and_its_fix_is_one_op(inprocess):
+    """A dataset of one's own over worker tensors builds each batch op by op (a select per
+    row, another number every step): a reason once per dataset class, with its fix; the fix,
+    a TensorDataset of the same tensors, builds a batch in one op per tensor, no reason."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    def loop(make, epochs=2):
+        g = torch.Generator().manual_seed(0)
+        for _ in range(epochs):
+            for x, y in DataLoader(make(X, Y), batch_size=8, shuffle=True, generator=g):
+                (x.sum() + y.sum()).item()
+
+    with gt_core.capture() as s:
+        X, Y = torch.randn(32, 4), torch.randn(32)
+        loop(_Rows)
+        d = gt_core.report().to_data()["data"]
+        assert d["rows"] == [{"dataset": "_Rows", "rows": 8, "ops": 8 * 2 + 2}]
+        (why,) = [r for r in feeding.reasons(d) if r["kind"] == "rows"]
+        assert why["id"] == "rows" and "TensorDataset" in why["fix"]
+        assert "_Rows's batches are built on the worker op by op" in str(gt_core.report())
+        gt_core.reset()
+        ops = s.counters["ops"]
+        loop(TensorDataset)
+        assert s.counters["ops"] - ops < 2 * 4 * 8  # (row by row: 18 ops a batch)
+        assert gt_core.report().to_data()["data"]["rows"] == []

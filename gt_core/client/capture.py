@@ -267,7 +267,7 @@ def _patch(opts) -> None:
 
     _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
     patch_sharing(True)
-    patch_loader(True)
+    patch_loader(True, lambda: _here.session)
     if opts.worker != "inprocess":
         patch_threads()
 
@@ -371,6 +371,7 @@ def reset() -> None:
     finally:
         events_log().clear()
         if s is not None:
+            s.said.clear()
             for k in s.counters:
                 s.counters[k] = 0
             s.matcher.lines.reset()  # syncs and uploads per line

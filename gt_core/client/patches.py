@@ -15,6 +15,7 @@ from gt_core.client.proxy import is_remote
 from gt_core.client.session import LOCK
 from gt_core.client.uploads import upload
 from gt_core.diagnostics.stance import in_worker
+from gt_core.observe import events as ev
 
 __all__ = [
     "patch_seed",
@@ -122,7 +123,7 @@ def patch_sharing(on: bool) -> None:
         setattr(torch.UntypedStorage, name, _plain(method) if on else method)
 
 
-def _fetch_plainly(fetch):
+def _fetch_plainly(fetch, session_here):
     """A DataLoader's fetch over a TensorDataset with the default collate, run without the
     capture mode: the mode's Python dispatch costs more than each of a batch's small indexing
     ops does (README, "Benchmarks"). It is only
@@ -149,9 +150,27 @@ def _fetch_plainly(fetch):
                     if batch is not None:
                         return batch
                 return fetch(self, possibly_batched_index)
-        return fetch(self, possibly_batched_index)
+        s = session_here()
+        if s is None or not _batched(self, possibly_batched_index):
+            return fetch(self, possibly_batched_index)
+        before = s.counters["ops"]
+        batch = fetch(self, possibly_batched_index)
+        _say_rows(s, self.dataset, len(possibly_batched_index), s.counters["ops"] - before)
+        return batch
 
     return run
+
+
+def _say_rows(session, dataset, rows: int, ops: int) -> None:
+    """A batch of ``dataset`` recorded ``ops`` ops on the worker for ``rows`` rows: at one op
+    a row or more, each step builds its batch op by op (rows of worker tensors indexed one at
+    a time, with another number every step: no hot path holds them), and the report says so
+    once per dataset class (gt_core.observe.feeding)."""
+    said = (ev.DATA_ROWS, type(dataset).__qualname__)
+    if ops < rows or said in session.said:
+        return
+    session.said.add(said)
+    session.log.emit(ev.DATA_ROWS, dataset=said[1], rows=rows, ops=ops)
 
 
 def _rows_of_worker_tensors(tensors: tuple, index: list) -> list | None:
@@ -208,15 +227,16 @@ def _batches_go_up_together(next_batch):
     return run
 
 
-def patch_loader(on: bool) -> None:
+def patch_loader(on: bool, session_here=None) -> None:
     """While ``on``: batches of a TensorDataset made as without gt (see _fetch_plainly), and
-    each batch's host tensors uploaded together (see _batches_go_up_together)."""
+    each batch's host tensors uploaded together (see _batches_go_up_together).
+    ``session_here()``: the calling thread's capture's session, or None."""
     from torch.utils.data import dataloader
     from torch.utils.data._utils import fetch
 
     cls = fetch._MapDatasetFetcher
     original = _saved.setdefault("fetch", cls.fetch)
-    cls.fetch = _fetch_plainly(original) if on else original
+    cls.fetch = _fetch_plainly(original, session_here) if on else original
     it = dataloader._BaseDataLoaderIter
     original = _saved.setdefault("next_batch", it.__next__)
     it.__next__ = _batches_go_up_together(original) if on else original

@@ -95,6 +95,7 @@ class Session:
         self.gen = next(_generations)
         self.options = options
         self.log = log
+        self.said: set = set()  # what was said once (forgotten with the events: reset)
         self.buf: list = []
         self.freed: deque = deque()  # ids of proxies that died since the last instruction
         self._freeing = False  # in drain_frees: a full batch is sent, not flushed (see out)

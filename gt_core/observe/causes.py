@@ -42,6 +42,7 @@ HOTPATH_KINDS = (
     "worker_error",
     "uploads",
     "fetches",
+    "rows",
 )
 
 

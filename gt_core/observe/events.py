@@ -75,6 +75,9 @@ RANK = "worker.rank"
 # ops, frees, syncs, uploads, fetches, bytes_up, up_ms, bytes_down, down_ms: the client's
 # counters, cumulative (gt_core.observe.report.COUNTERS); base: a log's start
 STATS = "stats"
+# dataset, rows, ops: a DataLoader batch recorded an op a row or more on the worker (rows of
+# worker tensors indexed one by one), said once per dataset class
+DATA_ROWS = "data.rows"
 ERROR = "worker.error"  # error, message, notes, where: a worker error raised to the user
 # The user's own torch.compile calls (published by gt_core.diagnostics)
 USER_COMPILE = "user.compile"

@@ -13,16 +13,20 @@ words them, for the report, the dashboard and ``%gt status`` alike. No torch imp
   fetch's copy runs while the worker waits, so it always adds to the pace.
 - Copies as long as the step or longer bound the loop: with nothing else in the kernel the
   worker would still wait for them.
+- A DataLoader whose batches were built on the worker op by op (kind ``rows``: a dataset of
+  worker tensors indexed a row at a time; the client says so once per dataset class) is a
+  reason whatever the pace: each such step runs op by op.
 """
 
 from __future__ import annotations
 
+from gt_core.observe import events as ev
 from gt_core.observe import metrics
 from gt_core.observe.causes import explain
 
-__all__ = ["line", "lines", "reasons", "size", "KINDS"]
+__all__ = ["line", "lines", "reasons", "rows", "size", "KINDS"]
 
-KINDS = ("uploads", "fetches")  # the reasons' kinds (gt_core.observe.causes.HOTPATH_KINDS)
+KINDS = ("uploads", "fetches")  # the copies' reasons' kinds (causes.HOTPATH_KINDS, with "rows")
 
 
 def size(n: float) -> str:
@@ -39,6 +43,13 @@ def _ms(ms: float) -> str:
 
 def _share(x: float) -> str:
     return f"{x:.0%}" if x >= 0.01 else "<1%"
+
+
+def rows(events) -> list[dict]:
+    """The DataLoaders whose batches were built on the worker op by op: {dataset, rows, ops}
+    each, from their ``data.rows`` events."""
+    keys = ("dataset", "rows", "ops")
+    return [{k: e.get(k) for k in keys} for e in events if e.get("type") == ev.DATA_ROWS]
 
 
 def line(d: dict | None) -> str | None:
@@ -62,6 +73,12 @@ def reasons(d: dict | None) -> list[dict]:
     """``{"id", "kind", "cause", "fix"}`` for each direction whose copies weigh on the loop
     (see the module's docstring); [] when none does or a number is missing."""
     d = d or {}
+    rows = [{**explain("rows", "", **r), "kind": "rows"} for r in d.get("rows") or ()]
+    return rows + _copies(d)
+
+
+def _copies(d: dict) -> list[dict]:
+    """The reasons of the uploads and fetches whose copies weigh on the loop."""
     step, pace, n = d.get("step_ms"), d.get("pace_ms"), d.get("iterations")
     if not step or not pace or not n or pace - step < metrics.DATA_SHARE * step:
         return []  # no step, no pace, or a worker that never waits: not fed too slowly
@@ -81,8 +98,8 @@ def reasons(d: dict | None) -> list[dict]:
 
 
 def lines(d: dict | None) -> list[str]:
-    """The line, then each reason with its fix (the report's text)."""
-    head = line(d)
-    if head is None:
+    """The line (if anything moved), then each reason with its fix (the report's text)."""
+    head, why = line(d), [f"  {r['cause']} -> {r['fix']}" for r in reasons(d)]
+    if head is None and not why:
         return []
-    return [head, *(f"  {r['cause']} -> {r['fix']}" for r in reasons(d))]
+    return [head or "data: nothing moved between the kernel and the worker", *why]

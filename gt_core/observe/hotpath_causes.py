@@ -136,11 +136,24 @@ HOTPATH_CAUSES: tuple[Cause, ...] = (
         "feeding data {what}: {bytes} uploaded per iteration take {ms} of each iteration's "
         "{pace} (the step: {step})",
         "keep the dataset on the worker: create it inside the capture, or move it once with "
-        "gt_core.to_worker(X); then take each epoch's batches as views of it in one go "
+        "gt_core.to_worker(X); then give it to the DataLoader as a TensorDataset (a batch is "
+        "one indexing op per tensor there), or take each epoch's batches as views of it "
+        "in one go "
         "(perm = torch.randperm(len(X)) inside the capture, then "
         "zip(X[perm].split(b), Y[perm].split(b))), so that batches are worker tensors, not "
         "uploads. Slicing X[i:i + b] anew each step changes a number every iteration, which "
         "keeps the loop from compiling",
+    ),
+    Cause(
+        "rows",
+        ("rows",),
+        r"",
+        "{dataset}'s batches are built on the worker op by op: {ops} ops for a batch of {rows} "
+        "rows (its tensors live on the worker, and each row is indexed with its own number, "
+        "another every step, which no hot path holds)",
+        "make the dataset's tensors outside the capture (the DataLoader then builds each "
+        "batch in the kernel, and it goes up in one copy per tensor), or hold them in a "
+        "TensorDataset (a batch is then one indexing op per tensor on the worker)",
     ),
     Cause(
         "fetching",

@@ -56,7 +56,8 @@ def summarize(events: list[dict], since: int = 0) -> dict:
         "user_compiles": summarize_user_compiles(events[since:]),
         "jit": jit,  # per jitted call key, refused before a block too
         "stats": stats,
-        "data": metrics.data(stats, hot_paths, shown),  # what crossed, per iteration
+        # what crossed, per iteration, and the DataLoaders that built batches row by row
+        "data": {**metrics.data(stats, hot_paths, shown), "rows": feeding.rows(shown)},
         "worker": fold.worker,
         "ranks": ranks.summarize_ranks(events),  # a worker group's (gt_core.observe.ranks)
         "lines": explore.client_lines(events, since),  # syncs and uploads per user line
