@@ -1,5 +1,6 @@
 """Hot-path detection, the compiled-block cache, fallbacks, reverts, signals, config."""
 
+import copy
 import functools
 import json
 import threading
@@ -543,6 +544,45 @@ def test_after_a_reset_a_known_blocks_next_run_says_its_form_and_state(hot):
     events = gt_core.report().to_data()["events"]
     assert [e["type"] for e in events if e.get("signature") == p["signature"]].count(ev.KNOWN) == 1
     assert graph_of(events, p["signature"]) is not None
+
+
+def test_compiling_turned_off_runs_a_compiled_block_as_its_eager_graph(hot):
+    """auto_compile=False with a block compiled before: its runs run its eager graph (said
+    once), as a user who turns compiling off to compare with eager expects; on again, they
+    run compiled again. Equal to eager throughout."""
+    torch.manual_seed(0)
+    model, x, y = mlp(), torch.randn(16, 32), torch.randn(16, 4)
+
+    def steps(m, x, y, n=10):
+        opt = SGD(m.parameters())
+        for _ in range(n):
+            F.mse_loss(m(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+    def runs():
+        gt_core.wait()
+        (p,) = _paths()
+        return p["compiled_runs"], p["eager_runs"]
+
+    ref = copy.deepcopy(model)
+    for _ in range(3):
+        steps(ref, x, y)
+    with gt_core.capture():
+        m, xw, yw = (gt_core.to_worker(t) for t in (copy.deepcopy(model), x, y))
+        steps(m, xw, yw)
+        compiled, eager = runs()
+        assert compiled >= 3
+    with gt_core.capture(auto_compile=False):  # (a cell with compiling off)
+        steps(m, xw, yw)  # (its first step makes the momentum buffers: no occurrence)
+        assert runs() == (compiled, eager + 9)
+    with gt_core.capture():
+        steps(m, xw, yw)
+        assert runs()[0] == compiled + 9
+    notes = [e for e in gt_core.report().to_data()["events"] if e["type"] == ev.NOTE]
+    assert len(notes) == 1 and "auto_compile=False" in notes[0]["reason"]
+    for a, b in zip(m.parameters(), ref.parameters(), strict=True):
+        assert_close(a, b, atol=1e-5)
 
 
 def test_compile_every_flushed_block(hot):

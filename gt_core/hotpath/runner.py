@@ -45,6 +45,7 @@ class Runner:
         # fixed times per kind gets the judge's decision without depending on the machine.
         self.timer = timed
         self.agree = _alone  # a first compiled run's check, agreed by a worker group's ranks
+        self.said_off: set[str] = set()  # blocks said to run eagerly with compiling off
 
     def run(self, block: Block, occ: Occurrence) -> None:
         """Run an occurrence compiled if we can, else eagerly; compile the block when due."""
@@ -53,7 +54,7 @@ class Runner:
             if block.compile_due and block.status == Status.HOT:
                 block.compile_due = False
                 self.compiler.schedule(block)  # (done now where compiles are inline)
-        fn = block.fn
+        fn = block.fn if self._may_run_compiled(block) else None
         inputs = None
         if fn is not None and block.status == Status.COMPILED and not block.probe:
             inputs = self._lookup(occ)
@@ -80,6 +81,20 @@ class Runner:
             # Compiling on the critical path: first a couple of eager occurrences, the
             # baseline that regression detection and the speedup compare against.
             self.compiler.schedule(block)
+
+    def _may_run_compiled(self, block: Block) -> bool:
+        """Whether the options let ``block`` run compiled: compiling turned off
+        (``auto_compile=False``) runs every detected block as its eager graph, those compiled
+        before included (a user who turns it off to compare with eager gets eager's graph,
+        said once per block); a signal's or jit's block compiles whatever it says."""
+        o = self.options
+        if block.signal or o.auto_compile or o.compile_all or block.fn is None:
+            return True
+        if block.sig not in self.said_off:
+            self.said_off.add(block.sig)
+            why = "compiling is off (auto_compile=False): its runs run its eager graph"
+            self.outbox.emit(ev.NOTE, signature=block.sig, reason=why)
+        return False
 
     def run_compiled(self, block: Block, occ: Occurrence, fn, inputs=None) -> None:
         if inputs is None:
