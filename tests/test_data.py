@@ -531,6 +531,39 @@ def test_a_dataloader_batch_goes_up_together_and_its_step_is_one_block(process, 
         torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
 
 
+DATASET_TENSORS = {
+    "float": lambda: torch.randn(50, 3, 4),
+    "int64": lambda: torch.randint(0, 9, (50,)),
+    "complex": lambda: torch.randn(50, 2, dtype=torch.complex64),
+    "bool": lambda: torch.rand(50) > 0.5,
+    "channels_last": lambda: torch.randn(50, 3, 4, 4).to(memory_format=torch.channels_last),
+    "transposed": lambda: torch.randn(3, 50).t(),
+    "lazy-conj": lambda: torch.randn(50, 2, dtype=torch.complex64).conj(),
+}
+
+
+@pytest.mark.parametrize("make", DATASET_TENSORS.values(), ids=DATASET_TENSORS.keys())
+def test_a_tensordataset_batch_in_a_capture_is_default_collates(inprocess, make):
+    """A batch of host tensors is one indexing op per tensor in a capture (not a
+    ``__getitem__`` per row and a stack): the same list of tensors as default_collate's,
+    values, dtypes, strides and lazy bits, a short last batch included."""
+    ds = TensorDataset(make(), torch.arange(50))
+
+    def batches():
+        g = torch.Generator().manual_seed(1)
+        return list(DataLoader(ds, batch_size=8, shuffle=True, generator=g))
+
+    want = batches()
+    with gt_core.capture():
+        got = batches()
+    assert len(got) == len(want) == 7
+    for a, b in zip(got, want, strict=True):
+        assert type(a) is type(b) is list
+        for x, y in zip(a, b, strict=True):
+            assert type(x) is torch.Tensor and torch.equal(x, y)
+            assert (x.dtype, x.stride(), x.is_conj()) == (y.dtype, y.stride(), y.is_conj())
+
+
 @pytest.mark.parametrize("n", [320, 330], ids=["whole-batches", "last-batch-short"])
 def test_a_tensordataset_of_worker_tensors_fetches_a_batch_in_one_op_per_tensor(process, n):
     """Data made inside the capture lives on the worker: a batch is one indexing op per tensor
@@ -561,7 +594,8 @@ def test_a_tensordataset_of_worker_tensors_fetches_a_batch_in_one_op_per_tensor(
         steps = 3 * -(-n // 32)
         assert s.counters["ops"] < 80 * steps  # (a select per row: over 100 ops a step)
         hot = gt_core.report().to_data()["hot_paths"]
-    ops = [e["op"] for e in hot[0]["canonical"]["entries"] if e["kind"] == "op"]
+    step = max(hot, key=lambda h: h["occurrences"])  # (the previous test's may end here)
+    ops = [e["op"] for e in step["canonical"]["entries"] if e["kind"] == "op"]
     assert ops.count("aten.index.Tensor") == 2 and ops.count("aten.addmm.default") == 2
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-6)

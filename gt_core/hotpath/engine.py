@@ -50,6 +50,7 @@ class Engine:
         self.compiler = compiler = Compiler(ex.device, outbox, options)
         meta_of = self.history.meta_of
         self.registry = Registry(ex, self.blocks, meta_of, outbox, compiler, options)
+        outbox.before = self.registry.announce  # (a block's first event since a reset)
         self.judge = Judge(outbox, compiler, options)
         self.runner = Runner(ex, outbox, self.judge, compiler, options)
         self.signals = Signals(self.history, self.registry, outbox, options)
@@ -196,7 +197,6 @@ class Engine:
         to back and is found before the step has repeated. A block that a signal or a jit
         call marked starts the period again: the history is cleared.
         """
-        self.registry.announce(block)
         self.matcher.expect(block.gap)
         if block.keys is None:
             self.history.clear()

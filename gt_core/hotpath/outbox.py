@@ -30,6 +30,7 @@ _DEBUG_LINES = frozenset(
     )
 )
 _EVENTS_EVERY_S = 0.05
+_FORMS = ev.FORMS | {ev.PLAN}  # events that say what a block is, or only feed the client
 
 
 class Outbox:
@@ -46,8 +47,14 @@ class Outbox:
         # Fields every iteration event carries, as they are when it is emitted (a worker
         # group's rank: its collectives so far, see gt_core.remote.comms); None: none.
         self.stamp = None
+        # (signature) -> None, before any other event of a block: it says what it is first,
+        # if the client forgot (Registry.announce); None: nothing to say.
+        self.before = None
 
     def emit(self, type: str, **fields) -> None:
+        sig = fields.get("signature")
+        if sig is not None and self.before is not None and type not in _FORMS:
+            self.before(sig)
         if type == ev.ITERATION and self.stamp is not None:
             fields.update(self.stamp())
         e = ev.event(type, **fields)

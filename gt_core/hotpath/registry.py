@@ -108,13 +108,15 @@ class Registry:
                 traceback.print_exc()
             return None
 
-    def announce(self, block: Block) -> None:
-        """Say what ``block`` is and its state, once since the client forgot (Forget): at its
-        first run after a reset, a block known from before showed in the report as running,
-        but without its form, its graph, or its state."""
-        if block.sig not in self.announced:
-            self.announced.add(block.sig)
-            self.outbox.emit(ev.KNOWN, status=block.status.value, **self._form(block))
+    def announce(self, sig: str) -> None:
+        """Say what block ``sig`` is and its state, once since the client forgot (Forget),
+        before its first event since (Outbox.before): a block known from before a reset
+        showed in the report running, or compiled, without its form, graph or state."""
+        if sig not in self.announced:
+            block = self.blocks.get(sig)
+            if block is not None:
+                self.announced.add(sig)
+                self.outbox.emit(ev.KNOWN, status=block.status.value, **self._form(block))
 
     def _form(self, block: Block) -> dict:
         """What the detected and known events say of ``block``."""
