@@ -480,6 +480,21 @@ def test_a_dataloader_step_uploads_its_batch_once(process):
         assert s.counters["bytes_up"] - bytes_before == 6 * 16 * (784 * 4 + 8)
 
 
+def _mlp_epochs(loader, on_worker: bool, unpack=tuple, epochs: int = 3) -> list:
+    """An MLP 784-64-10 from seed 0 trained with SGD momentum for ``epochs`` over ``loader``
+    (``unpack(batch)``: its inputs and targets); its parameters, as host tensors."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    for _ in range(epochs):
+        for batch in loader:
+            x, y = unpack(batch)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    return [p.detach().cpu() if on_worker else p.detach().clone() for p in model.parameters()]
+
+
 class _Rows(Dataset):
     """Rows as dicts, as a map-style dataset of one's own gives them."""
 
@@ -502,21 +517,10 @@ def test_a_dataloader_batch_goes_up_together_and_its_step_is_one_block(process, 
     x_all, y_all = torch.randn(320, 784), torch.randint(10, (320,))
 
     def run(on_worker: bool):
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         if as_dict:
             loader = DataLoader(_Rows(x_all, y_all), batch_size=32, num_workers=1)
-        else:
-            loader = DataLoader(TensorDataset(x_all, y_all), batch_size=32)
-        for _ in range(3):
-            for b in loader:
-                x, y = (b["x"], b["y"]) if as_dict else b
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-        return [p.detach().cpu() if on_worker else p.detach().clone() for p in model.parameters()]
+            return _mlp_epochs(loader, on_worker, lambda b: (b["x"], b["y"]))
+        return _mlp_epochs(DataLoader(TensorDataset(x_all, y_all), batch_size=32), on_worker)
 
     want = run(False)
     process.restart()  # (a block known from before has no detection event since reset())
@@ -572,20 +576,12 @@ def test_a_tensordataset_of_worker_tensors_fetches_a_batch_in_one_op_per_tensor(
     indexing to the optimizer, and the parameters are eager's, a short last batch included."""
 
     def run(on_worker: bool):
-        torch.manual_seed(0)
+        torch.manual_seed(1)
         x_all, y_all = torch.randn(n, 784), torch.randint(10, (n,))
-        model = nn.Sequential(nn.Linear(784, 64), nn.ReLU(), nn.Linear(64, 10))
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         g = torch.Generator().manual_seed(3)
         loader = DataLoader(TensorDataset(x_all, y_all), batch_size=32, shuffle=True, generator=g)
         assert gt_core.is_remote(x_all) == on_worker
-        for _ in range(3):
-            for x, y in loader:
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-        return [p.detach().cpu() if on_worker else p.detach().clone() for p in model.parameters()]
+        return _mlp_epochs(loader, on_worker)
 
     want = run(False)
     process.restart()
