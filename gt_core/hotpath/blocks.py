@@ -114,7 +114,7 @@ class Blocks:
         """Match ``block`` no more, for ``reason``. A block found as back-to-back repetitions
         inside a longer period (a run of alike parameters in an optimizer's loop: three found
         in one step, the fourth differs) is part of a larger loop's body: once that loop is
-        found (Engine._retire_nested), the loop's block ``by`` runs its instructions."""
+        found (gt_core.hotpath.nesting), the loop's block ``by`` runs its instructions."""
         block.retired, block.retired_by = reason, by
         self._lift_first = [b for b in self._lift_first if b is not block]
         for first, bs in list(self._by_first.items()):
@@ -125,7 +125,7 @@ class Blocks:
                 del self._by_first[first]
 
     def revive(self, block: Block) -> None:
-        """Match a retired ``block`` again (its loop's block runs no more: Engine._revive)."""
+        """Match a retired ``block`` again: its own loop came back (gt_core.hotpath.nesting)."""
         if block.retired is not None:
             block.retired = block.retired_by = None
             self._matchable(block)
