@@ -607,39 +607,6 @@ def test_a_plain_tensor_moved_to_shared_memory_in_a_capture_keeps_its_values(pro
     assert torch.equal(x, torch.arange(6.0))
 
 
-def _echo(inbox, outbox) -> None:
-    """A process that sends back, doubled, each tensor it receives (None ends it)."""
-    while (t := inbox.get()) is not None:
-        outbox.put(t * 2)
-        del t
-
-
-def test_tensors_through_a_multiprocessing_queue_in_a_capture_are_eagers(process):
-    """A torch.multiprocessing queue inside a capture, both ways: a host tensor sent keeps its
-    values, and one received is a host tensor over the shared memory, as in eager, with no op
-    recorded (its rebuild's ``empty`` made a worker tensor of each, two ops)."""
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    inbox, outbox = ctx.Queue(), ctx.Queue()
-    child = ctx.Process(target=_echo, args=(inbox, outbox), daemon=True)
-    child.start()
-    sent = [torch.arange(4.0) + k for k in range(3)]  # (host tensors: made outside)
-    try:
-        with gt_core.capture() as s:
-            ops = s.counters["ops"]
-            for t in sent:
-                inbox.put(t)
-            got = [outbox.get(timeout=60) for _ in sent]
-            assert s.counters["ops"] == ops
-            assert not any(gt_core.is_remote(t) for t in got)
-        for g, t in zip(got, sent, strict=True):
-            assert type(g) is torch.Tensor and torch.equal(g, t * 2)
-    finally:
-        inbox.put(None)
-        child.join(30)
-
-
 def test_uploads_streamed_through_many_laps_of_the_ring_arrive_intact(process):
     """No sync for 300 MB of uploads (the ring is 16 MB): elementwise ops, equal bit for bit."""
     data = _values((1024, 784), torch.float32)

@@ -104,39 +104,23 @@ _ORIGINAL_CAPTURABLE = _torch_optimizer._get_capturable_supported_devices
 # worker tensor, and the dataset's storage was swapped for zeros.
 _SHARING = ("share_memory_", "_share_fd_cpu_", "_share_filename_cpu_")
 _ORIGINAL_SHARING = {name: getattr(torch.UntypedStorage, name) for name in _SHARING}
-# The other way, a tensor received from another process (a torch.multiprocessing queue or
-# pipe) is rebuilt around the shared storage by the functions its pickle names, found here by
-# name as it is unpickled: inside a capture the rebuild's ``empty`` became a worker tensor,
-# and each tensor received was a worker tensor made by two recorded ops, where eager's is a
-# host tensor over the shared memory.
-_REDUCTIONS = torch.multiprocessing.reductions
-_ORIGINAL_REBUILDS = {
-    name: fn
-    for name, fn in vars(_REDUCTIONS).items()
-    if name.startswith("rebuild_") and callable(fn) and name != "rebuild_event"
-}
 
 
 def _plain(method):
     from torch.utils._python_dispatch import _disable_current_modes
 
-    def run(*args, **kwargs):
+    def run(self, *args, **kwargs):
         with _disable_current_modes():
-            return method(*args, **kwargs)
+            return method(self, *args, **kwargs)
 
-    # (the same names: a pickle names a rebuild function by them, and finds this one)
-    run.__name__, run.__qualname__ = method.__name__, method.__qualname__
-    run.__module__, run.__doc__ = method.__module__, method.__doc__
+    run.__name__, run.__doc__ = method.__name__, method.__doc__
     return run
 
 
 def patch_sharing(on: bool) -> None:
-    """Host storages move to shared memory, and tensors from other processes are rebuilt, as
-    without gt (no capture mode) while ``on``."""
+    """Host storages move to shared memory as without gt (no capture mode) while ``on``."""
     for name, method in _ORIGINAL_SHARING.items():
         setattr(torch.UntypedStorage, name, _plain(method) if on else method)
-    for name, fn in _ORIGINAL_REBUILDS.items():
-        setattr(_REDUCTIONS, name, _plain(fn) if on else fn)
 
 
 def _fetch_plainly(fetch, session_here):
