@@ -523,7 +523,7 @@ def test_a_dataloader_batch_goes_up_together_and_its_step_is_one_block(process, 
         return _mlp_epochs(DataLoader(TensorDataset(x_all, y_all), batch_size=32), on_worker)
 
     want = run(False)
-    process.restart()  # (a block known from before has no detection event since reset())
+    process.restart()  # (a fresh worker: the block is found in this loop, not known before)
     with gt_core.capture(auto_compile=True) as s:  # (detection runs where compiling may)
         before = s.counters["uploads"]
         got = run(True)

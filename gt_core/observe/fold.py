@@ -145,8 +145,7 @@ class Fold:
         if p["status"] != Status.RECORDING:  # (its events since are the newer word)
             return
         p.update(ops=list(e.get("ops", [])), n_ops=e.get("n_ops", 0))
-        p["status"] = Status(e.get("status", Status.HOT.value))
-        enter(p["states"], p["status"], e.get("t"))
+        _enter(p, Status(e.get("status", Status.HOT.value)), e.get("t"))
 
     def _compile_started(self, e, sig, i) -> None:
         p = self.path(sig)
