@@ -2,7 +2,10 @@
 known case, the gradients' all-reduces of a batch-sharded MLP step, against what the
 parameter sizes say; and a replicated group, which runs none per step."""
 
+import contextlib
+
 import torch
+import torch.nn.functional as F
 
 import gt_core
 from gt_core.workloads import mlp, training_step
@@ -15,20 +18,22 @@ def _sum_of_squares(o, y):
     return ((o - y) ** 2).sum()
 
 
-def _train(shard: bool):
+def _train(shard: bool, loss_fn=_sum_of_squares, workers: int = 2):
     options = {"shard": {"batch": 0}} if shard else {}
-    with gt_core.capture(workers=2, **options):
+    with gt_core.capture(workers=workers, **options) if workers else contextlib.nullcontext():
         torch.manual_seed(0)
         model = mlp(32, 16, 4)
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
         with gt_core.signal.context("batch"):
             x, y = torch.randn(32, 32), torch.randn(32, 4)
-        step = training_step(model, opt, _sum_of_squares)
+        step = training_step(model, opt, loss_fn)
         for _ in range(STEPS):
             loss = step(x, y)
         last = loss.item()
-        gt_core.wait()
-    return model, last
+        params = [p.detach().cpu() for p in model.parameters()]
+        if workers:
+            gt_core.wait()
+    return model, last, params
 
 
 def test_a_sharded_steps_collectives_are_its_gradients_all_reduces(group):
@@ -38,7 +43,7 @@ def test_a_sharded_steps_collectives_are_its_gradients_all_reduces(group):
     bytes, on each rank, and nothing else."""
     torch.manual_seed(0)
     want_model = mlp(32, 16, 4)
-    model, _ = _train(shard=True)
+    model, _, _ = _train(shard=True)
     params = list(model.parameters())
     for g, w in zip(params, want_model.parameters(), strict=True):
         assert g.shape == w.shape
@@ -58,6 +63,23 @@ def test_a_sharded_steps_collectives_are_its_gradients_all_reduces(group):
     assert f"{kb} (all_reduce {kb})" in text, text
     html = to_html(data, figures=False)
     assert "bytes/step" in html and f"all_reduce {kb}" in html
+
+
+def test_a_loss_run_on_whole_values_gives_back_a_gradient_split_like_the_logits(group):
+    """``mse_loss`` has no DTensor rule: it and its backward run on whole values (their
+    arguments gathered). The gradient the backward gives back is laid out as the logits are,
+    split over the batch: so the last bias's gradient is a partial sum all-reduced like the
+    others (whole, it needed none, and each rank multiplied the whole batch's gradient into
+    the last layer), and every parameter's gradient is one all-reduce per step."""
+    _, want_loss, want = _train(shard=False, loss_fn=F.mse_loss, workers=0)
+    model, loss, got = _train(shard=True, loss_fn=F.mse_loss)
+    assert abs(loss - want_loss) <= 1e-6
+    for g, w in zip(got, want, strict=True):
+        assert (g - w).abs().max().item() <= 1e-6
+    nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    for r in gt_core.report().to_data()["ranks"]:
+        assert r["comm_per_step"]["all_reduce"] == {"count": 4, "bytes": nbytes}, r
+        assert r["comm_per_step"]["all_gather"]["count"] == 4, r  # (logits and y, twice)
 
 
 def test_a_replicated_group_runs_no_collective_per_step(group):

@@ -151,10 +151,14 @@ class ShardPolicy:
             self.replicated.add(name)
             self.on_replicated(name, why)
         flat, _ = tree_flatten((args, kwargs))
-        first = next(x for x in flat if isinstance(x, DTensor))
-        # Outputs the shape of the first DTensor argument are laid out as it is (sharded
-        # values stay sharded), unless it is a partial sum or average: whole.
-        layout = first.placements if not any(p.is_partial() for p in first.placements) else None
+        # An output is whole and alike on every rank, so any layout of it is right: it takes
+        # that of the first DTensor argument of its shape that is not a partial sum or average
+        # (sharded values stay sharded: mse_loss_backward's gradient stays split like the
+        # logits, not whole on every rank), else it is whole.
+        layouts = {}
+        for x in flat:
+            if isinstance(x, DTensor) and not any(p.is_partial() for p in x.placements):
+                layouts.setdefault(tuple(x.shape), x.placements)
         if _is_view(op):
             raise UnsupportedOperation(
                 f"gt: {name} on a sharded tensor cannot run as DTensor runs it ({why}), and run "
@@ -175,7 +179,7 @@ class ShardPolicy:
                 return o
             if id(o) in wholes:  # an argument written in place, returned
                 return wholes[id(o)]
-            return self._dtensor_of(o, layout if o.shape == first.shape else None)
+            return self._dtensor_of(o, layouts.get(tuple(o.shape)))
 
         return tree_map(back, out)
 
