@@ -273,3 +273,44 @@ def test_generator_none_stays_recorded_on_the_worker(inprocess):
         assert session().counters["uploads"] == uploads + 1  # (an explicit one: drawn here)
     assert all(gt_core.is_remote(t) for t in got)
     _assert_equal(got, want)
+
+
+ON_PLAIN = {  # draws from the global generator on a plain (4, 6) tensor h made outside
+    **{f"{k}-in-place": (lambda d: lambda h: d(h, None))(d) for k, d in IN_PLACE.items()},
+    "randn_like": lambda h: torch.randn_like(h),
+    "rand_like": lambda h: torch.rand_like(h),
+    "randint_like": lambda h: torch.randint_like(h, 9),
+    "bernoulli": lambda h: torch.bernoulli(h.sigmoid()),
+    "dropout": lambda h: torch.nn.functional.dropout(h, 0.5),
+    "multinomial": lambda h: torch.multinomial(h.abs() + 0.1, 3),
+    "normal-of-a-mean": lambda h: torch.normal(h, 1.0),
+    "poisson": lambda h: torch.poisson(h.abs()),
+    "randn-out": lambda h: torch.randn(2, 5, out=h),
+}
+
+
+@pytest.mark.parametrize("draw", ON_PLAIN.values(), ids=ON_PLAIN.keys())
+def test_a_draw_from_the_global_generator_on_a_plain_tensor_continues_eagers_stream(
+    inprocess, draw
+):
+    """A tensor made outside the capture stays plain inside it; a draw on it (in place,
+    ``*_like``, ``out=``) takes its numbers from where eager's stream is, the worker's
+    generator, between draws on worker tensors: the kernel's generator gave other numbers."""
+
+    def fn(h):
+        torch.manual_seed(0)
+        before = torch.randn(3)
+        out = draw(h)
+        return out is h, h, out, before, torch.rand(2)
+
+    def make():
+        return torch.arange(24.0).reshape(4, 6) / 24
+
+    want = fn(make())
+    h = make()
+    with gt_core.capture():
+        got = fn(h)
+        assert not gt_core.is_remote(h)  # written in place, it stays plain
+        got = _plain(got)
+    assert got[0] == want[0]
+    _assert_equal(got[1:], want[1:])

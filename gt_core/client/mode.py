@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
+from gt_core.client.generators import draw_on_worker, draws, has_generator
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.record import in_forked_child, record
@@ -46,6 +47,10 @@ def _capture_dispatch(self, func, types, args=(), kwargs=None):
             if HELD["pending"]:
                 check_interrupt()
             return record(cls, func, args, kwargs)
+    if draws(func) and not has_generator(args, kwargs):
+        # a draw on plain tensors from the global generator: eager's stream is the worker's
+        with LOCK:
+            return draw_on_worker(cls, func, args, kwargs, record)
     # Plain tensors from outside stay plain (numpy(), printing, torch internals and a
     # DataLoader's indexing and collate use them), and so do bookkeeping ops such as
     # profiler ranges.
