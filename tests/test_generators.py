@@ -275,8 +275,12 @@ def test_generator_none_stays_recorded_on_the_worker(inprocess):
     _assert_equal(got, want)
 
 
+def _global(draw):
+    return lambda h: draw(h, None)
+
+
 ON_PLAIN = {  # draws from the global generator on a plain (4, 6) tensor h made outside
-    **{f"{k}-in-place": (lambda d: lambda h: d(h, None))(d) for k, d in IN_PLACE.items()},
+    **{f"{k}-in-place": _global(d) for k, d in IN_PLACE.items()},
     "randn_like": lambda h: torch.randn_like(h),
     "rand_like": lambda h: torch.rand_like(h),
     "randint_like": lambda h: torch.randint_like(h, 9),
