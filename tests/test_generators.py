@@ -318,3 +318,51 @@ def test_a_draw_from_the_global_generator_on_a_plain_tensor_continues_eagers_str
         got = _plain(got)
     assert got[0] == want[0]
     _assert_equal(got[1:], want[1:])
+
+
+def _saved_and_restored():
+    """The global generator's state read and put back between draws, as fork_rng does."""
+    torch.manual_seed(0)
+    a = torch.randn(3)
+    state = torch.get_rng_state()
+    b = torch.randn(3)
+    torch.random.set_rng_state(state)
+    c = torch.randn(3)  # eager: b again
+    with torch.random.fork_rng():
+        torch.randn(5)
+    return a, b, c, torch.rand(2), torch.random.get_rng_state()
+
+
+def _checkpointed(reentrant: bool):
+    """A dropout inside torch.utils.checkpoint: the backward recomputes it from the state
+    saved at the forward, and its mask must be the forward's."""
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    y = checkpoint(lambda x: nn.functional.dropout(lin(x), 0.5), x, use_reentrant=reentrant)
+    y.sum().backward()
+    return y, x.grad, lin.weight.grad
+
+
+RESTORED = {
+    "get-and-set-rng-state": _saved_and_restored,
+    "checkpoint": lambda: _checkpointed(False),
+    "checkpoint-reentrant": lambda: _checkpointed(True),
+}
+
+
+@pytest.mark.parametrize("worker", ["inprocess", "process"])
+@pytest.mark.parametrize("fn", RESTORED.values(), ids=RESTORED.keys())
+def test_the_global_generators_state_saved_and_restored_in_a_capture_is_the_workers(
+    request, worker, fn
+):
+    """torch.get_rng_state reads the worker's generator (where eager's stream is), and
+    torch.set_rng_state sets it there in the stream's order: the kernel's own state is stale
+    inside a capture, and a checkpointed dropout recomputed another mask from it."""
+    request.getfixturevalue(worker)
+    want = fn()
+    with gt_core.capture():
+        got = _plain(fn())
+    _assert_equal(got, want)

@@ -29,7 +29,7 @@ __all__ = [
 
 # torch.manual_seed as it was before the first capture; the kernel's intra-op threads then,
 # and the count set for the capture (None: not changed)
-_saved: dict = {"seed": None, "threads": None, "set": None}
+_saved: dict = {"seed": None, "rng": None, "threads": None, "set": None}
 
 
 def patch_threads() -> None:
@@ -53,25 +53,55 @@ def unpatch_threads() -> None:
 
 
 def patch_seed(session_here) -> None:
-    """torch.manual_seed also seeds the worker, when called by a thread inside a capture
-    (``session_here()``: that thread's capture's session, or None)."""
-    seed = _saved["seed"] = torch.manual_seed
+    """The global generator, called by a thread inside a capture (``session_here()``: that
+    thread's capture's session, or None), is the worker's, where eager's stream goes on:
+    torch.manual_seed seeds the worker too; torch.get_rng_state reads the worker's state (a
+    sync) and torch.set_rng_state sets it there too, in the stream's order. The kernel's own
+    state is taken up only where a capture begins and ends, so within one it is stale:
+    torch.utils.checkpoint and torch.random.fork_rng save it and put it back, and the
+    recomputed dropout masks were other than the forward's."""
+    _saved["seed"] = seed = torch.manual_seed
+    _saved["rng"] = get, put = torch.get_rng_state, torch.set_rng_state
 
-    def manual_seed(n):
+    def ours():
         s = session_here()
         # Not worker code that runs in this process (the in-process worker's compiler
         # seeds its own things), not threads outside a capture.
-        if s is not None and not in_worker.active and not s.closed:
+        return s if s is not None and not in_worker.active and not s.closed else None
+
+    def manual_seed(n):
+        s = ours()
+        if s is not None:
             s.seed(int(n))
         return seed(n)
 
+    def get_rng_state():
+        s = ours()
+        if s is None:
+            return get()
+        state = s.fetch_rng_state()
+        s.forget_rng_state()  # (draws recorded after this read move the worker on from it)
+        return state
+
+    def set_rng_state(new_state):
+        s = ours()
+        if s is not None:
+            s.send_rng_state(new_state)
+        return put(new_state)
+
     torch.manual_seed = torch.random.manual_seed = manual_seed
+    torch.get_rng_state = torch.random.get_rng_state = get_rng_state
+    torch.set_rng_state = torch.random.set_rng_state = set_rng_state
 
 
 def unpatch_seed() -> None:
     seed, _saved["seed"] = _saved["seed"], None
     if seed is not None:
         torch.manual_seed = torch.random.manual_seed = seed
+    rng, _saved["rng"] = _saved.get("rng"), None
+    if rng is not None:
+        torch.get_rng_state = torch.random.get_rng_state = rng[0]
+        torch.set_rng_state = torch.random.set_rng_state = rng[1]
 
 
 def _capturable_devices(supports_xla: bool = True) -> list[str]:
