@@ -18,10 +18,12 @@ from gt_core.client.interrupt import held
 from gt_core.client.mode import CaptureMode
 from gt_core.client.patches import (
     patch_capturable,
+    patch_default_dtype,
     patch_loader,
     patch_seed,
     patch_sharing,
     patch_threads,
+    unpatch_default_dtype,
     unpatch_seed,
     unpatch_threads,
 )
@@ -235,6 +237,7 @@ def capture(**options):
             s.set_options(opts)
             s.request(SetOptions(opts))
         _apply_log(opts)
+        s.send_default_dtype(torch.get_default_dtype())
         if _state["captures"] == 0:
             _patch(opts)
             s.send_rng_state(torch.get_rng_state())
@@ -262,6 +265,7 @@ def capture(**options):
 def _patch(opts) -> None:
     """What the first capture changes in torch while captures run (client.patches)."""
     patch_seed(lambda: _here.session)
+    patch_default_dtype(lambda: _here.session)
     patch_capturable(True)
     from gt_core.client.tensor_io import place_optimizer_state
 
@@ -275,6 +279,7 @@ def _patch(opts) -> None:
 def _unpatch() -> None:
     """The last capture's end: torch as it was."""
     unpatch_seed()
+    unpatch_default_dtype()
     unpatch_threads()
     patch_sharing(False)
     patch_loader(False)

@@ -21,6 +21,16 @@ from gt_core.stream.meta import TensorMeta, tensor_meta
 
 meta_cache: dict = {}
 _meta_ids: dict[TensorMeta, int] = {}
+_cache_dtype = [torch.get_default_dtype()]
+
+
+def follow_default_dtype() -> None:
+    """The cache's entries hold the default dtype they were inferred under (a factory without
+    a dtype, an integer tensor with a Python float take it): another one empties it."""
+    d = torch.get_default_dtype()
+    if d != _cache_dtype[0]:
+        meta_cache.clear()
+        _cache_dtype[0] = d
 
 
 def meta_id(meta: TensorMeta) -> int:

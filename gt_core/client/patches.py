@@ -11,6 +11,7 @@ import sys
 import torch
 import torch.optim.optimizer as _torch_optimizer
 
+from gt_core.client.meta import follow_default_dtype
 from gt_core.client.proxy import is_remote
 from gt_core.client.session import LOCK
 from gt_core.client.uploads import upload
@@ -19,6 +20,8 @@ from gt_core.observe import events as ev
 
 __all__ = [
     "patch_seed",
+    "patch_default_dtype",
+    "unpatch_default_dtype",
     "unpatch_seed",
     "patch_capturable",
     "patch_threads",
@@ -92,6 +95,35 @@ def patch_seed(session_here) -> None:
     torch.manual_seed = torch.random.manual_seed = manual_seed
     torch.get_rng_state = torch.random.get_rng_state = get_rng_state
     torch.set_rng_state = torch.random.set_rng_state = set_rng_state
+
+
+def patch_default_dtype(session_here) -> None:
+    """torch.set_default_dtype, called by a thread inside a capture, sets the worker's too,
+    in stream order (the worker makes the capture's factories and promotes integer tensors
+    with Python floats: a spawned worker kept torch's float32 and gave float32 values under a
+    float64 dtype)."""
+    _saved["dtype"] = put = torch.set_default_dtype
+
+    def set_default_dtype(d):
+        old = torch.get_default_dtype()
+        put(d)  # (torch's checks first)
+        s = session_here()
+        if s is None or in_worker.active or s.closed or d == old:
+            return
+        put(old)  # (an in-process worker shares it: what was recorded before runs under it)
+        try:
+            s.send_default_dtype(d)
+        finally:
+            put(d)
+            follow_default_dtype()
+
+    torch.set_default_dtype = set_default_dtype
+
+
+def unpatch_default_dtype() -> None:
+    put, _saved["dtype"] = _saved.get("dtype"), None
+    if put is not None:
+        torch.set_default_dtype = put
 
 
 def unpatch_seed() -> None:

@@ -21,8 +21,11 @@ import time
 import weakref
 from collections import deque
 
+import torch
+
 from gt_core.client.early_sites import EarlySites
 from gt_core.client.interrupt import check as check_interrupt
+from gt_core.client.meta import follow_default_dtype
 from gt_core.client.plan_match import PlanMatcher
 from gt_core.client.sites import Lines
 from gt_core.errors import WorkerDied, WorkerLost
@@ -41,7 +44,7 @@ from gt_core.stream.instructions import (
     new,
     qualified_name,
 )
-from gt_core.stream.requests import Fetch, RngState
+from gt_core.stream.requests import DefaultDtype, Fetch, RngState
 
 __all__ = ["Session", "LOCK", "live_session", "set_live_session"]
 
@@ -117,6 +120,7 @@ class Session:
         self.jits: list = []  # gt_core.jit's cache entries of this session (their stats)
         self._stats_sent: dict = {}  # hot path or jit entry -> its count last published
         self.rng = None  # the CPU generator state the worker has too (None: unknown)
+        self.default_dtype = torch.float32  # the worker's (a fresh process has torch's own)
         _SESSIONS.add(self)
 
     def _on_events(self, events) -> None:
@@ -280,6 +284,14 @@ class Session:
             if self.rng is None or not _equal(self.rng, state):
                 self.emit(Rng(RNG, self.stage(state)))
             self.rng = None  # the worker draws from here on
+
+    def send_default_dtype(self, dtype: torch.dtype) -> None:
+        """The worker's default dtype becomes ``dtype`` where it is not (a sync), in stream
+        order: factories without a dtype, and integer tensors with Python floats, take it."""
+        follow_default_dtype()  # (the client's cached inferences take it too)
+        if dtype != self.default_dtype:
+            self.request(DefaultDtype(dtype))
+            self.default_dtype = dtype
 
     def fetch_rng_state(self):
         """The worker's CPU generator state, once everything sent so far has run (a sync)."""

@@ -102,6 +102,7 @@ _REQUESTS = {  # request type -> its answer, once everything sent before it has 
     rq.Ping: lambda w, req: (os.getpid(), str(w.ex.device)),
     rq.EventsSent: _events_sent,
     rq.RngState: lambda w, req: torch.get_rng_state(),  # the CPU generator's state
+    rq.DefaultDtype: lambda w, req: torch.set_default_dtype(req.dtype),
     rq.SetOptions: lambda w, req: w.engine.control(req),
     rq.WaitCompiles: lambda w, req: w.engine.control(req),
     rq.JitPlan: lambda w, req: w.engine.control(req),

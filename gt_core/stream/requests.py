@@ -18,6 +18,7 @@ __all__ = [
     "Ping",
     "EventsSent",
     "RngState",
+    "DefaultDtype",
     "SetOptions",
     "WaitCompiles",
     "JitPlan",
@@ -65,6 +66,13 @@ class RngState(NamedTuple):
     """The worker's CPU generator state (its answer travels staged)."""
 
     kind = "rng"
+
+
+class DefaultDtype(NamedTuple):
+    """The worker's default dtype (torch.set_default_dtype) becomes ``dtype``."""
+
+    dtype: Any
+    kind = "dtype"
 
 
 class SetOptions(NamedTuple):
