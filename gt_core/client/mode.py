@@ -5,6 +5,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import threading
+
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
@@ -14,7 +17,7 @@ from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.record import in_forked_child, record
 from gt_core.client.session import FORKED, LOCK
 
-__all__ = ["CaptureMode", "capture_mode"]
+__all__ = ["CaptureMode", "capture_mode", "made_on_host"]
 
 
 class CaptureMode(TorchDispatchMode):
@@ -63,14 +66,43 @@ _kinds: dict[int, int] = {}  # id(op) -> what it does without a worker tensor (o
 
 def _made_here(func, args, kwargs) -> bool:
     """Whether an op without worker tensors makes a new tensor of the capture: a lift
-    (torch.tensor(data)) or a factory (tensor outputs, no tensor inputs)."""
+    (torch.tensor(data)) or a factory (tensor outputs, no tensor inputs). While this thread
+    fetches a DataLoader batch (made_on_host) only a draw from the global generator does."""
     kind = _kinds.get(id(func))
     if kind is None:
         kind = _LIFT if func in _LIFTS else _FACTORY if _makes_tensors(func) else _PLAIN
         _kinds[id(func)] = kind
+    if kind == _PLAIN:
+        return False
+    if getattr(_fetching, "on", False):
+        return (
+            kind == _FACTORY
+            and draws(func)
+            and not has_generator(args, kwargs)
+            and not _has_tensor(args)
+            and not _has_tensor(kwargs.values())
+        )
     if kind == _FACTORY:
         return not _has_tensor(args) and not _has_tensor(kwargs.values())
-    return kind == _LIFT
+    return True
+
+
+_fetching = threading.local()  # .on: this thread fetches a DataLoader batch
+
+
+@contextlib.contextmanager
+def made_on_host():
+    """Inside, tensors this thread makes from nothing are plain host tensors, as a
+    DataLoader's batches are in eager (torch.tensor, torch.from_numpy, zeros in a dataset's
+    ``__getitem__``, the collate's stacks); a draw from the global generator is still the
+    worker's, where eager's stream is. Each was a worker tensor: an upload or a recorded op
+    per row, and the batch stacked on the worker, op by op every step."""
+    was = getattr(_fetching, "on", False)
+    _fetching.on = True
+    try:
+        yield
+    finally:
+        _fetching.on = was
 
 
 # Assigned after the class is made: TorchDispatchMode.__init_subclass__ would wrap it in

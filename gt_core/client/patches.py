@@ -12,6 +12,7 @@ import torch
 import torch.optim.optimizer as _torch_optimizer
 
 from gt_core.client.meta import follow_default_dtype
+from gt_core.client.mode import made_on_host
 from gt_core.client.proxy import is_remote
 from gt_core.client.session import LOCK
 from gt_core.client.uploads import upload
@@ -191,7 +192,9 @@ def _fetch_plainly(fetch, session_here):
     ops does (README, "Benchmarks"). It is only
     indexing and stacking: host tensors give host batches (uploaded when a step uses them),
     worker tensors are still recorded (their own dispatch), and nothing draws random numbers,
-    whose order on the worker must stay eager's (so no other dataset is fetched this way).
+    whose order on the worker must stay eager's. Any other dataset is fetched in the capture
+    mode with the tensors it makes from nothing on the host (made_on_host): its own code may
+    draw, and its draws from the global generator stay the worker's.
 
     A batch is one indexing op per tensor with the batch's indices (see _rows), the same
     tensor as stacking its rows one by one. Where the dataset holds worker tensors (made
@@ -213,12 +216,27 @@ def _fetch_plainly(fetch, session_here):
                         return batch
                 return fetch(self, possibly_batched_index)
         s = session_here()
-        if s is None or not _batched(self, possibly_batched_index):
+        if s is None:
             return fetch(self, possibly_batched_index)
         before = s.counters["ops"]
-        batch = fetch(self, possibly_batched_index)
-        _say_rows(s, self.dataset, len(possibly_batched_index), s.counters["ops"] - before)
+        with made_on_host():
+            batch = fetch(self, possibly_batched_index)
+        if _batched(self, possibly_batched_index):
+            _say_rows(s, self.dataset, len(possibly_batched_index), s.counters["ops"] - before)
         return batch
+
+    return run
+
+
+def _fetch_on_host(fetch, session_here):
+    """An iterable dataset's fetch, its tensors made from nothing on the host (made_on_host;
+    see _fetch_plainly)."""
+
+    def run(self, possibly_batched_index):
+        if session_here() is None:
+            return fetch(self, possibly_batched_index)
+        with made_on_host():
+            return fetch(self, possibly_batched_index)
 
     return run
 
@@ -295,8 +313,8 @@ def _batches_go_up_together(next_batch):
 
 
 def patch_loader(on: bool, session_here=None) -> None:
-    """While ``on``: batches of a TensorDataset made as without gt (see _fetch_plainly), and
-    each batch's host tensors uploaded together (see _batches_go_up_together).
+    """While ``on``: batches made on the host as without gt (see _fetch_plainly), and each
+    batch's host tensors uploaded together (see _batches_go_up_together).
     ``session_here()``: the calling thread's capture's session, or None."""
     from torch.utils.data import dataloader
     from torch.utils.data._utils import fetch
@@ -304,6 +322,9 @@ def patch_loader(on: bool, session_here=None) -> None:
     cls = fetch._MapDatasetFetcher
     original = _saved.setdefault("fetch", cls.fetch)
     cls.fetch = _fetch_plainly(original, session_here) if on else original
+    cls = fetch._IterableDatasetFetcher
+    original = _saved.setdefault("fetch_iterable", cls.fetch)
+    cls.fetch = _fetch_on_host(original, session_here) if on else original
     it = dataloader._BaseDataLoaderIter
     original = _saved.setdefault("next_batch", it.__next__)
     it.__next__ = _batches_go_up_together(original) if on else original
