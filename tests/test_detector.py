@@ -189,6 +189,16 @@ def test_a_block_seen_once_is_no_cut():
     assert cut(instrs, 7, 3, 8, {}, []) is None  # shorter than min_seq
 
 
+def test_a_period_of_frees_alone_is_no_block():
+    """Rows freed after a stack each step repeat as frees only: nothing to run (it was a
+    hot path of 0 ops whose compile failed, shown to the user)."""
+    instrs = [Free(FREE, v) for v in range(100, 140)]
+    keys = [local_key(i) for i in instrs]
+    p = repeating_period(keys, 3, MIN_SEQ)
+    assert p is not None
+    assert cut(instrs, p, 3, MIN_SEQ, {}, []) is None
+
+
 # -- a stretch between uploads: where the user's variables die is not the block's ----------
 VIEW = 9  # the op number of a view (``t`` of a weight)
 

@@ -120,8 +120,10 @@ def cut(
         start, length = trim(instrs, *longest_segment(barriers, n - p, p), p, is_view)
     else:
         start, length = best_cut(instrs, p), p
-    if length < min_seq:
-        return None
+    if length < min_seq or not any(
+        instrs[j if j < n else j - p].code == OP for j in range(start, start + length)
+    ):
+        return None  # (frees alone, such as rows dropped after a stack: nothing to run)
     # the most recent complete occurrences of [start, start + length), oldest first
     begin = start if start + length <= n else start - p
     verified = n - threshold * p if since is None else since  # periodic from here on
