@@ -25,7 +25,8 @@ of eager itself with its threads alternating: rounding alone, see rounding_refer
 CPU time per step of this process and of the worker (both over the timed steps: where a way
 spends two cores' time, or one waits for the other). Variants
 alternate within each repeat, so ratios compare runs made side by side; timings on a shared
-2-core CPU vary ±30% between runs. Last, the parameters' difference from eager per seed of
+2-core CPU vary ±30% between runs. Then the loop over a dataset of one's own (numpy rows,
+see own_dataset). Last, the parameters' difference from eager per seed of
 the loop (``--seeds``, see by_seed): plain gt with its blocks run eagerly must be exact.
 """
 
@@ -105,6 +106,7 @@ def loop(
     mode: str | None = None,
     seed: int = 0,
     compile: bool = True,
+    rows: bool = False,
 ) -> tuple[float, list, dict, tuple[float, float]]:
     """(ms per step, the parameters after training, the report's data figures, CPU ms per
     step of this process and of the worker) of one way of running the DataLoader loop:
@@ -123,6 +125,7 @@ def loop(
             seed=seed,
             device=None if on_worker or device == "cpu" else device,
             resident=variant == "gt resident",
+            rows=rows,
         )
         run = f.step
         if variant == "jit":
@@ -249,8 +252,36 @@ def main(argv=None) -> None:
                 figures.get("ms_per_iter") or 0.0,
             )
         )
+    own_dataset(a.batch, a.steps, a.repeats, a.backend, a.mode)
     if a.seeds:
         by_seed(a.batch, a.steps, a.backend, a.mode, a.seeds)
+
+
+OWN = ("eager", "gt", "jit", "torch.compile")
+
+
+def own_dataset(batch: int, steps: int, repeats: int, backend: str, mode: str | None) -> None:
+    """The same loop over a dataset of one's own (workloads.NumpyRows: numpy rows made
+    tensors in ``__getitem__``, an int label): the same batches, made row by row, on the host
+    as in eager (gt makes a batch's tensors there, and sends it up in one message)."""
+    print(
+        f"\nA dataset of one's own (numpy rows, torch.from_numpy in __getitem__), "
+        f"{steps} steps x {repeats}"
+    )
+    ms: dict[str, list[float]] = {v: [] for v in OWN}
+    params: dict[str, list] = {}
+    for _ in range(repeats):
+        for v in OWN:
+            t, params[v], _, _ = loop(v, batch, steps, backend, mode, rows=True)
+            ms[v].append(t)
+    eager = statistics.median(ms["eager"])
+    print(f"{'way':>14} {'ms/step':>8} {'vs eager':>9} {'max |param - eager|':>20}")
+    for v in OWN:
+        m = statistics.median(ms[v])
+        diff = max(
+            (p - e).abs().max().item() for p, e in zip(params[v], params["eager"], strict=True)
+        )
+        print(f"{v:>14} {m:>8.3f} {eager / m:>8.2f}x {diff:>20.2e}")
 
 
 BY_SEED = {  # way -> (variant of loop, whether it compiles)

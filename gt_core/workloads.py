@@ -198,12 +198,27 @@ def host_dataset(n: int, features: int = 784, classes: int = 10, seed: int = 0):
     return _host_data[key]
 
 
+class NumpyRows:
+    """A map-style dataset of one's own, as most loops have: rows of numpy arrays made tensors
+    in ``__getitem__`` (``torch.from_numpy``), an int label (collated into an int64 tensor)."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return torch.from_numpy(self.x[i]), int(self.y[i])
+
+
 def fed(
     batch: int = 64,
     n_batches: int = 50,
     seed: int = 0,
     device=None,
     resident: bool = False,
+    rows: bool = False,
     **loader_options,
 ) -> Fed:
     """The MLP 784→256→10 with cross-entropy and SGD momentum, trained from a DataLoader over
@@ -211,12 +226,16 @@ def fed(
 
     ``resident``: the samples are copied first, inside a capture onto the worker (as data a
     notebook makes or loads in a ``%%gt`` cell lives there), so each batch is made there.
+    ``rows``: the same samples as numpy rows of a dataset of one's own (NumpyRows), not a
+    TensorDataset: the same batches, each made row by row.
 
     With ``device`` (eager on a GPU), the model is made there and the step moves each batch
     there as users write it: pinned by the loader, ``.to(device, non_blocking=True)``.
     """
     from torch.utils.data import DataLoader, TensorDataset
 
+    if rows and resident:
+        raise ValueError("fed: rows (host numpy rows) or resident (data on the worker), not both")
     x, y = host_dataset(n_batches * batch, seed=seed)
     if resident:  # (zeros is a factory: on the worker inside a capture; copy_ uploads once)
         x, y = (torch.zeros(t.shape, dtype=t.dtype).copy_(t) for t in (x, y))
@@ -230,7 +249,8 @@ def fed(
     loader_options.setdefault("shuffle", True)
     if loader_options["shuffle"]:
         loader_options.setdefault("generator", torch.Generator().manual_seed(seed))
-    loader = DataLoader(TensorDataset(x, y), batch_size=batch, **loader_options)
+    data = NumpyRows(x.numpy(), y.numpy()) if rows else TensorDataset(x, y)
+    loader = DataLoader(data, batch_size=batch, **loader_options)
 
     def step(x, y):
         if device is not None:

@@ -39,7 +39,15 @@ QUICK = {
     "memory": (["benchmarks/memory.py", "--quick"], ["client MB", "worker MB", "growth after"]),
     "data": (
         ["benchmarks/data.py", "--quick"],
-        ["+upload ms", "up GB/s", "down GB/s", "vs eager", "max |param - eager|", "torch.compile"],
+        [
+            "+upload ms",
+            "up GB/s",
+            "down GB/s",
+            "vs eager",
+            "max |param - eager|",
+            "torch.compile",
+            "A dataset of one's own",
+        ],
     ),
     "models": (
         ["benchmarks/models.py", "--quick", "--iters", "6", "--only", "bert", "--only", "resnet"],
