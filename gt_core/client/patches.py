@@ -106,17 +106,21 @@ def patch_default_dtype(session_here) -> None:
     _saved["dtype"] = put = torch.set_default_dtype
 
     def set_default_dtype(d):
-        old = torch.get_default_dtype()
-        put(d)  # (torch's checks first)
         s = session_here()
-        if s is None or in_worker.active or s.closed or d == old:
-            return
-        put(old)  # (an in-process worker shares it: what was recorded before runs under it)
-        try:
-            s.send_default_dtype(d)
-        finally:
-            put(d)
-            follow_default_dtype()
+        if (
+            s is None
+            or in_worker.active
+            or s.closed
+            or not isinstance(d, torch.dtype)
+            or not d.is_floating_point
+            or d == torch.get_default_dtype()
+        ):
+            return put(d)  # (torch's own checks and errors)
+        # The worker's first: an in-process worker shares this one, and what was recorded
+        # before runs under the old dtype (the request waits for it).
+        s.send_default_dtype(d)
+        put(d)
+        follow_default_dtype()
 
     torch.set_default_dtype = set_default_dtype
 
