@@ -237,10 +237,10 @@ def capture(**options):
             s.set_options(opts)
             s.request(SetOptions(opts))
         _apply_log(opts)
-        s.send_default_dtype(torch.get_default_dtype())
+        s.mirror.send_default_dtype(torch.get_default_dtype())
         if _state["captures"] == 0:
             _patch(opts)
-            s.send_rng_state(torch.get_rng_state())
+            s.mirror.send_rng_state(torch.get_rng_state())
         _state["captures"] += 1
         _here.depth, _here.session = 1, s
     ok = False
@@ -295,13 +295,13 @@ def _end(s, sync: bool) -> None:
     if s.closed or s.dead is not None:  # its death was raised where it was met
         return
     if not sync:
-        s.forget_rng_state()
+        s.mirror.forget_rng_state()
         with contextlib.suppress(Exception):
             s.flush()
         return
     s.flush()
     s.publish_stats()
-    torch.set_rng_state(s.fetch_rng_state())
+    torch.set_rng_state(s.mirror.fetch_rng_state())
 
 
 def _other_worker(a: Options, b: Options) -> bool:

@@ -76,21 +76,21 @@ def patch_seed(session_here) -> None:
     def manual_seed(n):
         s = ours()
         if s is not None:
-            s.seed(int(n))
+            s.mirror.seed(int(n))
         return seed(n)
 
     def get_rng_state():
         s = ours()
         if s is None:
             return get()
-        state = s.fetch_rng_state()
-        s.forget_rng_state()  # (draws recorded after this read move the worker on from it)
+        state = s.mirror.fetch_rng_state()
+        s.mirror.forget_rng_state()  # (draws recorded after this read move the worker on)
         return state
 
     def set_rng_state(new_state):
         s = ours()
         if s is not None:
-            s.send_rng_state(new_state)
+            s.mirror.send_rng_state(new_state)
         return put(new_state)
 
     torch.manual_seed = torch.random.manual_seed = manual_seed
@@ -118,7 +118,7 @@ def patch_default_dtype(session_here) -> None:
             return put(d)  # (torch's own checks and errors)
         # The worker's first: an in-process worker shares this one, and what was recorded
         # before runs under the old dtype (the request waits for it).
-        s.send_default_dtype(d)
+        s.mirror.send_default_dtype(d)
         put(d)
         follow_default_dtype()
 

@@ -21,11 +21,9 @@ import time
 import weakref
 from collections import deque
 
-import torch
-
 from gt_core.client.early_sites import EarlySites
 from gt_core.client.interrupt import check as check_interrupt
-from gt_core.client.meta import follow_default_dtype
+from gt_core.client.mirror import Mirror
 from gt_core.client.plan_match import PlanMatcher
 from gt_core.client.sites import Lines
 from gt_core.errors import WorkerDied, WorkerLost
@@ -34,17 +32,13 @@ from gt_core.options import Options
 from gt_core.stream.instructions import (
     DEFOP,
     FREE,
-    RNG,
-    SEED,
     DefOp,
     Free,
-    Rng,
-    Seed,
     defining_module,
     new,
     qualified_name,
 )
-from gt_core.stream.requests import DefaultDtype, Fetch, RngState
+from gt_core.stream.requests import Fetch
 
 __all__ = ["Session", "LOCK", "live_session", "set_live_session"]
 
@@ -119,8 +113,7 @@ class Session:
         self.tee_puts: list | None = None
         self.jits: list = []  # gt_core.jit's cache entries of this session (their stats)
         self._stats_sent: dict = {}  # hot path or jit entry -> its count last published
-        self.rng = None  # the CPU generator state the worker has too (None: unknown)
-        self.default_dtype = torch.float32  # the worker's (a fresh process has torch's own)
+        self.mirror = Mirror(self, LOCK)  # the kernel's generator state and default dtype, there
         _SESSIONS.add(self)
 
     def _on_events(self, events) -> None:
@@ -272,36 +265,6 @@ class Session:
     def _failed(self, exc: BaseException) -> None:
         _log_failure(exc, self.sites, self.log)
 
-    # -- the worker's random state ------------------------------------------------------
-    def seed(self, n: int) -> None:
-        with LOCK:
-            self.emit(Seed(SEED, n))
-            self.rng = None
-
-    def send_rng_state(self, state) -> None:
-        """The worker's CPU generator takes ``state`` (unless it has it already)."""
-        with LOCK:
-            if self.rng is None or not _equal(self.rng, state):
-                self.emit(Rng(RNG, self.stage(state)))
-            self.rng = None  # the worker draws from here on
-
-    def send_default_dtype(self, dtype: torch.dtype) -> None:
-        """The worker's default dtype becomes ``dtype`` where it is not (a sync), in stream
-        order: factories without a dtype, and integer tensors with Python floats, take it."""
-        follow_default_dtype()  # (the client's cached inferences take it too)
-        if dtype != self.default_dtype:
-            self.request(DefaultDtype(dtype))
-            self.default_dtype = dtype
-
-    def fetch_rng_state(self):
-        """The worker's CPU generator state, once everything sent so far has run (a sync)."""
-        state = self.request(RngState())
-        self.rng = state
-        return state
-
-    def forget_rng_state(self) -> None:
-        self.rng = None
-
     def lost(self) -> str | None:
         """Why this session's worker can no longer run work (None: it can)."""
         if self.dead is not None:
@@ -389,9 +352,3 @@ def _line(where: tuple[str, int] | None) -> str | None:
     file, lineno = where
     text = linecache.getline(file, lineno).strip()
     return f"{file}:{lineno}" + (f": {text}" if text else "")
-
-
-def _equal(a, b) -> bool:
-    import torch
-
-    return a.shape == b.shape and bool(torch.equal(a, b))
