@@ -2,6 +2,7 @@
 
 import contextlib
 import functools
+import inspect
 import os
 import signal
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from models import TRANSFORMER, mlp
+from torch import nn
 
 import gt_core
 from gt_core.client import capture as _capture
@@ -184,6 +186,43 @@ def test_a_sync_inside_the_step_refuses_replay_and_runs_the_python(inprocess):
     assert seen == [0.0, 4.0, 8.0, 12.0, 16.0, 20.0]  # every call ran its Python
     (refused,) = _jit_events("refused")
     assert "a sync inside the step" in refused["reason"]
+    lines, first = inspect.getsourcelines(
+        test_a_sync_inside_the_step_refuses_replay_and_runs_the_python
+    )
+    line = first + next(i for i, t in enumerate(lines) if "loss.item()" in t)
+    assert f"the last at {__file__}:{line})" in refused["reason"]  # (the user's line)
+
+
+def test_a_checkpointed_dropout_under_jit_equals_eager(inprocess):
+    """torch.utils.checkpoint reads the generator's state each call (a sync: replay refused,
+    saying so) and recomputes the forward's dropout mask from it: eager's values."""
+    from torch.utils.checkpoint import checkpoint
+
+    def make():
+        torch.manual_seed(0)
+        lin = nn.Linear(8, 8)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+
+        def step(x):
+            y = checkpoint(lambda x: F.dropout(lin(x), 0.5), x, use_reentrant=False)
+            loss = y.square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        return lin, step
+
+    xs = [torch.randn(4, 8, generator=torch.Generator().manual_seed(i)) for i in range(6)]
+    lin, step = make()
+    want = [step(x).item() for x in xs], lin.weight.detach().clone()
+    with gt_core.capture():
+        lin, step = make()
+        jitted = gt_core.jit(step)
+        got = [jitted(x).item() for x in xs], lin.weight.detach().cpu()
+    assert got[0] == want[0] and torch.equal(got[1], want[1])
+    (refused,) = _jit_events("refused")
+    assert "torch.utils.checkpoint" in refused["reason"]
 
 
 def test_a_python_number_that_changes_refuses_replay_naming_op_and_values(inprocess):

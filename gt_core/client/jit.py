@@ -210,6 +210,7 @@ class _Entry:
                 s.flush()
         rec = Recording(leaves, roots, before, tensor_slots(roots), result, tee[:-1], puts)
         rec.syncs = s.counters["syncs"] - syncs
+        rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
         self.recorded = [*self.recorded[-1:], rec]
         self.calls += 1

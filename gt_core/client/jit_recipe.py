@@ -41,6 +41,7 @@ class Recording:
         self.instrs = instrs
         self.puts = list(puts)  # (value id, proxy, host copy or None, (file, line)) per upload
         self.syncs = 0
+        self.sync_at = None  # the user's line of the call's last sync
         # The optimizers' settings as the call began ([{key: value}] per param group), the
         # numbers computed from them that the call passed to ops (jit_knobs.attribute), and
         # those that flow into the block: {site: expression}, filled in by differ.
@@ -52,8 +53,10 @@ class Recording:
     def unreplayable(self) -> str | None:
         if self.syncs:
             return (
-                f"a sync inside the step ({self.syncs} per call: .item(), printing a tensor, "
-                "a data-dependent shape): replay cannot answer it, the function keeps running"
+                f"a sync inside the step ({self.syncs} per call{_last_at(self.sync_at)}): "
+                "replay cannot answer it (.item(), printing a tensor, a data-dependent shape, "
+                "torch.get_rng_state as torch.utils.checkpoint calls it), the function keeps "
+                "running"
             )
         other = [ins for ins in self.instrs if ins.code not in (OP, FREE, PUT)]
         if other:
@@ -178,6 +181,10 @@ def _flows(a: Recording, b: Recording, site, x: float, y: float) -> bool:
 
 def _at(where) -> str:
     return f" (at {where[0]}:{where[1]})" if where else ""
+
+
+def _last_at(where) -> str:
+    return f", the last at {where[0]}:{where[1]}" if where else ""
 
 
 def _brief(t) -> str:

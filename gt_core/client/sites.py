@@ -174,6 +174,7 @@ class Lines:
         self._sent = 0
         self._n = 0
         self.said: dict[str, list] = {}  # signature -> its sites, as said
+        self.last: dict[str, tuple | None] = {}  # kind -> the user's line of its latest
 
     def sites(self, sig: str, sites: list) -> None:
         """Where a hot block's entries were recorded: the ``hotpath.sites`` event."""
@@ -184,7 +185,7 @@ class Lines:
         """One more of ``kind`` ("syncs" or "uploads"): in the client's ``counters`` and on
         the user's line making it."""
         counters[kind] += 1
-        where = user_line(2)
+        where = self.last[kind] = user_line(2)
         if where is None:
             return
         key = (kind, f"{where[0]}:{where[1]}")
