@@ -390,7 +390,7 @@ def test_batches_built_on_the_worker_row_by_row_are_a_reason_and_its_fix_is_one_
         X, Y = torch.randn(32, 4), torch.randn(32)
         loop(_Rows)
         d = gt_core.report().to_data()["data"]
-        assert d["rows"] == [{"dataset": "_Rows", "rows": 8, "ops": 8 * 2 + 2}]
+        assert d["rows"] == [{"dataset": "_Rows", "rows": 8, "ops": 8 * 2 + 2, "draws": 0}]
         (why,) = [r for r in feeding.reasons(d) if r["kind"] == "rows"]
         assert why["id"] == "rows" and "TensorDataset" in why["fix"]
         assert "_Rows's batches are built on the worker op by op" in str(gt_core.report())
@@ -399,3 +399,42 @@ def test_batches_built_on_the_worker_row_by_row_are_a_reason_and_its_fix_is_one_
         loop(TensorDataset)
         assert s.counters["ops"] - ops < 2 * 4 * 8  # (row by row: 18 ops a batch)
         assert gt_core.report().to_data()["data"]["rows"] == []
+
+
+class _Noisy(torch.utils.data.Dataset):
+    """Host rows augmented with draws from the global generator in ``__getitem__``."""
+
+    def __init__(self, x, generator=None):
+        self.x, self.generator = x, generator
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i] + 0.1 * torch.randn(self.x.shape[1:], generator=self.generator)
+
+
+def test_rows_drawing_from_the_global_generator_are_a_reason_and_its_fix_keeps_eagers_values(
+    inprocess,
+):
+    """Rows drawn from the global generator are made on the worker (eager's stream is
+    there), the batch op by op: a reason of its own, whose fix (a generator the dataset holds)
+    builds a host batch with no op, and draws as eager does."""
+    from torch.utils.data import DataLoader
+
+    x = torch.randn(16, 3)
+    with gt_core.capture() as s:
+        for _ in DataLoader(_Noisy(x), batch_size=8):
+            pass
+        (why,) = [r for r in feeding.reasons(gt_core.report().to_data()["data"])]
+        assert why["id"] == "rows-draw" and "8 draws for a batch of 8 rows" in why["cause"]
+        assert "generator=self.g" in why["fix"]
+        gt_core.reset()
+        batches = iter(DataLoader(_Noisy(x, torch.Generator().manual_seed(1)), batch_size=8))
+        ops = s.counters["ops"]
+        got = list(batches)
+        assert s.counters["ops"] == ops and gt_core.report().to_data()["data"]["rows"] == []
+    want = list(DataLoader(_Noisy(x, torch.Generator().manual_seed(1)), batch_size=8))
+    assert all(
+        type(g) is torch.Tensor and torch.equal(g, w) for g, w in zip(got, want, strict=True)
+    )

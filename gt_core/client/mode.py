@@ -52,6 +52,9 @@ def _capture_dispatch(self, func, types, args=(), kwargs=None):
             return record(cls, func, args, kwargs)
     if draws(func) and not has_generator(args, kwargs):
         # a draw on plain tensors from the global generator: eager's stream is the worker's
+        fetch = getattr(_fetching, "on", None)
+        if fetch is not None:
+            fetch.draws += 1
         with LOCK:
             return draw_on_worker(cls, func, args, kwargs, record)
     # Plain tensors from outside stay plain (numpy(), printing, torch internals and a
@@ -74,20 +77,32 @@ def _made_here(func, args, kwargs) -> bool:
         _kinds[id(func)] = kind
     if kind == _PLAIN:
         return False
-    if getattr(_fetching, "on", False):
-        return (
+    fetch = getattr(_fetching, "on", None)
+    if fetch is not None:
+        drawn = (
             kind == _FACTORY
             and draws(func)
             and not has_generator(args, kwargs)
             and not _has_tensor(args)
             and not _has_tensor(kwargs.values())
         )
+        fetch.draws += drawn
+        return drawn
     if kind == _FACTORY:
         return not _has_tensor(args) and not _has_tensor(kwargs.values())
     return True
 
 
-_fetching = threading.local()  # .on: this thread fetches a DataLoader batch
+_fetching = threading.local()  # .on: the Fetch of this thread's DataLoader batch, or None
+
+
+class Fetch:
+    """A DataLoader batch in the making (made_on_host): its draws from the global generator."""
+
+    __slots__ = ("draws",)
+
+    def __init__(self):
+        self.draws = 0
 
 
 @contextlib.contextmanager
@@ -96,11 +111,11 @@ def made_on_host():
     DataLoader's batches are in eager (torch.tensor, torch.from_numpy, zeros in a dataset's
     ``__getitem__``, the collate's stacks); a draw from the global generator is still the
     worker's, where eager's stream is. Each was a worker tensor: an upload or a recorded op
-    per row, and the batch stacked on the worker, op by op every step."""
-    was = getattr(_fetching, "on", False)
-    _fetching.on = True
+    per row, and the batch stacked on the worker, op by op every step. Yields the Fetch."""
+    was = getattr(_fetching, "on", None)
+    _fetching.on = fetch = Fetch()
     try:
-        yield
+        yield fetch
     finally:
         _fetching.on = was
 

@@ -223,10 +223,11 @@ def _fetch_plainly(fetch, session_here):
         if s is None:
             return fetch(self, possibly_batched_index)
         before = s.counters["ops"]
-        with made_on_host():
+        with made_on_host() as made:
             batch = fetch(self, possibly_batched_index)
         if _batched(self, possibly_batched_index):
-            _say_rows(s, self.dataset, len(possibly_batched_index), s.counters["ops"] - before)
+            rows, ops = len(possibly_batched_index), s.counters["ops"] - before
+            _say_rows(s, self.dataset, rows, ops, made.draws)
         return batch
 
     return run
@@ -245,16 +246,17 @@ def _fetch_on_host(fetch, session_here):
     return run
 
 
-def _say_rows(session, dataset, rows: int, ops: int) -> None:
-    """A batch of ``dataset`` recorded ``ops`` ops on the worker for ``rows`` rows: at one op
-    a row or more, each step builds its batch op by op (rows of worker tensors indexed one at
-    a time, with another number every step: no hot path holds them), and the report says so
-    once per dataset class (gt_core.observe.feeding)."""
+def _say_rows(session, dataset, rows: int, ops: int, draws: int) -> None:
+    """A batch of ``dataset`` recorded ``ops`` ops on the worker for ``rows`` rows (``draws``
+    of them draws from the global generator): at one op a row or more, each step builds its
+    batch op by op (rows of worker tensors indexed one at a time, with another number every
+    step, or rows drawn on the worker: no hot path holds them), and the report says so once
+    per dataset class (gt_core.observe.feeding)."""
     said = (ev.DATA_ROWS, type(dataset).__qualname__)
     if ops < rows or said in session.said:
         return
     session.said.add(said)
-    session.log.emit(ev.DATA_ROWS, dataset=said[1], rows=rows, ops=ops)
+    session.log.emit(ev.DATA_ROWS, dataset=said[1], rows=rows, ops=ops, draws=draws)
 
 
 def _rows(tensors: tuple, index: list) -> list | None:

@@ -46,9 +46,9 @@ def _share(x: float) -> str:
 
 
 def rows(events) -> list[dict]:
-    """The DataLoaders whose batches were built on the worker op by op: {dataset, rows, ops}
-    each, from their ``data.rows`` events."""
-    keys = ("dataset", "rows", "ops")
+    """The DataLoaders whose batches were built on the worker op by op: {dataset, rows, ops,
+    draws} each, from their ``data.rows`` events."""
+    keys = ("dataset", "rows", "ops", "draws")
     return [{k: e.get(k) for k in keys} for e in events if e.get("type") == ev.DATA_ROWS]
 
 
@@ -73,7 +73,7 @@ def reasons(d: dict | None) -> list[dict]:
     """``{"id", "kind", "cause", "fix"}`` for each direction whose copies weigh on the loop
     (see the module's docstring); [] when none does or a number is missing."""
     d = d or {}
-    rows = [{**explain("rows", "", **r), "kind": "rows"} for r in d.get("rows") or ()]
+    rows = [{**explain("rows", _rows_why(r), **r), "kind": "rows"} for r in d.get("rows") or ()]
     return rows + _copies(d)
 
 
@@ -103,3 +103,9 @@ def lines(d: dict | None) -> list[str]:
     if head is None and not why:
         return []
     return [head or "data: nothing moved between the kernel and the worker", *why]
+
+
+def _rows_why(r: dict) -> str:
+    """Why a batch was built op by op: "draws" where its rows draw from the global generator
+    (a draw a row or more), else its rows are worker tensors ("")."""
+    return "draws" if (r.get("draws") or 0) >= (r.get("rows") or 1) else ""

@@ -145,6 +145,18 @@ HOTPATH_CAUSES: tuple[Cause, ...] = (
         "keeps the loop from compiling",
     ),
     Cause(
+        "rows-draw",
+        ("rows",),
+        r"^draws$",
+        "{dataset}'s rows draw from the global generator: {draws} draws for a batch of {rows} "
+        "rows, each made on the worker (eager's stream of random numbers is there), and the "
+        "batch is built there op by op ({ops} ops)",
+        "draw from a torch.Generator the dataset holds (torch.rand(..., generator=self.g): "
+        "drawn in the kernel as in eager, and the batch stays a host batch that goes up in "
+        "one copy per tensor), or load with num_workers >= 1 (the loader's processes draw "
+        "their own numbers, as in eager)",
+    ),
+    Cause(
         "rows",
         ("rows",),
         r"",
