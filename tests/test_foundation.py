@@ -117,6 +117,31 @@ def test_inplace_through_views_reaches_the_base(inprocess):
         assert_close(g, r)
 
 
+@pytest.mark.parametrize("worker", ["inprocess", "process"])
+def test_an_out_tensor_the_op_resizes_takes_the_results_shape(request, worker):
+    """``out=torch.empty(0)`` (torch's way to reuse an out tensor of another size): the op
+    resizes it. The proxy's storage was its first size, and restriding it failed."""
+    request.getfixturevalue(worker)
+
+    def work():
+        w = torch.arange(12.0).reshape(3, 4)
+        a, b, c = torch.empty(0), torch.empty(0), torch.empty(0, dtype=torch.long)
+        torch.cumsum(w, 1, out=a)
+        torch.mm(w, w.t(), out=b)
+        torch.argmax(w, 0, out=c)
+        d = torch.empty(0)
+        torch.add(w[0], 1, out=d)
+        d.mul_(2)  # (the resized tensor goes on being used)
+        return a, b, c, d
+
+    want = work()
+    with gt_core.capture():
+        got = work()
+    for g, w in zip(got, want, strict=True):
+        assert gt_core.is_remote(g) and g.shape == w.shape and g.stride() == w.stride()
+        assert torch.equal(g.cpu(), w)
+
+
 def test_data_dependent_ops_and_sync_points(inprocess):
     def work():
         x = torch.tensor([[0.0, 1.5, -2.0], [3.0, 0.0, 4.0]])

@@ -278,8 +278,19 @@ def _build(cls, template, session, ids, proxies):
 def _restride(p, meta: TensorMeta) -> None:
     shape, stride, _, offset = meta
     with torch._C._DisableTorchDispatch():
+        storage = p.untyped_storage()
+        need = _span(shape, stride, offset) * p.element_size()
+        if need > storage.nbytes():  # (an out= tensor the op resized, such as torch.empty(0))
+            storage.resize_(need)
         torch._C.TensorBase.as_strided_(p, shape, stride, offset)
     p._gt_m, p._gt_k = meta, meta_id(meta)
+
+
+def _span(shape, stride, offset: int) -> int:
+    """Elements of storage a layout reaches (0 for an empty tensor)."""
+    if any(n == 0 for n in shape):
+        return 0
+    return offset + 1 + sum((n - 1) * st for n, st in zip(shape, stride, strict=True))
 
 
 def _run_now(cls, session, func, args, kwargs, proxies):
