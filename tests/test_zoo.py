@@ -1,7 +1,10 @@
 """The models people use (``transformers``, tiny random configs): through plain gt and
 ``gt_core.jit``, compiled, equal to eager; their eval forward too."""
 
+import contextlib
+
 import pytest
+import torch
 
 import gt_core
 from gt_core import zoo
@@ -216,3 +219,32 @@ def test_a_run_of_alike_updates_inside_the_step_does_not_hide_the_step(zooed):
     retired = [p for p in _paths() if p["status"] == "retired"]
     assert retired and all(p["retired"]["by"] == step["signature"] for p in retired)
     assert any("larger loop's body" in p["retired"]["reason"] for p in retired)
+
+
+def test_gradient_checkpointing_with_dropout_trains_as_eager(zooed):
+    """transformers' gradient checkpointing (torch.utils.checkpoint) saves the generator's
+    state at each block's forward and restores it to recompute the block's dropout in the
+    backward: the state is the worker's, so the masks are the forward's (with the kernel's
+    stale state the parameters parted from eager's by 2e-2 in five steps)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def train(inside: bool):
+        torch.manual_seed(0)
+        config = GPT2Config(
+            n_embd=32, n_layer=2, n_head=2, vocab_size=64, n_positions=32, use_cache=False
+        )
+        model = GPT2LMHeadModel(config)  # (dropout 0.1 in the embeddings, blocks, attention)
+        model.gradient_checkpointing_enable()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ids = torch.randint(0, 64, (5, 2, 16), generator=torch.Generator().manual_seed(3))
+        with gt_core.capture() if inside else contextlib.nullcontext():
+            torch.manual_seed(1)
+            for x in ids:
+                model(input_ids=x, labels=x).loss.backward()
+                opt.step()
+                opt.zero_grad()
+            return [p.detach().cpu() for p in model.parameters()]
+
+    want = train(False)
+    for g, w in zip(train(True), want, strict=True):
+        assert torch.equal(g, w)
