@@ -11,7 +11,8 @@ drawing where it lives gives eager's numbers and advances it exactly as eager do
 ``generator=None`` draws from the global generator, which the worker keeps equal to eager's
 (``torch.manual_seed`` seeds both): those ops stay recorded for the worker, and so does such a
 draw on plain tensors (made outside the capture), which would otherwise run here on the
-kernel's own generator, out of eager's order (see draw_on_worker).
+kernel's own generator, out of eager's order (gt_core.client.mode; a plain tensor it writes
+in place gets its new value back, as with any op recorded in place on one).
 """
 
 from __future__ import annotations
@@ -155,39 +156,3 @@ def draws(func) -> bool:
 
 
 _draws: dict = {}
-
-
-def draw_on_worker(cls, func, args, kwargs, record):
-    """A draw from the global generator whose tensors are all plain (made outside the
-    capture, or a DataLoader's rows): recorded for the worker, whose generator is where
-    eager's stream continues (the kernel's is not: the worker's draws never advance it).
-    Plain tensors it writes in place (``h.uniform_()``, ``out=``) are written on worker
-    copies, and their new values come back here, so they stay plain with eager's values.
-    """
-    written = [t for t in written_args(func, args, kwargs) if not isinstance(t, cls)]
-    if not written:
-        return record(cls, func, args, kwargs)
-    session = live_session()
-    copies = {id(t): upload(cls, session, t, cache=False) for t in written}
-
-    def swap(a):
-        if type(a) in (list, tuple):
-            return type(a)(swap(x) for x in a)
-        return copies.get(id(a), a)
-
-    out = record(cls, func, tuple(swap(a) for a in args), {k: swap(v) for k, v in kwargs.items()})
-    back = {}
-    for t in written:
-        value = copies[id(t)].cpu()
-        with torch._C._DisableTorchDispatch():
-            if value.shape != t.shape:  # an out= tensor the op resized
-                t.resize_(value.shape)
-            t.copy_(value)
-        back[id(copies[id(t)])] = t
-
-    def home(r):
-        if type(r) in (list, tuple):
-            return type(r)(home(x) for x in r)
-        return back.get(id(r), r)
-
-    return home(out)

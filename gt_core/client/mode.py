@@ -11,7 +11,7 @@ import threading
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from gt_core.client.generators import draw_on_worker, draws, has_generator
+from gt_core.client.generators import draws, has_generator
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.record import in_forked_child, record
@@ -44,23 +44,23 @@ def _capture_dispatch(self, func, types, args=(), kwargs=None):
         return in_forked_child(cls, func, args, kwargs)
     # ``types``: the tensor subclasses among the arguments (lists and out= included), found
     # by torch in C; the scans below run only for ops that may make a tensor from nothing.
-    if cls in types or _made_here(func, args, kwargs):
-        # an op on worker tensors, or a factory: the new tensor lives on the worker
-        with LOCK:
-            if HELD["pending"]:
-                check_interrupt()
-            return record(cls, func, args, kwargs)
-    if draws(func) and not has_generator(args, kwargs):
-        # a draw on plain tensors from the global generator: eager's stream is the worker's
+    if cls not in types and not _made_here(func, args, kwargs):
+        if not draws(func) or has_generator(args, kwargs):
+            # Plain tensors from outside stay plain (numpy(), printing, torch internals and
+            # a DataLoader's indexing and collate use them), and so do bookkeeping ops such
+            # as profiler ranges.
+            return func(*args, **kwargs)
+        # A draw from the global generator on plain tensors (or none): eager's stream is the
+        # worker's. Recorded, its plain tensors go up, and one it writes in place gets its
+        # new value back, as with any op recorded in place on a plain tensor.
         fetch = getattr(_fetching, "on", None)
         if fetch is not None:
             fetch.draws += 1
-        with LOCK:
-            return draw_on_worker(cls, func, args, kwargs, record)
-    # Plain tensors from outside stay plain (numpy(), printing, torch internals and a
-    # DataLoader's indexing and collate use them), and so do bookkeeping ops such as
-    # profiler ranges.
-    return func(*args, **kwargs)
+    # an op on worker tensors, a factory or a draw: the new tensor lives on the worker
+    with LOCK:
+        if HELD["pending"]:
+            check_interrupt()
+        return record(cls, func, args, kwargs)
 
 
 _PLAIN, _LIFT, _FACTORY = range(3)
@@ -69,25 +69,14 @@ _kinds: dict[int, int] = {}  # id(op) -> what it does without a worker tensor (o
 
 def _made_here(func, args, kwargs) -> bool:
     """Whether an op without worker tensors makes a new tensor of the capture: a lift
-    (torch.tensor(data)) or a factory (tensor outputs, no tensor inputs). While this thread
-    fetches a DataLoader batch (made_on_host) only a draw from the global generator does."""
+    (torch.tensor(data)) or a factory (tensor outputs, no tensor inputs). None does while
+    this thread fetches a DataLoader batch (made_on_host), but for a draw (see above)."""
     kind = _kinds.get(id(func))
     if kind is None:
         kind = _LIFT if func in _LIFTS else _FACTORY if _makes_tensors(func) else _PLAIN
         _kinds[id(func)] = kind
-    if kind == _PLAIN:
+    if kind == _PLAIN or getattr(_fetching, "on", None) is not None:
         return False
-    fetch = getattr(_fetching, "on", None)
-    if fetch is not None:
-        drawn = (
-            kind == _FACTORY
-            and draws(func)
-            and not has_generator(args, kwargs)
-            and not _has_tensor(args)
-            and not _has_tensor(kwargs.values())
-        )
-        fetch.draws += drawn
-        return drawn
     if kind == _FACTORY:
         return not _has_tensor(args) and not _has_tensor(kwargs.values())
     return True
