@@ -154,6 +154,11 @@ def loop(
     return ms, params, figures, cpu
 
 
+def _max_diff(got: list, want: list) -> float:
+    """The largest difference of an element of ``got``'s tensors from ``want``'s."""
+    return max((g - w).abs().max().item() for g, w in zip(got, want, strict=True))
+
+
 def rounding_reference(batch: int, steps: int) -> list:
     """The parameters of the eager loop with its intra-op threads alternating 1 and 2 per step.
 
@@ -211,17 +216,8 @@ def main(argv=None) -> None:
         f"\nDataLoader loop: MLP 784-256-10, cross-entropy, SGD momentum, batch {a.batch}, "
         f"a shuffled batch each step, {a.steps} steps x {a.repeats}, backend {a.backend}"
     )
-    ms: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    cpu: dict[str, list[tuple]] = {v: [] for v in VARIANTS}
-    params: dict[str, list] = {}
-    figures: dict = {}
     loop("eager", a.batch, 20, a.backend)  # (the first loop in a process runs slow)
-    for _ in range(a.repeats):
-        for v in VARIANTS:
-            t, params[v], got, c = loop(v, a.batch, a.steps, a.backend, a.mode)
-            ms[v].append(t)
-            cpu[v].append(c)
-            figures = figures or got
+    ms, params, cpu, figures = _rounds(VARIANTS, a.repeats, a.batch, a.steps, a.backend, a.mode)
     eager = statistics.median(ms["eager"])
     print(
         f"{'way':>14} {'ms/step':>8} {'vs eager':>9} {'max |param - eager|':>20} "
@@ -229,16 +225,14 @@ def main(argv=None) -> None:
     )
     for v in VARIANTS:
         m = statistics.median(ms[v])
-        diff = max(
-            (p - e).abs().max().item() for p, e in zip(params[v], params["eager"], strict=True)
-        )
+        diff = _max_diff(params[v], params["eager"])
         here = statistics.median(c[0] for c in cpu[v])
         worker = statistics.median(c[1] for c in cpu[v]) if v in ON_WORKER else None
         w = f"{worker:>7.3f}" if worker is not None else f"{'-':>7}"
         print(f"{v:>14} {m:>8.3f} {eager / m:>8.2f}x {diff:>20.2e} {here:>13.3f} {w}")
     if torch.device(gt_core.worker().device).type == "cpu":
         ref = rounding_reference(a.batch, a.steps)
-        diff = max((p - e).abs().max().item() for p, e in zip(ref, params["eager"], strict=True))
+        diff = _max_diff(ref, params["eager"])
         print(f"{'eager 1t/2t':>14} {'-':>8} {'-':>9} {diff:>20.2e}")
         print(
             "eager 1t/2t: eager with its threads alternating 1 and 2 per step, the size of "
@@ -257,6 +251,23 @@ def main(argv=None) -> None:
         by_seed(a.batch, a.steps, a.backend, a.mode, a.seeds)
 
 
+def _rounds(ways: tuple, repeats: int, *args, **kwargs) -> tuple[dict, dict, dict, dict]:
+    """``repeats`` rounds of ``loop(way, *args, **kwargs)`` for each way in turn: ms per step
+    and CPU ms of each round by way, the parameters of each way's last round, and the
+    report's data figures of the first way that has them."""
+    ms: dict[str, list[float]] = {v: [] for v in ways}
+    cpu: dict[str, list[tuple]] = {v: [] for v in ways}
+    params: dict[str, list] = {}
+    figures: dict = {}
+    for _ in range(repeats):
+        for v in ways:
+            t, params[v], got, c = loop(v, *args, **kwargs)
+            ms[v].append(t)
+            cpu[v].append(c)
+            figures = figures or got
+    return ms, params, cpu, figures
+
+
 OWN = ("eager", "gt", "jit", "torch.compile")
 
 
@@ -268,19 +279,12 @@ def own_dataset(batch: int, steps: int, repeats: int, backend: str, mode: str | 
         f"\nA dataset of one's own (numpy rows, torch.from_numpy in __getitem__), "
         f"{steps} steps x {repeats}"
     )
-    ms: dict[str, list[float]] = {v: [] for v in OWN}
-    params: dict[str, list] = {}
-    for _ in range(repeats):
-        for v in OWN:
-            t, params[v], _, _ = loop(v, batch, steps, backend, mode, rows=True)
-            ms[v].append(t)
+    ms, params, _, _ = _rounds(OWN, repeats, batch, steps, backend, mode, rows=True)
     eager = statistics.median(ms["eager"])
     print(f"{'way':>14} {'ms/step':>8} {'vs eager':>9} {'max |param - eager|':>20}")
     for v in OWN:
         m = statistics.median(ms[v])
-        diff = max(
-            (p - e).abs().max().item() for p, e in zip(params[v], params["eager"], strict=True)
-        )
+        diff = _max_diff(params[v], params["eager"])
         print(f"{v:>14} {m:>8.3f} {eager / m:>8.2f}x {diff:>20.2e}")
 
 
@@ -310,9 +314,7 @@ def by_seed(batch: int, steps: int, backend: str, mode: str | None, seeds: int) 
             if not compiles:  # (a fresh worker: blocks compiled before would run compiled)
                 gt_core.worker().restart()
             _, got, _, _ = loop(variant, batch, steps, backend, mode, seed, compiles)
-            rows[way].append(
-                max((p - e).abs().max().item() for p, e in zip(got, want, strict=True))
-            )
+            rows[way].append(_max_diff(got, want))
     for way, diffs in rows.items():
         print(f"{way:>18} " + " ".join(f"{d:>9.1e}" for d in diffs))
 

@@ -200,16 +200,17 @@ def host_dataset(n: int, features: int = 784, classes: int = 10, seed: int = 0):
 
 class NumpyRows:
     """A map-style dataset of one's own, as most loops have: rows of numpy arrays made tensors
-    in ``__getitem__`` (``torch.from_numpy``), an int label (collated into an int64 tensor)."""
+    in ``__getitem__`` (by ``make``: ``torch.from_numpy``, ``torch.tensor``), an int label
+    (collated into an int64 tensor)."""
 
-    def __init__(self, x, y):
-        self.x, self.y = x, y
+    def __init__(self, x, y, make=torch.from_numpy):
+        self.x, self.y, self.make = x, y, make
 
     def __len__(self) -> int:
         return len(self.y)
 
     def __getitem__(self, i):
-        return torch.from_numpy(self.x[i]), int(self.y[i])
+        return self.make(self.x[i]), int(self.y[i])
 
 
 def fed(

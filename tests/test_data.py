@@ -32,7 +32,7 @@ import gt_core
 from gt_core.client import capture as _capture
 from gt_core.client import interrupt as _interrupt
 from gt_core.stream import staging
-from gt_core.workloads import fed
+from gt_core.workloads import NumpyRows, fed
 
 SHM = "/dev/shm"
 
@@ -657,28 +657,25 @@ class _Records(Dataset):
         return {"x": self.x[i], "y": self.y[i], "w": self.w[i], "a": self.a[i], "b": self.b[i]}
 
 
-class _NumpyRows(Dataset):
-    """Rows of numpy arrays made tensors in ``__getitem__`` (``make``), an int label: the
-    dataset of one's own most loops have."""
-
-    def __init__(self, n: int, make=torch.from_numpy):
-        rng = np.random.default_rng(4)
-        self.x = rng.standard_normal((n, N_FEATURES), dtype=np.float32)
-        self.y = rng.integers(0, N_CLASSES, n)
-        self.make = make
-
-    def __len__(self):
-        return len(self.y)
-
-    def __getitem__(self, i):
-        return self.make(self.x[i]), int(self.y[i])
+def _numpy_rows(n: int, make=torch.from_numpy) -> NumpyRows:
+    """``n`` rows of numpy arrays made tensors in ``__getitem__`` by ``make``, an int label:
+    the dataset of one's own most loops have (gt_core.workloads.NumpyRows)."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, N_FEATURES), dtype=np.float32)
+    return NumpyRows(x, rng.integers(0, N_CLASSES, n), make)
 
 
-class _Noisy(_NumpyRows):
+class _Noisy(Dataset):
     """Rows augmented with draws from the global generator (eager's stream: the worker's)."""
 
+    def __init__(self, n: int):
+        self.rows = _numpy_rows(n)
+
+    def __len__(self):
+        return len(self.rows)
+
     def __getitem__(self, i):
-        x, y = super().__getitem__(i)
+        x, y = self.rows[i]
         return x + 0.1 * torch.randn(N_FEATURES), y
 
 
@@ -686,7 +683,7 @@ class _Stream(torch.utils.data.IterableDataset):
     """An iterable dataset making its rows with torch.tensor and a zeros of its own."""
 
     def __init__(self, n: int):
-        self.rows = _NumpyRows(n)
+        self.rows = _numpy_rows(n)
 
     def __iter__(self):
         for i in range(len(self.rows)):
@@ -695,8 +692,8 @@ class _Stream(torch.utils.data.IterableDataset):
 
 
 OWN_DATASETS = {
-    "numpy-rows": _NumpyRows,
-    "a-tensor-a-row": lambda n: _NumpyRows(n, torch.tensor),
+    "numpy-rows": _numpy_rows,
+    "a-tensor-a-row": lambda n: _numpy_rows(n, torch.tensor),
     "iterable": _Stream,
 }
 
@@ -765,8 +762,8 @@ LOOPS = {
     "pin_memory": dict(pin_memory=True),
     "x.to(device)": dict(to=lambda v: v.to(CPU)),
     "x.to(device, non_blocking)": dict(to=lambda v: v.to(CPU, non_blocking=True)),
-    "a-dataset-of-numpy-rows": dict(data=_NumpyRows),
-    "a-dataset-making-a-tensor-a-row": dict(data=lambda n: _NumpyRows(n, torch.tensor)),
+    "a-dataset-of-numpy-rows": dict(data=_numpy_rows),
+    "a-dataset-making-a-tensor-a-row": dict(data=lambda n: _numpy_rows(n, torch.tensor)),
     "a-dataset-drawing-noise": dict(data=_Noisy, shuffle=True),
     "an-iterable-dataset": dict(data=_Stream),
     "last-batch-short": dict(n=100),

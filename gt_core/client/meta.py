@@ -24,10 +24,9 @@ _meta_ids: dict[TensorMeta, int] = {}
 _cache_dtype = [torch.get_default_dtype()]
 
 
-def follow_default_dtype() -> None:
+def follow_default_dtype(d: torch.dtype) -> None:
     """The cache's entries hold the default dtype they were inferred under (a factory without
-    a dtype, an integer tensor with a Python float take it): another one empties it."""
-    d = torch.get_default_dtype()
+    a dtype, an integer tensor with a Python float take it): another one, ``d``, empties it."""
     if d != _cache_dtype[0]:
         meta_cache.clear()
         _cache_dtype[0] = d

@@ -51,7 +51,7 @@ class Mirror:
     def send_default_dtype(self, dtype: torch.dtype) -> None:
         """The worker's default dtype becomes ``dtype`` where it is not (a sync), in stream
         order: factories without a dtype, and integer tensors with Python floats, take it."""
-        follow_default_dtype()  # (the client's cached inferences take it too)
+        follow_default_dtype(dtype)  # (the client's cached inferences take it too)
         if dtype != self.default_dtype:
             self.session.request(DefaultDtype(dtype))
             self.default_dtype = dtype

@@ -11,7 +11,6 @@ import sys
 import torch
 import torch.optim.optimizer as _torch_optimizer
 
-from gt_core.client.meta import follow_default_dtype
 from gt_core.client.mode import made_on_host
 from gt_core.client.proxy import is_remote
 from gt_core.client.session import LOCK
@@ -120,7 +119,6 @@ def patch_default_dtype(session_here) -> None:
         # before runs under the old dtype (the request waits for it).
         s.mirror.send_default_dtype(d)
         put(d)
-        follow_default_dtype()
 
     torch.set_default_dtype = set_default_dtype
 
@@ -196,9 +194,10 @@ def _fetch_plainly(fetch, session_here):
     ops does (README, "Benchmarks"). It is only
     indexing and stacking: host tensors give host batches (uploaded when a step uses them),
     worker tensors are still recorded (their own dispatch), and nothing draws random numbers,
-    whose order on the worker must stay eager's. Any other dataset is fetched in the capture
-    mode with the tensors it makes from nothing on the host (made_on_host): its own code may
-    draw, and its draws from the global generator stay the worker's.
+    whose order on the worker must stay eager's. Any other dataset (map-style or iterable:
+    this wraps both fetchers) is fetched in the capture mode with the tensors it makes from
+    nothing on the host (made_on_host): its own code may draw, and its draws from the global
+    generator stay the worker's.
 
     A batch is one indexing op per tensor with the batch's indices (see _rows), the same
     tensor as stacking its rows one by one. Where the dataset holds worker tensors (made
@@ -229,19 +228,6 @@ def _fetch_plainly(fetch, session_here):
             rows, ops = len(possibly_batched_index), s.counters["ops"] - before
             _say_rows(s, self.dataset, rows, ops, made.draws)
         return batch
-
-    return run
-
-
-def _fetch_on_host(fetch, session_here):
-    """An iterable dataset's fetch, its tensors made from nothing on the host (made_on_host;
-    see _fetch_plainly)."""
-
-    def run(self, possibly_batched_index):
-        if session_here() is None:
-            return fetch(self, possibly_batched_index)
-        with made_on_host():
-            return fetch(self, possibly_batched_index)
 
     return run
 
@@ -328,9 +314,9 @@ def patch_loader(on: bool, session_here=None) -> None:
     cls = fetch._MapDatasetFetcher
     original = _saved.setdefault("fetch", cls.fetch)
     cls.fetch = _fetch_plainly(original, session_here) if on else original
-    cls = fetch._IterableDatasetFetcher
+    cls = fetch._IterableDatasetFetcher  # (never a TensorDataset, nor a batch of row numbers)
     original = _saved.setdefault("fetch_iterable", cls.fetch)
-    cls.fetch = _fetch_on_host(original, session_here) if on else original
+    cls.fetch = _fetch_plainly(original, session_here) if on else original
     it = dataloader._BaseDataLoaderIter
     original = _saved.setdefault("next_batch", it.__next__)
     it.__next__ = _batches_go_up_together(original) if on else original
