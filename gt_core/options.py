@@ -73,6 +73,7 @@ class Options:
     compile_process: bool = True  # inductor compiles in a process of their own (CPU worker)
     worker_threads: int | None = None  # the worker process's CPU threads, fixed (None: shared)
     flush_at: int = 512  # instructions the client batches before it sends them
+    jit_audit: int = 64  # gt_core.jit records (audits) 1 replay in this many; 0: the first only
     worker_imports: tuple = ()  # modules the worker imports at its start (their torch.library ops)
     # signal name -> axis: a worker group shards the tensors made inside it (gt_core.remote.shard)
     shard: dict = field(default_factory=dict)
@@ -202,6 +203,7 @@ RULES: dict = {
     "compile_process": (lambda v: isinstance(v, bool), BOOL),
     "worker_threads": (lambda v: v is None or _int(1)(v), "an integer >= 1, or None (shared)"),
     "flush_at": (_int(1), "an integer >= 1"),
+    "jit_audit": (_int(0), "an integer >= 0 (0: only the first replay after each recording)"),
     "workers": (_int(1, 64), "an integer from 1 to 64 (ranks of a local worker group)"),
     "worker_imports": (
         lambda v: isinstance(v, tuple) and all(isinstance(m, str) and m for m in v),
@@ -311,6 +313,7 @@ ENV = {  # environment variable -> option
     "GT_COMPILE_PROCESS": "compile_process",
     "GT_WORKER_THREADS": "worker_threads",
     "GT_FLUSH_AT": "flush_at",
+    "GT_JIT_AUDIT": "jit_audit",
     "GT_WORKER_IMPORTS": "worker_imports",
 }
 

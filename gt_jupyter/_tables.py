@@ -107,7 +107,7 @@ def _jit_rows(j: dict) -> list[dict]:
     """gt_core.jit, per call key (the report's ``jit``): why it is not replayed, with the
     catalogue's fix for that reason, or what a replay keeps frozen."""
     where = f"{j.get('function')} ({j['signature']})" if j.get("signature") else j.get("function")
-    if j.get("reason") and j.get("state") in ("refused", "ran"):
+    if j.get("reason") and j.get("state") in ("refused", "re-recording"):
         x = j.get("explanation") or {}
         return [
             {

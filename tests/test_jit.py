@@ -20,10 +20,13 @@ from gt_core.workloads import step_fn, training_step
 
 
 def _jit_events(state=None):
+    """jit's transitions (into ``state``), but an audit's (a replaying key stays replaying)."""
     return [
         e
         for e in gt_core.events_log().snapshot()
-        if e["type"] == "jit" and (state is None or e["state"] == state)
+        if e["type"] == "jit"
+        and e.get("trigger") != "audited"
+        and (state is None or e["state"] == state)
     ]
 
 
@@ -311,10 +314,10 @@ def test_a_replaced_parameter_runs_the_python_with_a_reason(inprocess):
         assert out.tolist() == [2.0] * 4
         holder["w"] = torch.full((3,), 3.0)  # same metadata, another tensor: read where it is
         assert f(x).tolist() == [3.0] * 3
-        assert not _jit_events("ran")
+        assert not _jit_events("re-recording")
         holder["w"] = torch.full((1,), 5.0)  # other metadata under the old key: the Python runs
         assert f(x).tolist() == [5.0] * 3
-    (ran,) = _jit_events("ran")
+    (ran,) = _jit_events("re-recording")
     why = ran["reason"]
     assert "entry 'w'" in why and "no longer fits" in why and "shape=(1,)" in why, why
 
@@ -333,12 +336,12 @@ def test_an_input_with_other_metadata_under_the_same_key_is_never_replayed(inpro
         holder["w"] = torch.ones(3, dtype=torch.float64)
         out = f(x)
         assert out.dtype == torch.float64 and out.tolist() == [1.0] * 3
-    ran = _jit_events("ran")
+    ran = _jit_events("re-recording")
     assert ran and "no longer fits" in ran[0]["reason"]
 
 
 def test_replayed_calls_in_flight_are_bounded(process, monkeypatch):
-    from gt_core.client import jit as _jit
+    from gt_core.client.jit import replay as _replay
 
     waits = []
     t = _capture.session().transport
@@ -357,8 +360,9 @@ def test_replayed_calls_in_flight_are_bounded(process, monkeypatch):
         total = x.sum().item()
     entry = next(iter(f.entries.values()))
     assert entry.replayed >= 190
-    assert len(entry.marks) <= _jit.IN_FLIGHT // _jit._MARK_EVERY
-    assert len(waits) >= entry.replayed // _jit._MARK_EVERY - _jit.IN_FLIGHT // _jit._MARK_EVERY
+    assert len(entry.marks) <= _replay.IN_FLIGHT // _replay.MARK_EVERY
+    window = _replay.IN_FLIGHT // _replay.MARK_EVERY
+    assert len(waits) >= entry.replayed // _replay.MARK_EVERY - window
     want = torch.ones(64, 64)
     for _ in range(200):
         want = (want @ torch.ones(64, 64)).tanh()
@@ -499,26 +503,26 @@ def test_a_global_rebound_to_another_object_runs_the_python(inprocess, reader):
         _HELPED = torch.nn.Linear(3, 2)
         want = _HELPED(x).cpu()
         assert torch.equal(f(x).cpu(), want)
-        assert any("no longer fits" in (e.get("reason") or "") for e in _jit_events("ran"))
+        assert any("no longer fits" in (e.get("reason") or "") for e in _jit_events("re-recording"))
 
 
 def test_the_fast_input_lookup_agrees_with_the_checked_one(inprocess, monkeypatch):
     """A replayed call reads its inputs in flat passes where everything is as the last calls
     found it (_inputs_fast); each read is checked here against _inputs, which checks each."""
-    from gt_core.client import jit as _jit
+    from gt_core.client.jit import replay as _replay
 
-    fast, checked = _jit._Entry._inputs_fast, _jit._Entry._inputs
+    fast, checked = _replay._inputs_fast, _replay.inputs
     compared = []
 
-    def both(self, leaves):
-        ids = fast(self, leaves)
+    def both(entry, leaves):
+        ids = fast(entry, leaves)
         if ids is not None:
-            compared.append((ids, checked(self, leaves)))
+            compared.append((ids, checked(entry, leaves)))
         return ids
 
-    monkeypatch.setattr(_jit._Entry, "_inputs_fast", both)
+    monkeypatch.setattr(_replay, "_inputs_fast", both)
     sgd = functools.partial(torch.optim.SGD, lr=0.05, momentum=0.9)
     _run(mlp, sgd, lambda: (torch.randn(8, 32), torch.randn(8, 4)), F.mse_loss, 12, True, jit=True)
     assert len(compared) >= 5, f"only {len(compared)} fast lookups: the check checks little"
     assert all(a == b for a, b in compared), compared[:2]
-    assert not _jit_events("ran")
+    assert not _jit_events("re-recording")

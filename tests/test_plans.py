@@ -477,7 +477,8 @@ def test_the_worker_inbox_knows_when_a_jit_client_far_ahead_waits_for_a_mark():
     waits for next means the client waits until the worker has passed that one."""
     import multiprocessing as mp
 
-    from gt_core.client.jit import _MARK_EVERY, IN_FLIGHT
+    from gt_core.client.jit.replay import IN_FLIGHT
+    from gt_core.client.jit.replay import MARK_EVERY as _MARK_EVERY
     from gt_core.remote.serve import _Inbox
 
     a, b = mp.Pipe()

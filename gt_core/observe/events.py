@@ -55,7 +55,7 @@ NOTE = "hotpath.note"  # signature, reason: what some of its runs did (said once
 MISMATCH = "mismatch"  # signature, position, expected, got
 ITERATION = "iteration"  # signature, kind ("eager" | "compiled" | "compiling"), ms
 SIGNAL = "signal"  # name, phase ("enter" | "exit")
-JIT = "jit"  # function, name, state ("replaying" | "refused" | "ran"), signature, reason, frozen
+JIT = "jit"  # function, name, state, trigger (observe.jit_states), signature, reason, cause
 JIT_STATS = "jit.stats"  # function, name, signature, replayed, client_ms (cumulative)
 # syncs, uploads: {"file:line": n} since the session started (the explorer's Source tab)
 CLIENT_LINES = "client.lines"

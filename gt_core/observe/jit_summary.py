@@ -9,27 +9,10 @@ No torch import.
 
 from __future__ import annotations
 
-import enum
-
 from gt_core.observe import events as ev
-from gt_core.observe.causes import explain
+from gt_core.observe.jit_states import JitReason, JitState
 
 __all__ = ["JitState", "summarize_jit", "lines", "counts"]
-
-
-class JitState(str, enum.Enum):
-    """A jitted call key's state, as its events name it."""
-
-    RECORDING = "recording"  # calls run and are recorded until two make the same block
-    REPLAYING = "replaying"  # calls send one message instead of running the Python
-    REFUSED = "refused"  # calls run the Python from now on (the reason says why)
-    RAN = "ran"  # an input no longer fitted the block: that call ran, recording starts over
-
-    __str__ = str.__str__
-    __format__ = str.__format__
-
-
-_KIND = {JitState.REFUSED: "jit_refused", JitState.RAN: "jit_ran"}  # causes' kind of a reason
 
 
 def _owner(name: str) -> str:
@@ -60,9 +43,12 @@ def summarize_jit(events: list[dict], since: int = 0) -> list[dict]:
         if i >= since:
             active.add(name)
         j["signature"] = e.get("signature") or j["signature"]
-        if t == ev.JIT:
+        if t == ev.JIT and e.get("trigger") == "audited":
+            j["audited"] = e.get("audited", j["audited"])  # (a self-loop: the state stays)
+        elif t == ev.JIT:
             j["state"] = _state(e.get("state"))
             j["reason"] = e.get("reason")
+            j["cause"] = e.get("cause")
             replaying = j["state"] == JitState.REPLAYING
             j["frozen"] = list(e.get("frozen") or []) if replaying else []
             j["constants"] = list(e.get("constants") or []) if replaying else []
@@ -82,8 +68,8 @@ def summarize_jit(events: list[dict], since: int = 0) -> list[dict]:
         j["keys"] = keys[_owner(name)]
         j["signature"] = j["signature"] or blocks.get(name)  # (a refusal made before its block)
         j["replayed"] -= before.get(name, 0)
-        kind = _KIND.get(j["state"])
-        j["explanation"] = explain(kind, j["reason"]) if kind and j["reason"] else None
+        cause = j.pop("cause", None)  # (the typed reason: rendered, never parsed)
+        j["explanation"] = JitReason.from_data(cause).explain() if cause else None
         shown.append(j)
     return shown
 
@@ -105,6 +91,7 @@ def _new(e: dict) -> dict:
         "state": JitState.RECORDING,
         "signature": None,
         "replayed": 0,
+        "audited": 0,  # replays recorded instead and compared with the replay (all passed)
         "client_ms": None,
         "reason": None,
         "frozen": [],  # Python numbers a replay keeps as recorded: {op, arg, value, count}
@@ -144,7 +131,7 @@ def lines(entries: list[dict]) -> list[str]:
         elif j["state"] == JitState.RECORDING:
             out.append(f"{head}recording (no two calls recorded the same block yet)")
         else:
-            said = "ran its Python" if j["state"] == JitState.RAN else j["state"]
+            said = j["state"]
             out.append(f"{head}{said}: {j['reason']}")
             if j["explanation"]:
                 out.append(f"    -> {j['explanation']['fix']}")

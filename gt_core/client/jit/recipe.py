@@ -2,7 +2,7 @@
 
 Two recorded calls alike (``Recording``, ``differ``) and the worker's plan of their block
 make a ``Recipe``: the block's inputs as places in the step's reachable state (or its
-arguments), its outputs as the places the recorded call left them in (see ``jit_places``).
+arguments), its outputs as the places the recorded call left them in (see ``reach``).
 """
 
 from __future__ import annotations
@@ -12,31 +12,35 @@ import collections
 import torch
 from torch.utils._pytree import tree_flatten
 
-from gt_core.client.jit_knobs import evaluate, settings_in
-from gt_core.client.jit_places import Place, id_before
-from gt_core.client.jit_traced import knobs, optimizers
+from gt_core.client.jit.reach import Place, id_before
+from gt_core.client.jit.settings import agree, knobs, settings_in
 from gt_core.client.plan_match import Candidate
 from gt_core.client.proxy import Proxy
 from gt_core.client.uploads import CONSTANT_NUMEL
 from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
+from gt_core.observe.jit_states import JitReason
 from gt_core.stream.lift import Scalar
 
 OUT = "gt-jit-output"  # a result leaf that is the block's output (OUT, its index)
 
 
 class Refused(Exception):
-    pass
+    """The recorded calls cannot be replayed: ``reason`` (a JitReason) says why."""
+
+    def __init__(self, reason: JitReason):
+        super().__init__(reason.text())
+        self.reason = reason
 
 
 class Recording:
     """One recorded call: what it read where, what it left where, its instructions."""
 
-    def __init__(self, leaves, roots, before, after, result, instrs, puts=()):
+    def __init__(self, leaves, roots, reached, after, result, instrs, puts=()):
         self.arg_ids = {x._gt_id: i for i, x in enumerate(leaves) if type(x) is Proxy}
         self.arg_keys = {i: x._gt_k for i, x in enumerate(leaves) if type(x) is Proxy}
         self.roots = [(place, obj) for place, obj in roots if place is not None]
-        self.all_roots = roots
-        self.before, self.after = before, after
+        self.before, self.after = reached.slots, after
+        self.optimizers = reached.optimizers  # (found by the same walk as the tensors)
         self.result_leaves, self.result_spec = tree_flatten(result)
         self.instrs = instrs
         self.puts = list(puts)  # (value id, proxy, host copy or None, (file, line)) per upload
@@ -44,35 +48,26 @@ class Recording:
         self.sync_at = None  # the user's line of the call's last sync
         # The optimizers' settings as the call began ([{key: value}] per param group), the
         # numbers computed from them that the call passed to ops (jit_knobs.attribute), and
-        # those that flow into the block: {site: expression}, filled in by differ.
+        # those that flow into the block: {site: expressions}, filled in by differ (several
+        # where settings had equal values: each must give the same number at a replay).
         self.settings: list = []
         self.knob_floats: dict = {}
         self.flowing: dict = {}
         self.changed: set = set()  # settings (group, key) that differ from the call before
+        self.forced: list = []  # param groups made capturable while it recorded (traced)
 
-    def unreplayable(self) -> str | None:
+    def unreplayable(self) -> JitReason | None:
         if self.syncs:
-            return (
-                f"a sync inside the step ({self.syncs} per call{_last_at(self.sync_at)}): "
-                "replay cannot answer it (.item(), printing a tensor, a data-dependent shape, "
-                "torch.get_rng_state as torch.utils.checkpoint calls it), the function keeps "
-                "running"
-            )
+            return JitReason("sync", n=self.syncs, line=_line(self.sync_at))
         other = [ins for ins in self.instrs if ins.code not in (OP, FREE, PUT)]
         if other:
-            return (
-                "the step seeds or sets the random generator each call (torch.manual_seed "
-                "inside it): move that out of the jitted function"
-            )
+            return JitReason("seeds")
         for _, _, host, where in self.puts:
             if host is None:
-                return (
-                    f"the step makes a tensor of more than {CONSTANT_NUMEL} elements from host "
-                    f"data each call{_at(where)}: data belongs in the arguments"
-                )
+                return JitReason("uploads", n=CONSTANT_NUMEL, line=_line(where))
         return None
 
-    def written_constant(self, op_index: dict) -> str | None:
+    def written_constant(self, op_index: dict) -> JitReason | None:
         """Why a tensor the step makes from host data cannot be a constant: a write to it."""
         ids = {vid: where for vid, _, _, where in self.puts}
         ops = {idx: op for op, idx in op_index.items()}
@@ -85,10 +80,8 @@ class Recording:
                 continue
             for a, v in zip(schema.arguments, ins.args):  # noqa: B905 (defaults omitted)
                 if a.alias_info is not None and a.alias_info.is_write and _refers(v, ids):
-                    return (
-                        f"the step makes a tensor from host data{_at(ids[_refers(v, ids)])} "
-                        f"and writes it in place ({op_name(op)}): replay would reuse it written"
-                    )
+                    where = _line(ids[_refers(v, ids)])
+                    return JitReason("written_constant", op=op_name(op), line=where)
         return None
 
     def constants(self) -> list[dict]:
@@ -130,7 +123,7 @@ class Recording:
         return [{"op": o, "arg": w, "value": v, "count": n} for (o, w, v), n in counts.items()]
 
 
-def differ(a: Recording, b: Recording, ops: dict) -> str | None:
+def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
     """Why two recorded calls cannot share one replay (None: they can)."""
     if len(a.instrs) != len(b.instrs) or a.shape() != b.shape():
         return None  # other work: the worker sees another block; recording goes on
@@ -143,20 +136,15 @@ def differ(a: Recording, b: Recording, ops: dict) -> str | None:
     }
     for (i, where, x, site), (_, _, y, _) in zip(a.floats(), b.floats(), strict=True):
         if x != y and not _flows(a, b, site, x, y):
-            return (
-                f"a Python number the step passes to {ops.get(i, i)} ({where}) changed between "
-                f"calls ({x!r} -> {y!r}): replay would freeze it. Make it a tensor (e.g. "
-                "lr=torch.tensor(...), capturable=True), or keep calling without jit"
-            )
+            return JitReason("python_number", op=str(ops.get(i, i)), arg=where, old=x, new=y)
     for (_, _, x, _), (_, _, y, where) in zip(a.puts, b.puts, strict=True):
         if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
-            return (
-                f"a tensor the step makes from host data{_at(where)} changes between calls "
-                f"({_brief(x)} -> {_brief(y)}): that is data; pass it as an argument"
+            return JitReason(
+                "host_data_changes", line=_line(where), old=_brief(x), new=_brief(y)
             )
     for x, y in zip(a.result_leaves, b.result_leaves, strict=True):
         if type(x) is not Proxy and x != y:
-            return f"the step returns a Python value that changes ({x!r} -> {y!r})"
+            return JitReason("python_result", old=x, new=y)
     return None
 
 
@@ -167,24 +155,22 @@ def _number(v) -> bool:
 
 
 def _flows(a: Recording, b: Recording, site, x: float, y: float) -> bool:
-    """Whether the number at ``site`` (``x`` in call ``a``, ``y`` in ``b``) is the same
-    expression of each call's optimizer settings; if so, it flows (``b.flowing``)."""
-    for expr in b.knob_floats.get(site, ()):
-        try:
-            if evaluate(expr, a.settings) == x and evaluate(expr, b.settings) == y:
-                b.flowing[site] = expr
-                return True
-        except (IndexError, KeyError, TypeError, ValueError, ArithmeticError):
-            continue
-    return False
+    """Whether the number at ``site`` (``x`` in call ``a``, ``y`` in ``b``) is an expression
+    of each call's optimizer settings; if so, it flows (``b.flowing``). Every expression that
+    gives both numbers is kept (two param groups with one lr: either could be the origin), and
+    a replay sends the number only while they all agree (``settings.agree``)."""
+    found = tuple(
+        expr
+        for expr in b.knob_floats.get(site, ())
+        if agree((expr,), a.settings) == x and agree((expr,), b.settings) == y
+    )
+    if found:
+        b.flowing[site] = found
+    return bool(found)
 
 
-def _at(where) -> str:
-    return f" (at {where[0]}:{where[1]})" if where else ""
-
-
-def _last_at(where) -> str:
-    return f", the last at {where[0]}:{where[1]}" if where else ""
+def _line(where) -> str | None:
+    return f"{where[0]}:{where[1]}" if where else None
 
 
 def _brief(t) -> str:
@@ -236,10 +222,12 @@ class Recipe:
 
     def __init__(self, plan, rec: Recording):
         occ = _matched(plan, rec)
+        self.plan, self.rec = plan, rec  # (what an audited call is compared with)
         self.sig = plan.sig
         self.roots = rec.roots
         self.n_produced = len(occ.produced)
         self._find_inputs(occ, rec)
+        self.input_ids = list(occ.inputs)  # (the value ids the recorded call's block read)
         freed = {ins.vid for ins in rec.instrs if ins.code == FREE}
         alive = [k for k, vid in enumerate(occ.produced) if vid not in freed]
         index = {occ.produced[k]: j for j, k in enumerate(alive)}
@@ -248,10 +236,7 @@ class Recipe:
         self._result(rec, index, metas)
         missing = [occ.produced[k] for k in alive if occ.produced[k] not in metas]
         if missing:
-            raise Refused(
-                f"{len(missing)} tensor(s) the step makes stay alive where jit cannot put them "
-                "again (e.g. appended to a list, or kept by an autograd graph): return them"
-            )
+            raise Refused(JitReason("kept_alive", n=len(missing)))
         self.outputs = [(k, metas[occ.produced[k]]) for k in alive]
         # What a replayed call reads, flat: (getter, container, key) per input (the getter
         # None for an argument: leaves[key]), each one's metadata key, and the roots the same
@@ -263,13 +248,18 @@ class Recipe:
         self.root_readers = [place.reader() for place, _ in self.roots]
         self.root_objs = [obj for _, obj in self.roots]
         # The optimizers the step can reach, and their settings now: the block holds them as
-        # numbers, so a change (an LR scheduler's step) means recording again (jit._retune).
-        self.optimizers = optimizers(obj for _, obj in rec.all_roots)
-        # The block's lifted numbers, each an expression of those settings (jit_knobs); the
-        # settings that changed between the recorded calls flow, the others stay compared.
-        self.scalars = _scalar_exprs(plan, rec)
+        # numbers, so a change (an LR scheduler's step) means recording again.
+        self.optimizers = rec.optimizers
+        self.forced = rec.forced  # param groups the recorded call ran capturable (traced)
+        # The block's lifted numbers, each the expressions of those settings that gave it
+        # (jit.settings); the settings that changed between the recorded calls flow, the
+        # others stay compared. A replay evaluates each distinct set of expressions once.
+        scalars, self.scalar_sites = _scalar_exprs(plan, rec)
+        self.distinct = list(dict.fromkeys(scalars))
+        at = {e: k for k, e in enumerate(self.distinct)}
+        self.scalar_ix = [at[e] for e in scalars]
         self.flowing = frozenset(
-            s for e in self.scalars for s in settings_in(e) if s in rec.changed
+            s for es in self.distinct for e in es for s in settings_in(e) if s in rec.changed
         )
         self.knobs = knobs(self.optimizers, self.flowing)
 
@@ -295,11 +285,7 @@ class Recipe:
                 place, p = before[vid]
                 self.inputs.append((place, p._gt_k))
             else:
-                raise Refused(
-                    "the step reads a worker tensor jit cannot find again: not an argument, nor "
-                    "reachable from its closure or globals, or those of the functions it calls "
-                    "(through modules, optimizers, dicts, lists, objects' attributes)"
-                )
+                raise Refused(JitReason("unreachable"))
 
     def _place_outputs(self, rec: Recording, index: dict, metas: dict) -> None:
         """``placed``: (place, output) the recorded call left there; ``cleared``: places it
@@ -317,7 +303,7 @@ class Recipe:
                 self.placed.append((place, index[now]))
                 metas[now] = p._gt_m
             else:
-                raise Refused(f"the step moves a tensor into {place.describe()}: replay cannot")
+                raise Refused(JitReason("moves_tensor", place=place.describe()))
 
     def _result(self, rec: Recording, index: dict, metas: dict) -> None:
         """``result``: the call's result leaves, outputs as (OUT, output); ``single``: the one
@@ -327,7 +313,7 @@ class Recipe:
         for x in rec.result_leaves:
             if type(x) is Proxy:
                 if x._gt_id not in index:
-                    raise Refused("the step returns a tensor it did not make (an input)")
+                    raise Refused(JitReason("returns_input"))
                 self.result.append((OUT, index[x._gt_id]))
                 metas[x._gt_id] = x._gt_m
             else:
@@ -340,20 +326,20 @@ class Recipe:
         self.single = self.result[0][1] if one else None
 
 
-def _scalar_exprs(plan, rec: Recording) -> list:
-    """The expression of each lifted number of ``plan``'s block (refused: one without)."""
+def _scalar_exprs(plan, rec: Recording) -> tuple[list, list]:
+    """The expressions of each lifted number of ``plan``'s block (refused: one without), and
+    each one's site in the recorded call."""
     out: list = [None] * plan.n_scalars
+    sites: list = [None] * plan.n_scalars
     for j, e in enumerate(plan.entries):
         if e.kind == "op":
             for k, path in _scalar_paths(e):
-                out[k] = rec.flowing.get((j, path))
+                out[k], sites[k] = rec.flowing.get((j, path)), (j, path)
                 if out[k] is None:
                     raise Refused(
-                        f"a Python number the step passes to an op (entry {j}, {path}) changes "
-                        "between calls and is not computed from an optimizer's settings: make "
-                        "it a tensor, or keep calling without jit"
+                        JitReason("python_number", op=f"entry {j}'s op", arg=f"argument {path}")
                     )
-    return out
+    return out, sites
 
 
 def _scalar_paths(e):
@@ -381,7 +367,7 @@ def _matched(plan, rec: Recording) -> Candidate:
         if ins.code == PUT:
             continue  # (its value is an input of the block: a constant below)
         if not occ.match(ins):
-            raise Refused("the worker's block does not match the recorded call")
+            raise Refused(JitReason("plan_mismatch", what=f"instruction {occ.pos}"))
     if occ.pos != occ.n:
-        raise Refused("the worker's block is shorter than the recorded call")
+        raise Refused(JitReason("plan_mismatch", what="the block is shorter"))
     return occ

@@ -16,7 +16,7 @@ import torch
 
 from gt_core.client.proxy import Proxy
 
-__all__ = ["Place", "reach_roots", "tensor_slots", "id_before"]
+__all__ = ["Place", "Reached", "reach_roots", "walk", "tensor_slots", "id_before"]
 
 
 class Place(NamedTuple):
@@ -113,24 +113,40 @@ def _names(code) -> set:
     return out
 
 
-def tensor_slots(roots) -> list:
-    """[(place, proxy or None)] for every tensor slot reachable from ``roots``."""
-    out: list = []
+class Reached(NamedTuple):
+    """What one walk over a step's state found: every tensor slot, every optimizer."""
+
+    slots: list  # [(place, proxy or None)]
+    optimizers: list  # the optimizers, once each, in the order found
+
+
+def walk(roots) -> Reached:
+    """The one walk over what a step reaches (``roots``: see reach_roots), through tensors,
+    modules, optimizers, LR schedulers, dicts, lists, tuples and plain objects' attributes.
+    Everything jit needs of the state (tensors read and written, settings compared or
+    flowing) comes from here, so no setting is reachable for one purpose and not another."""
+    out = Reached([], [])
     seen: set[int] = set()
     for place, obj in roots:
         if isinstance(obj, Proxy):
             if place is not None:
-                _slot(place, obj, out)
-            _slot(Place("attr", obj, "grad"), obj.grad, out)
+                _slot(place, obj, out.slots)
+            _slot(Place("attr", obj, "grad"), obj.grad, out.slots)
         else:
             _visit(obj, out, seen, 0)
     return out
 
 
-def _visit(obj, out, seen, depth) -> None:
+def tensor_slots(roots) -> list:
+    """[(place, proxy or None)] for every tensor slot reachable from ``roots``."""
+    return walk(roots).slots
+
+
+def _visit(obj, found: Reached, seen, depth) -> None:
     if id(obj) in seen or depth > _NESTING:
         return
     seen.add(id(obj))
+    out = found.slots
     if isinstance(obj, torch.nn.Module):
         for m in obj.modules():
             for d in (m._parameters, m._buffers):
@@ -138,35 +154,39 @@ def _visit(obj, out, seen, depth) -> None:
                     _slot(Place("item", d, name), t, out)
                     if t is not None and isinstance(t, Proxy):
                         _slot(Place("attr", t, "grad"), t.grad, out)
+            for k, v in vars(m).items():  # (a module holding its optimizer, a state object)
+                if not k.startswith("_") and _holder(v) and not isinstance(v, torch.nn.Module):
+                    _visit(v, found, seen, depth + 1)
     elif isinstance(obj, torch.optim.Optimizer):
+        found.optimizers.append(obj)
         for group in obj.param_groups:
-            _visit(group, out, seen, depth + 1)
+            _visit(group, found, seen, depth + 1)
             for p in group["params"]:
                 if isinstance(p, Proxy):
                     _slot(Place("attr", p, "grad"), p.grad, out)
         for st in obj.state.values():
-            _visit(st, out, seen, depth + 1)
+            _visit(st, found, seen, depth + 1)
     elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
-        _visit(obj.optimizer, out, seen, depth + 1)
+        _visit(obj.optimizer, found, seen, depth + 1)
     elif isinstance(obj, dict):
         for k, v in list(obj.items()):
             if isinstance(v, torch.Tensor):
                 _slot(Place("item", obj, k), v, out)
             elif _holder(v):
-                _visit(v, out, seen, depth + 1)
+                _visit(v, found, seen, depth + 1)
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             if isinstance(v, torch.Tensor):
                 if type(obj) is list:  # (a tuple's tensors cannot be put back: no place)
                     _slot(Place("item", obj, i), v, out)
             elif _holder(v):
-                _visit(v, out, seen, depth + 1)
+                _visit(v, found, seen, depth + 1)
     elif _plain(obj):  # a library's state object (a KV cache and its layers): its attributes
         for k, v in list(vars(obj).items()):
             if isinstance(v, torch.Tensor):
                 _slot(Place("attr", obj, k), v, out)
             elif _holder(v):
-                _visit(v, out, seen, depth + 1)
+                _visit(v, found, seen, depth + 1)
 
 
 _NOT_PLAIN = (type, types.FunctionType, types.MethodType, types.ModuleType, torch.Tensor)
@@ -181,7 +201,8 @@ def _plain(obj) -> bool:
 def _holder(v) -> bool:
     """Whether ``v`` may hold tensors a step reads: containers, modules, optimizers, and
     plain objects."""
-    return isinstance(v, (dict, list, tuple, torch.nn.Module, torch.optim.Optimizer)) or _plain(v)
+    kinds = (dict, list, tuple, torch.nn.Module, torch.optim.Optimizer)
+    return isinstance(v, kinds) or _plain(v)
 
 
 def _slot(place, t, out) -> None:

@@ -20,7 +20,9 @@ import threading
 from gt_core.stream.instructions import FREE as _FREE
 from gt_core.stream.instructions import OP as _OP
 
-__all__ = ["Knob", "wrapped", "attribute", "evaluate", "groups", "settings_in"]
+__all__ = ["Knob", "wrapped", "attribute", "evaluate", "agree", "groups", "settings_in", "knobs"]
+
+_NOT_KNOBS = ("params", "capturable")  # (capturable: set while recording, see traced)
 
 _here = threading.local()  # .ledger: {value: [expression]} of the call recording now
 
@@ -131,6 +133,31 @@ def evaluate(expr, groups_: list):
     if kind == "neg":
         return -evaluate(expr[1], groups_)
     return getattr(operator, kind)(evaluate(expr[1], groups_), evaluate(expr[2], groups_))
+
+
+def agree(exprs, groups_: list):
+    """The number every expression of ``exprs`` gives with the settings in ``groups_``; None
+    where two differ or one cannot be computed (a replay then records instead)."""
+    value = None
+    for e in exprs:
+        try:
+            v = evaluate(e, groups_)
+        except (IndexError, KeyError, TypeError, ValueError, ArithmeticError):
+            return None
+        if value is None:
+            value = v
+        elif v != value:
+            return None
+    return value
+
+
+def knobs(opts, flowing=frozenset()) -> list:
+    """The Python settings of ``opts``' param groups (lr, betas, weight decay...), but those
+    ``flowing`` into the block as inputs ((group index, key)): what a replay compares."""
+    return [
+        tuple((k, v) for k, v in group.items() if k not in _NOT_KNOBS and (i, k) not in flowing)
+        for i, group in enumerate(groups(opts))
+    ]
 
 
 def settings_in(expr) -> set:

@@ -1,0 +1,226 @@
+"""One call key of a jitted function: its state machine.
+
+The states and the transitions between them are ``gt_core.observe.jit_states``' table; this
+class moves only through :meth:`Entry._move`, which applies that table and emits the event
+(its state, trigger and typed reason) that the report folds. What each state does with a
+call:
+
+* recording / re-recording: the call runs its Python, recorded between marks; once the last
+  two recorded calls made one block and the worker sent its plan, the key replays (or is
+  refused, with the reason the recorded calls show);
+* replaying: before each call the settings the block holds are compared; a call sends one
+  RUN (``replay``), except an audited one, recorded instead and compared with the replay it
+  stands for (``audit``);
+* refused: the call runs its Python, unrecorded by jit.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+import time
+
+from gt_core.client.jit import audit, replay
+from gt_core.client.jit.reach import reach_roots, tensor_slots, walk
+from gt_core.client.jit.recipe import Recipe, Recording, Refused, differ
+from gt_core.client.jit.settings import agree, attribute, groups, knobs, settings_in, wrapped
+from gt_core.client.jit.traced import as_traced, zero_lr
+from gt_core.client.session import LOCK
+from gt_core.observe import events as ev
+from gt_core.observe import metrics
+from gt_core.observe.jit_states import JitReason, JitState, Trigger, next_state
+from gt_core.stream.instructions import JIT_SIGNAL, MARK, Mark, op_name
+from gt_core.stream.requests import JitPlan
+
+__all__ = ["Entry", "RECORD_LIMIT"]
+
+RECORD_LIMIT = 6  # recorded calls of one key without a repeatable block: replay refused
+_RECORDS = (JitState.RECORDING, JitState.RERECORDING)
+
+
+class Entry:
+    """One call key: recorded calls until their block repeats, then replayed calls."""
+
+    def __init__(self, owner, session, k: int):
+        self.owner = owner
+        self.session = session
+        self.name = f"{JIT_SIGNAL}{owner.name}:{id(owner):x}:{k}"
+        self.state = JitState.RECORDING
+        self.reason: JitReason | None = None  # why the key left its last state
+        self.recorded: list[Recording] = []
+        self.recipe: Recipe | None = None
+        self.replayed = 0
+        self.audited = 0  # replays recorded instead and compared (see audit)
+        self.since_prepared = 0  # replays since the recipe was made
+        self.scalars_now: list = []  # the block's lifted numbers for this call (see _stale)
+        self.client_ms: collections.deque = collections.deque(maxlen=metrics.CLIENT_SAMPLES)
+        self.marks: collections.deque = collections.deque()
+        self.calls = 0  # recorded calls since recording (re)started
+        session.jits.append(self)
+        self.sig: str | None = None  # the block's signature, once the worker has it
+        self.facts: list | None = None  # (session, metadata key, no shadow) per fitting input
+
+    @property
+    def refused(self) -> str | None:
+        """Why replay is refused (None: it is not)."""
+        return self.reason.text() if self.state is JitState.REFUSED else None
+
+    def call(self, leaves, spec):
+        if self.state in _RECORDS and len(self.recorded) >= 2:
+            self._prepare()
+        if self.state is JitState.REPLAYING:
+            why = self._stale()
+            if why is not None:
+                self._move(Trigger.SETTING_CHANGED, why)
+        if self.state is JitState.REPLAYING:
+            if audit.due(self):
+                return audit.run(self, leaves, spec)
+            t0 = time.perf_counter()
+            out = replay.run(self, leaves)
+            if out is not replay.UNFIT:
+                t1 = time.perf_counter()
+                replay.bound(self)  # (waiting for the worker: not the client's own time)
+                self.client_ms.append((t1 - t0) * 1e3)
+                return out
+        if self.state is JitState.REFUSED:
+            args, kwargs = replay.unflatten(leaves, spec)
+            return self.owner.fn(*args, **kwargs)
+        result, rec = self.record(leaves, spec)
+        self._keep(rec)
+        return result
+
+    # -- the table ------------------------------------------------------------------------
+    def _move(self, trigger: Trigger, reason: JitReason | None = None, **facts) -> None:
+        """Take the transition ``trigger`` from the current state (the table's), and say so."""
+        state = next_state(self.state, trigger)
+        self.state, self.reason = state, reason or self.reason
+        if state is not JitState.REPLAYING:
+            self.recipe, self.facts = None, None
+        if state is JitState.RERECORDING:
+            # The last recorded call stays: the next one is compared with it, so a setting
+            # that changed between them (a scheduler's step) flows into the block from then.
+            self.recorded, self.calls = self.recorded[-1:], 0  # (its record limit starts over)
+        self.session.log.emit(
+            ev.JIT,
+            function=self.owner.name,
+            name=self.name,
+            state=str(state),
+            trigger=str(trigger),
+            signature=self.sig,
+            reason=reason.text() if reason is not None else None,
+            cause=reason.to_data() if reason is not None else None,
+            **facts,
+        )
+
+    # -- recording ---------------------------------------------------------------------
+    def record(self, leaves, spec):
+        """Run the call's Python, recorded between marks: (its result, its Recording)."""
+        s = self.session
+        args, kwargs = replay.unflatten(leaves, spec)
+        roots = reach_roots(self.owner.fn, leaves)
+        with LOCK:
+            s.flush()
+            reached = walk(roots)  # (after the flush: the slots as they are now)
+            opts = reached.optimizers
+            settings, ledger, forced = [dict(g) for g in groups(opts)], {}, []
+            syncs = s.counters["syncs"]
+            s.emit(Mark(MARK, self.name, "enter"))
+            s.tee, s.tee_puts = tee, puts = [], []
+        try:
+            with as_traced(opts, forced), wrapped(opts, ledger):
+                result = self.owner.fn(*args, **kwargs)
+        finally:
+            with LOCK:
+                s.emit(Mark(MARK, self.name, "exit"))  # the frees of the call's locals come first
+                s.tee, s.tee_puts = None, None
+                s.flush()
+        rec = Recording(leaves, roots, reached, tensor_slots(roots), result, tee[:-1], puts)
+        rec.syncs = s.counters["syncs"] - syncs
+        rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
+        rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
+        rec.forced = forced
+        return result, rec
+
+    def _keep(self, rec: Recording) -> None:
+        """A recorded call becomes the newest of the two a recipe is made from."""
+        self.recorded = [*self.recorded[-1:], rec]
+        self.calls += 1
+        if self.calls >= RECORD_LIMIT and self.state in _RECORDS:
+            self._move(Trigger.REFUSED, JitReason("no_block", n=self.calls))
+
+    def _prepare(self) -> None:
+        """Turn the last two recorded calls into a recipe, once the worker sent the plan."""
+        a, b = self.recorded[-2], self.recorded[-1]
+        ops = {idx: op_name(op) for op, idx in self.session.op_index.items()}
+        why = b.unreplayable() or differ(a, b, ops) or b.written_constant(self.session.op_index)
+        if why is not None:
+            self._move(Trigger.REFUSED, why)
+            return
+        if a.shape() != b.shape():
+            return  # other work each call so far: recording goes on
+        got = self.session.request(JitPlan(self.name))  # once per key
+        if got is None:
+            return  # the worker saw two blocks (other input metadata): recording goes on
+        self.sig, plan = got
+        self.facts = None
+        try:
+            recipe = Recipe(plan, b)
+        except Refused as exc:
+            self._move(Trigger.REFUSED, exc.reason)
+            return
+        self.since_prepared = 0
+        self._move(
+            Trigger.PREPARED,
+            frozen=b.frozen(ops),
+            constants=b.constants(),
+            flowing=sorted(key for _, key in recipe.flowing),  # settings sent each call
+            inputs=len(recipe.inputs),
+            outputs=len(recipe.outputs),
+        )
+        self.recipe = recipe
+
+    # -- before a replay ------------------------------------------------------------------
+    def _stale(self) -> JitReason | None:
+        """Why the block no longer holds the step's settings (None: it does)."""
+        r = self.recipe
+        now = groups(r.optimizers)
+        for i in r.forced:
+            if i < len(now) and zero_lr(now[i]):
+                return JitReason("capturable_zero_lr", arg=str(i), new=now[i]["lr"])
+        if r.knobs != knobs(r.optimizers, r.flowing):
+            return _changed(r.knobs, knobs(r.optimizers, r.flowing))
+        values = [agree(es, now) for es in r.distinct]
+        if None in values:  # settings that were equal when recorded (two groups' lr) differ
+            es = r.distinct[values.index(None)]
+            was = sorted({f"group {g} {k}" for e in es for g, k in settings_in(e)})
+            return JitReason("settings_parted", arg=" / ".join(was))
+        self.scalars_now = [values[i] for i in r.scalar_ix]
+        return None
+
+    def unfit(self, src, p, k) -> None:
+        """An input no longer fits the block: the call runs, recording starts over."""
+        where = f"argument {src}" if type(src) is int else src.describe()
+        if k is None:
+            got = "it now holds another object"
+        else:
+            got = "not a worker tensor" if not hasattr(p, "_gt_m") else f"metadata {p._gt_m}"
+        self._move(Trigger.UNFIT, JitReason("unfit", place=where, what=got))
+
+    def stats(self) -> dict:
+        return {
+            "function": self.owner.name,
+            "name": self.name,
+            "signature": self.sig,
+            "replayed": self.replayed,
+            "audited": self.audited,
+            "client_ms": statistics.median(self.client_ms) if self.client_ms else None,
+        }
+
+
+def _changed(was: list, now: list) -> JitReason:
+    """The first setting that differs between two ``knobs`` lists, as a reason."""
+    for i, (x, y) in enumerate(zip(was, now, strict=False)):
+        for (k, a), (k2, b) in zip(x, y, strict=False):
+            if k != k2 or a != b:
+                return JitReason("setting_changed", arg=f"group {i} {k}", old=a, new=b)
+    return JitReason("setting_changed", arg="param groups", old=len(was), new=len(now))

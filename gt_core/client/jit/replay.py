@@ -1,0 +1,112 @@
+"""A replayed call: the block's inputs read where the recipe says, one RUN, outputs put back.
+
+The inputs are read in flat passes where everything is as the last calls found it (the
+steady state: ``inputs_fast``), else each is checked (``inputs``); one that no longer fits
+sends the call back to its Python (the entry's ``unfit`` transition).
+"""
+
+from __future__ import annotations
+
+import operator
+
+from torch.utils._pytree import tree_unflatten
+
+from gt_core.client.jit.recipe import OUT
+from gt_core.client.proxy import Proxy
+from gt_core.client.session import LOCK
+from gt_core.stream.instructions import FREE, RUN, Free, Run
+
+__all__ = ["run", "inputs", "bound", "unflatten", "UNFIT", "IN_FLIGHT"]
+
+IN_FLIGHT = 32  # replayed calls the worker may be behind by before a call waits for it
+MARK_EVERY = 8  # a progress mark is posted every this many replayed calls
+UNFIT = object()  # what ``run`` returns when an input no longer fits (the call runs instead)
+_FACTS = operator.attrgetter("_gt_s", "_gt_k", "_gt_v")  # a fitting input: (session, key, None)
+_ID = operator.attrgetter("_gt_id")
+
+
+def unflatten(leaves, spec):
+    """(args, kwargs) from the call's leaves: ``spec`` is a pytree spec, or the number of
+    proxies passed positionally (the common case, flattened without pytree)."""
+    if type(spec) is int:
+        return tuple(leaves), {}
+    return tree_unflatten(leaves, spec)
+
+
+def run(entry, leaves):
+    """Send one RUN for this call; its result (UNFIT: an input no longer fits)."""
+    s, r = entry.session, entry.recipe
+    with LOCK:
+        s.check()
+        ids = _inputs_fast(entry, leaves)
+        if ids is None:
+            ids = inputs(entry, leaves)
+            if ids is None:
+                return UNFIT
+        produced = s.new_ids(r.n_produced)  # (a range: consecutive ids)
+        if s.matcher.kept:
+            s.matcher.release()
+        out, freed = s.out, s.freed  # (out: a jit call being recorded sees them too)
+        while freed:  # straight out: the RUN after them ends any occurrence they start
+            out(Free(FREE, freed.popleft()))
+        out(Run(RUN, r.sig, ids, produced, entry.scalars_now))
+        s.send_now()
+        entry.replayed += 1
+        entry.since_prepared += 1
+        outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]
+        for place in r.cleared:
+            place.write(None)
+        for place, j in r.placed:
+            place.write(outs[j])
+    if r.single is not None:
+        return outs[r.single]
+    res_leaves = [outs[x[1]] if type(x) is tuple and x and x[0] is OUT else x for x in r.result]
+    return tree_unflatten(res_leaves, r.result_spec)
+
+
+def _inputs_fast(entry, leaves) -> list | None:
+    """The inputs' ids when every root and input is as the last calls found them (the
+    steady state), read in flat passes; None sends the call to ``inputs``."""
+    r, s = entry.recipe, entry.session
+    try:
+        roots = [g(o, k) for g, o, k in r.root_readers]
+        got = [leaves[k] if g is None else g(o, k) for g, o, k in r.readers]
+        facts = list(map(_FACTS, got))  # (AttributeError: not a proxy)
+    except Exception:
+        return None
+    if facts != entry.facts or not all(map(operator.is_, roots, r.root_objs)):
+        if entry.facts is None:  # (first replay: what the steady state looks like)
+            entry.facts = [(s, k, None) for k in r.keys]
+        return None
+    return list(map(_ID, got))
+
+
+def inputs(entry, leaves) -> list | None:
+    """The inputs' ids, each checked (None: one no longer fits; the function runs)."""
+    s, r = entry.session, entry.recipe
+    for place, obj in r.roots:
+        if place.read() is not obj:  # a global or closure name bound to another object
+            entry.unfit(place, obj, None)
+            return None
+    ids = []
+    for src, k in r.inputs:
+        p = leaves[src] if type(src) is int else src.read()
+        if type(p) is not Proxy or p._gt_s is not s or p._gt_k != k:
+            entry.unfit(src, p, k)
+            return None
+        if p._gt_v is not None:
+            p._gt_v = None  # its shadow would not follow the replayed block
+        ids.append(p._gt_id)
+    return ids
+
+
+def bound(entry) -> None:
+    """Bound the replayed calls in flight: the worker reads every message at once, so a
+    client far ahead would make its memory grow; past IN_FLIGHT calls, wait for it."""
+    if entry.replayed % MARK_EVERY:
+        return
+    t = entry.session.transport
+    window = IN_FLIGHT // MARK_EVERY
+    entry.marks.append(t.post_mark(entry.marks[0] if len(entry.marks) >= window else None))
+    while len(entry.marks) > window:
+        t.wait_mark(entry.marks.popleft())
