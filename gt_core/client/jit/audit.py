@@ -62,6 +62,8 @@ def compare(r: Recipe, rec, would: list, scalars: list, ops: dict) -> str | None
     why = differ(r.rec, rec, ops)
     if why is not None:
         return why.text()
+    # The numbers that flow in the recipe flow in the audited call too, changed or not.
+    rec.flowing, rec.changed = {**r.rec.flowing, **rec.flowing}, rec.changed | r.rec.changed
     try:
         fresh = Recipe(r.plan, rec)
     except Refused as exc:
