@@ -236,3 +236,35 @@ def test_functions_are_short():
     assert not long, "split (a handler table where an if-chain grew):\n" + "\n".join(long)
     gone = sorted(LONG_FUNCTIONS_LEFT - seen)
     assert not gone, "short now: remove from LONG_FUNCTIONS_LEFT:\n" + "\n".join(gone)
+
+
+def test_no_module_parses_gt_core_jit_s_own_reasons():
+    """A jit reason is a typed record rendered to words; the words are never read back."""
+    from gt_core.observe.causes import CAUSES
+
+    parsing = [c.id for c in CAUSES if any(k.startswith("jit_") for k in c.kinds) and c.pattern]
+    assert not parsing, f"causes that match gt_core.jit's sentences: {parsing}"
+    summary = (ROOT / "gt_core/observe/jit_summary.py").read_text()
+    assert "explain" not in summary.replace("JitReason.from_data(cause).explain()", "")
+
+
+def test_jit_states_change_only_through_the_table():
+    """The client's jit entry assigns its state in one place, the table's transition."""
+    src = (ROOT / "gt_core/client/jit/entry.py").read_text()
+    tree = ast.parse(src)
+    writers = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Assign, ast.AugAssign))
+        for t in (node.targets if isinstance(node, ast.Assign) else [node.target])
+        for x in (t.elts if isinstance(t, ast.Tuple) else [t])
+        if isinstance(x, ast.Attribute) and x.attr == "state"
+    ]
+    moves = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "move"]
+    (move,) = moves
+    inside = [ln for ln in writers if move.lineno <= ln <= move.end_lineno]
+    initial = [ln for ln in writers if ln not in inside]
+    assert len(initial) == 1 and len(inside) == 1, writers  # __init__'s, and move's
+    for path in _sources():
+        if path.name != "entry.py" and re.search(r"\.state\s*=\s*JitState", path.read_text()):
+            raise AssertionError(f"{path.relative_to(ROOT)} sets a jit state outside the table")

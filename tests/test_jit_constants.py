@@ -60,7 +60,7 @@ def test_a_constant_made_inside_the_step_is_frozen_and_replayed(inprocess):
     e = _entry(fn)
     assert e.refused is None and e.replayed >= 6
     (replaying,) = [
-        x for x in gt_core.report().events if x["type"] == "jit" and x["state"] == "replaying"
+        x for x in gt_core.report().events if x["type"] == "jit" and x.get("trigger") == "prepared"
     ]
     (c,) = replaying["constants"]
     assert c["shape"] == [4] and c["dtype"] == "float32" and "test_jit_constants.py" in c["where"]

@@ -143,11 +143,11 @@ def test_an_input_that_no_longer_fits_says_the_call_ran(inprocess):
         f(x)
     data = gt_core.report().to_data()
     (j,) = data["jit"]
-    assert j["state"] == JitState.RAN and "no longer fits" in j["reason"]
+    assert j["state"] == JitState.RERECORDING and "no longer fits" in j["reason"]
     assert j["explanation"]["id"] == "jit_unfit"
     (row,) = _jit_rows(data)
-    assert row["kind"] == "jit ran" and "in place" in row["what to do"]
-    assert f"jit {j['function']}: ran its Python:" in str(gt_core.report())
+    assert row["kind"] == "jit re-recording" and "in place" in row["what to do"]
+    assert f"jit {j['function']}: re-recording (that call ran its Python):" in str(gt_core.report())
 
 
 # -- the data, from events alone ---------------------------------------------------------
@@ -185,14 +185,18 @@ def test_a_refused_key_that_ran_again_keeps_its_latest_state():
             ev.JIT,
             function="step",
             name=name,
-            state="ran",
+            state="re-recording",
+            trigger="unfit",
             signature="s1",
             reason="argument 0 no longer fits the block (metadata x): the function ran instead",
+            cause={"kind": "unfit", "place": "argument 0", "what": "metadata x"},
         ),
     ]
     (j,) = summarize(events)["jit"]
-    assert j["state"] == "ran" and j["frozen"] == []
-    assert j["explanation"]["cause"].startswith("argument 0 no longer fits the replayed block")
+    assert j["state"] == "re-recording" and j["frozen"] == []
+    # The explanation is rendered from the typed cause, not parsed from the reason's words.
+    assert j["explanation"]["cause"].startswith("argument 0 no longer fits the block (metadata x)")
+    assert j["explanation"]["id"] == "jit_unfit"
     events.append(
         ev.event(ev.JIT, function="step", name=name, state="replaying", signature="s1", frozen=[])
     )

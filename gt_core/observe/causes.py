@@ -36,7 +36,7 @@ HOTPATH_KINDS = (
     "sync",
     "mismatch",
     "jit_refused",
-    "jit_ran",
+    "jit_re-recording",
     "jit_frozen",
     "jit_would_save",
     "worker_error",

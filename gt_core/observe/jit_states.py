@@ -78,17 +78,19 @@ REASONS: dict[str, tuple[str, str]] = {
     "sync": (
         "a sync inside the step ({n} per call{at}): replay cannot answer it (.item(), printing "
         "a tensor, a data-dependent shape, torch.get_rng_state as torch.utils.checkpoint calls "
-        "it)",
+        "it), the function keeps running",
         "move the sync out of the jitted function: return the loss and read it outside "
         "(loss.item() every k steps), or keep running values on the worker and read them once."
         + _KEEPS_RUNNING,
     ),
     "seeds": (
-        "the step seeds or sets the random generator each call (torch.manual_seed inside it)",
+        "the step seeds or sets the random generator each call (torch.manual_seed inside it): "
+        "move that out of the jitted function",
         "seed once before the loop, outside the jitted function." + _KEEPS_RUNNING,
     ),
     "uploads": (
-        "the step makes a tensor of more than {n} elements from host data each call{at}",
+        "the step makes a tensor of more than {n} elements from host data each call{at}: data "
+        "belongs in the arguments",
         "make it before the loop and pass it to the step as an argument (or create it on the "
         "worker inside the capture)." + _KEEPS_RUNNING,
     ),
@@ -106,7 +108,8 @@ REASONS: dict[str, tuple[str, str]] = {
         + _KEEPS_RUNNING,
     ),
     "host_data_changes": (
-        "a tensor the step makes from host data{at} changes between calls ({old} -> {new})",
+        "a tensor the step makes from host data{at} changes between calls ({old} -> {new}): "
+        "that is data; pass it as an argument",
         "pass it to the step as an argument, or compute it from tensors the step reads."
         + _KEEPS_RUNNING,
     ),
@@ -197,8 +200,10 @@ class JitReason:
     def _fill(self) -> dict:
         d = {k: ("?" if v is None else v) for k, v in asdict(self).items()}
         d["old"], d["new"] = _shown(self.old), _shown(self.new)
-        d["at"] = f", the last at {self.line}" if self.kind == "sync" and self.line else (
-            f" (at {self.line})" if self.line else ""
+        d["at"] = (
+            f", the last at {self.line}"
+            if self.kind == "sync" and self.line
+            else (f" (at {self.line})" if self.line else "")
         )
         return d
 
@@ -212,7 +217,8 @@ class JitReason:
 
     def explain(self) -> dict:
         """``{"id", "cause", "fix"}``, as the causes catalogue gives for other reasons."""
-        return {"id": f"jit_{self.kind}", "cause": self.text(), "fix": self.fix()}
+        cause = self.text().replace(" -> ", " → ")  # (the dashboard's arrow)
+        return {"id": f"jit_{self.kind}", "cause": cause, "fix": self.fix()}
 
     def to_data(self) -> dict:
         return {k: _plain(v) for k, v in asdict(self).items() if v is not None}

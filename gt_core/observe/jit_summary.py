@@ -2,7 +2,7 @@
 
 A refusal often comes before the function's block exists (a sync, a Python number that
 changed): its event names no hot path, so the entries are kept apart from the hot paths,
-keyed by the entry's name (one per call key, gt_core.client.jit._Entry); the block its
+keyed by the entry's name (one per call key, gt_core.client.jit.entry.Entry); the block its
 calls made, where the worker detected one, names the entry's marks as its ``signal``.
 No torch import.
 """
@@ -132,6 +132,8 @@ def lines(entries: list[dict]) -> list[str]:
             out.append(f"{head}recording (no two calls recorded the same block yet)")
         else:
             said = j["state"]
+            if said == JitState.RERECORDING:
+                said = "re-recording (that call ran its Python)"
             out.append(f"{head}{said}: {j['reason']}")
             if j["explanation"]:
                 out.append(f"    -> {j['explanation']['fix']}")

@@ -33,17 +33,17 @@ def run(entry, leaves, spec):
     scalars = list(entry.scalars_now)
     result, rec = entry.record(leaves, spec)
     if would is None:
-        entry._keep(rec)
+        entry.keep(rec)
         return result
     entry.audited += 1
     entry.since_prepared += 1
     ops = {idx: op_name(op) for op, idx in entry.session.op_index.items()}
     what = compare(r, rec, would, scalars, ops)
     if what is None:
-        entry._move(Trigger.AUDITED, audited=entry.audited)
+        entry.move(Trigger.AUDITED, audited=entry.audited)
     else:
-        entry._move(Trigger.AUDIT_DIFFERED, JitReason("audit_differed", what=what))
-    entry._keep(rec)
+        entry.move(Trigger.AUDIT_DIFFERED, JitReason("audit_differed", what=what))
+    entry.keep(rec)
     return result
 
 

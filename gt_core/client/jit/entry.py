@@ -1,7 +1,7 @@
 """One call key of a jitted function: its state machine.
 
 The states and the transitions between them are ``gt_core.observe.jit_states``' table; this
-class moves only through :meth:`Entry._move`, which applies that table and emits the event
+class moves only through :meth:`Entry.move`, which applies that table and emits the event
 (its state, trigger and typed reason) that the report folds. What each state does with a
 call:
 
@@ -71,7 +71,7 @@ class Entry:
         if self.state is JitState.REPLAYING:
             why = self._stale()
             if why is not None:
-                self._move(Trigger.SETTING_CHANGED, why)
+                self.move(Trigger.SETTING_CHANGED, why)
         if self.state is JitState.REPLAYING:
             if audit.due(self):
                 return audit.run(self, leaves, spec)
@@ -86,11 +86,11 @@ class Entry:
             args, kwargs = replay.unflatten(leaves, spec)
             return self.owner.fn(*args, **kwargs)
         result, rec = self.record(leaves, spec)
-        self._keep(rec)
+        self.keep(rec)
         return result
 
     # -- the table ------------------------------------------------------------------------
-    def _move(self, trigger: Trigger, reason: JitReason | None = None, **facts) -> None:
+    def move(self, trigger: Trigger, reason: JitReason | None = None, **facts) -> None:
         """Take the transition ``trigger`` from the current state (the table's), and say so."""
         state = next_state(self.state, trigger)
         self.state, self.reason = state, reason or self.reason
@@ -141,12 +141,12 @@ class Entry:
         rec.forced = forced
         return result, rec
 
-    def _keep(self, rec: Recording) -> None:
+    def keep(self, rec: Recording) -> None:
         """A recorded call becomes the newest of the two a recipe is made from."""
         self.recorded = [*self.recorded[-1:], rec]
         self.calls += 1
         if self.calls >= RECORD_LIMIT and self.state in _RECORDS:
-            self._move(Trigger.REFUSED, JitReason("no_block", n=self.calls))
+            self.move(Trigger.REFUSED, JitReason("no_block", n=self.calls))
 
     def _prepare(self) -> None:
         """Turn the last two recorded calls into a recipe, once the worker sent the plan."""
@@ -154,7 +154,7 @@ class Entry:
         ops = {idx: op_name(op) for op, idx in self.session.op_index.items()}
         why = b.unreplayable() or differ(a, b, ops) or b.written_constant(self.session.op_index)
         if why is not None:
-            self._move(Trigger.REFUSED, why)
+            self.move(Trigger.REFUSED, why)
             return
         if a.shape() != b.shape():
             return  # other work each call so far: recording goes on
@@ -166,10 +166,10 @@ class Entry:
         try:
             recipe = Recipe(plan, b)
         except Refused as exc:
-            self._move(Trigger.REFUSED, exc.reason)
+            self.move(Trigger.REFUSED, exc.reason)
             return
         self.since_prepared = 0
-        self._move(
+        self.move(
             Trigger.PREPARED,
             frozen=b.frozen(ops),
             constants=b.constants(),
@@ -204,7 +204,7 @@ class Entry:
             got = "it now holds another object"
         else:
             got = "not a worker tensor" if not hasattr(p, "_gt_m") else f"metadata {p._gt_m}"
-        self._move(Trigger.UNFIT, JitReason("unfit", place=where, what=got))
+        self.move(Trigger.UNFIT, JitReason("unfit", place=where, what=got))
 
     def stats(self) -> dict:
         return {

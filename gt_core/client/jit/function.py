@@ -88,5 +88,3 @@ def _key(leaves, spec):
     except TypeError:
         return None
     return key
-
-

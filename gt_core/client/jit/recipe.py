@@ -17,8 +17,8 @@ from gt_core.client.jit.settings import agree, knobs, settings_in
 from gt_core.client.plan_match import Candidate
 from gt_core.client.proxy import Proxy
 from gt_core.client.uploads import CONSTANT_NUMEL
-from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
 from gt_core.observe.jit_states import JitReason
+from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
 from gt_core.stream.lift import Scalar
 
 OUT = "gt-jit-output"  # a result leaf that is the block's output (OUT, its index)
@@ -139,9 +139,7 @@ def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
             return JitReason("python_number", op=str(ops.get(i, i)), arg=where, old=x, new=y)
     for (_, _, x, _), (_, _, y, where) in zip(a.puts, b.puts, strict=True):
         if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
-            return JitReason(
-                "host_data_changes", line=_line(where), old=_brief(x), new=_brief(y)
-            )
+            return JitReason("host_data_changes", line=_line(where), old=_brief(x), new=_brief(y))
     for x, y in zip(a.result_leaves, b.result_leaves, strict=True):
         if type(x) is not Proxy and x != y:
             return JitReason("python_result", old=x, new=y)
