@@ -170,6 +170,14 @@ REASONS: dict[str, tuple[str, str]] = {
         "so that call runs as written (not capturable) and is recorded",
         "nothing: replay resumes once the learning rate is not zero",
     ),
+    "zero_lr": (
+        "the learning rate of param group(s) {arg} stayed zero for {n} recorded calls: a "
+        "capturable optimizer divides by it, and the optimizer as written reads its step count "
+        "on the host each call (a sync)",
+        "give a frozen part of the model requires_grad=False (or leave it out of the "
+        "optimizer) rather than a zero learning rate; a warmup from zero replays once the "
+        "learning rate is not zero." + _KEEPS_RUNNING,
+    ),
     "audit_differed": (
         "an audited call made another block than the replay would have sent ({what}): replay "
         "stopped for this call key",

@@ -122,12 +122,12 @@ class Entry:
             s.flush()
             reached = walk(roots)  # (after the flush: the slots as they are now)
             opts = reached.optimizers
-            settings, ledger, forced = [dict(g) for g in groups(opts)], {}, []
+            settings, ledger, forced, skipped = [dict(g) for g in groups(opts)], {}, [], []
             syncs = s.counters["syncs"]
             s.emit(Mark(MARK, self.name, "enter"))
             s.tee, s.tee_puts = tee, puts = [], []
         try:
-            with as_traced(opts, forced), wrapped(opts, ledger):
+            with as_traced(opts, forced, skipped), wrapped(opts, ledger):
                 result = self.owner.fn(*args, **kwargs)
         finally:
             with LOCK:
@@ -138,7 +138,7 @@ class Entry:
         rec.syncs = s.counters["syncs"] - syncs
         rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
-        rec.forced = forced
+        rec.forced, rec.skipped = forced, skipped
         return result, rec
 
     def keep(self, rec: Recording) -> None:
@@ -146,11 +146,17 @@ class Entry:
         self.recorded = [*self.recorded[-1:], rec]
         self.calls += 1
         if self.calls >= RECORD_LIMIT and self.state in _RECORDS:
-            self.move(Trigger.REFUSED, JitReason("no_block", n=self.calls))
+            if rec.skipped:  # (a param group's lr stayed zero: its optimizer reads the host)
+                why = JitReason("zero_lr", arg=", ".join(map(str, rec.skipped)), n=self.calls)
+            else:
+                why = JitReason("no_block", n=self.calls)
+            self.move(Trigger.REFUSED, why)
 
     def _prepare(self) -> None:
         """Turn the last two recorded calls into a recipe, once the worker sent the plan."""
         a, b = self.recorded[-2], self.recorded[-1]
+        if b.skipped:
+            return  # a zero lr ran the optimizer as written (it syncs): it may pass
         ops = {idx: op_name(op) for op, idx in self.session.op_index.items()}
         why = b.unreplayable() or differ(a, b, ops) or b.written_constant(self.session.op_index)
         if why is not None:

@@ -55,6 +55,7 @@ class Recording:
         self.flowing: dict = {}
         self.changed: set = set()  # settings (group, key) that differ from the call before
         self.forced: list = []  # param groups made capturable while it recorded (traced)
+        self.skipped: list = []  # param groups left as written: their lr was zero (traced)
 
     def unreplayable(self) -> JitReason | None:
         if self.syncs:

@@ -14,22 +14,25 @@ __all__ = ["as_traced", "zero_lr"]
 
 
 @contextlib.contextmanager
-def as_traced(opts, forced: list):
+def as_traced(opts, forced: list, skipped: list):
     """A recorded call runs library code as torch.compile traces it: the paths behind
     ``torch.compiler.is_compiling()`` (``transformers`` skips data-dependent checks there),
     and the step's optimizers ``capturable`` (Adam's bias corrections are tensor ops on
     its step count, not a new Python number each call that replay would freeze). The
     optimizers' own setting is restored after the call; ``forced`` gets the indices of the
-    param groups made capturable.
+    param groups made capturable, ``skipped`` those left as written for their zero lr.
 
     Never a group whose learning rate is zero: torch's capturable Adam (AdamW, ...) divides
     by the step size, and makes NaN where a gradient's running square is zero, where the
     optimizer as written leaves the parameter as it is (a warmup from lr 0 does this)."""
     groups = [g for opt in opts for g in opt.param_groups]
     for i, g in enumerate(groups):
-        if g.get("capturable") is False and not zero_lr(g):
-            g["capturable"] = True
-            forced.append(i)
+        if g.get("capturable") is False:
+            if zero_lr(g):
+                skipped.append(i)
+            else:
+                g["capturable"] = True
+                forced.append(i)
     try:
         with _compiling():
             yield

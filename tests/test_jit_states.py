@@ -1,0 +1,172 @@
+"""gt_core.jit's lifecycle table, its typed reasons, and the audit that catches what no rule
+foresaw; each against eager PyTorch as the oracle."""
+
+import contextlib
+import math
+
+import pytest
+import torch
+from torch import nn
+
+import gt_core
+from gt_core.observe.jit_states import TRANSITIONS, JitReason, JitState, Trigger, next_state
+
+
+def _events():
+    return [e for e in gt_core.events_log().snapshot() if e["type"] == "jit"]
+
+
+def _params(model):
+    return [p.detach().cpu().clone() for p in model.parameters()]
+
+
+def _close(a, b, tol=1e-5):
+    worst = max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
+    assert worst <= tol, worst
+
+
+# -- the table ---------------------------------------------------------------------------
+def test_every_state_is_reached_from_recording_and_only_by_the_table():
+    reached, frontier = {JitState.RECORDING}, [JitState.RECORDING]
+    while frontier:
+        s = frontier.pop()
+        for (a, _), b in TRANSITIONS.items():
+            if a is s and b not in reached:
+                reached.add(b)
+                frontier.append(b)
+    assert reached == set(JitState)
+    with pytest.raises(ValueError, match="no transition from refused on prepared"):
+        next_state(JitState.REFUSED, Trigger.PREPARED)
+
+
+def test_a_reason_renders_its_words_and_travels_as_data():
+    r = JitReason("python_number", op="aten.mul.Tensor", arg="argument 1", old=2.0, new=4.0)
+    assert "aten.mul.Tensor (argument 1)" in r.text() and "(2.0 -> 4.0)" in r.text()
+    assert JitReason.from_data(r.to_data()) == r
+    assert r.explain()["id"] == "jit_python_number" and r.explain()["fix"]
+    with pytest.raises(ValueError, match="unknown reason kind"):
+        JitReason("no such kind")
+
+
+# -- the audit ---------------------------------------------------------------------------
+def test_an_audit_catches_a_frozen_number_that_changed_and_stops_replay(inprocess):
+    """A Python number the step reads from a dict is frozen by the contract; once it changes
+    after the recipe, the next audited call makes another block: replay stops, named."""
+    gt_core.configure(jit_audit=4)
+    cfg = {"scale": 0.5}
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            w = torch.ones(4)
+            outs = []
+
+            def step(x):
+                return x * w * cfg["scale"]
+
+            fn = gt_core.jit(step) if on_worker else step
+            cfg["scale"] = 0.5
+            for i in range(16):
+                if i == 9:
+                    cfg["scale"] = 3.0
+                outs.append(fn(torch.full((4,), float(i))).cpu())
+        return outs, fn
+
+    want, _ = run(False)
+    got, fn = run(True)
+    (entry,) = fn.entries.values()
+    assert entry.state is JitState.REFUSED
+    assert entry.reason.kind == "audit_differed" and "(0.5 -> 3.0)" in entry.reason.what
+    differed = [e for e in _events() if e.get("trigger") == "audit-differed"]
+    assert len(differed) == 1 and differed[0]["cause"]["kind"] == "audit_differed"
+    # The audited call and every call after it ran the Python: eager's numbers from there.
+    for i in range(12, 16):
+        assert torch.equal(got[i], want[i]), i
+    assert entry.audited >= 2 and entry.replayed >= 5
+
+
+def test_audits_are_sampled_and_each_is_an_event(inprocess):
+    gt_core.configure(jit_audit=8)
+    with gt_core.capture():
+        torch.manual_seed(0)
+        model = nn.Linear(6, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        x, y = torch.randn(8, 6), torch.randn(8, 3)
+
+        @gt_core.jit
+        def step(x, y):
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        for _ in range(40):
+            step(x, y)
+    (entry,) = step.entries.values()
+    audited = [e for e in _events() if e.get("trigger") == "audited"]
+    assert entry.audited == len(audited) >= 4  # the first replay, then one in 8
+    assert entry.state is JitState.REPLAYING and entry.replayed >= 30
+    assert gt_core.report().to_data()["jit"][0]["audited"] == entry.audited
+
+
+# -- settings ----------------------------------------------------------------------------
+def _adamw_loop(on_worker, lrs, groups_equal=True):
+    """AdamW over two param groups; each call's lr per group from ``lrs(i)``."""
+    ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+    with ctx:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Embedding(20, 8), nn.Linear(8, 4))
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        rest = [p for p in model.parameters() if p.dim() < 2]
+        opt = torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}])
+        torch.manual_seed(1)
+        x, y = torch.randint(0, 10, (16,)), torch.randn(16, 4)  # rows 10..19 never used
+
+        def step(x, y):
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        fn = gt_core.jit(step) if on_worker else step
+        for i in range(24):
+            for g, lr in zip(opt.param_groups, lrs(i), strict=True):
+                g["lr"] = lr
+            fn(x, y)
+        return _params(model), fn
+
+
+def test_a_zero_learning_rate_never_replays_capturable_adam_into_nan(inprocess):
+    """torch's capturable Adam divides by the step size: at lr 0 it makes NaN where a
+    gradient's running square is zero (unused embedding rows). A warmup from 0 and a decay to
+    0 both run those calls as written."""
+
+    def lrs(i):
+        lr = 0.0 if i in (0, 1, 12, 23) else 1e-2 * (1 + math.cos(i))
+        return (lr, lr)
+
+    want, _ = _adamw_loop(False, lrs)
+    got, fn = _adamw_loop(True, lrs)
+    assert all(torch.isfinite(p).all() for p in got)
+    _close(got, want)
+    (entry,) = fn.entries.values()
+    kinds = {e["cause"]["kind"] for e in _events() if e.get("cause")}
+    assert "capturable_zero_lr" in kinds and entry.replayed >= 12
+
+
+def test_two_groups_whose_lr_parts_after_recording_are_recorded_again(inprocess):
+    """Both groups had one lr while recorded, so a number could come from either; once they
+    differ the call records again, and each group's lr then flows on its own."""
+
+    def lrs(i):
+        return (1e-2 / (i + 1),) * 2 if i < 8 else (1e-2 / (i - 6), 1e-3 * i)
+
+    want, _ = _adamw_loop(False, lrs)
+    got, fn = _adamw_loop(True, lrs)
+    _close(got, want)
+    (entry,) = fn.entries.values()
+    kinds = [e["cause"]["kind"] for e in _events() if e.get("cause")]
+    assert "settings_parted" in kinds and entry.state is JitState.REPLAYING
+    assert entry.replayed >= 12
