@@ -43,6 +43,8 @@ class Recording:
         self.optimizers = reached.optimizers  # (found by the same walk as the tensors)
         self.result_leaves, self.result_spec = tree_flatten(result)
         self.instrs = instrs
+        self._shape: list | None = None  # (shape() and floats(), made once: see there)
+        self._floats: list | None = None
         self.puts = list(puts)  # (value id, proxy, host copy or None, (file, line)) per upload
         self.syncs = 0
         self.sync_at = None  # the user's line of the call's last sync
@@ -98,13 +100,18 @@ class Recording:
         ]
 
     def shape(self) -> list:
-        """The instructions without their ids (what two calls must share)."""
-        return [_shape(ins) for ins in self.instrs]
+        """The instructions without their ids (what two calls must share); made once."""
+        if self._shape is None:
+            self._shape = [_shape(ins) for ins in self.instrs]
+        return self._shape
 
     def floats(self) -> list:
         """(op, argument, value, site) of every Python float the call passed to an op; its
-        site: (position among the OP and FREE instructions, path in the arguments)."""
-        out = []
+        site: (position among the OP and FREE instructions, path in the arguments). Made
+        once."""
+        if self._floats is not None:
+            return self._floats
+        out = self._floats = []
         j = 0
         for ins in self.instrs:
             if ins.code == OP:
