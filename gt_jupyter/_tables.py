@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gt_core.observe import events as ev
 from gt_core.observe import feeding
-from gt_core.observe.causes import explain
+from gt_core.observe.causes import explain, explain_change
 from gt_core.observe.report import NUMERIC, STATUS_COLUMNS, status_rows
 from gt_core.observe.status import Status
 
@@ -37,10 +37,11 @@ USER_COLUMNS = (
 
 
 # -- rows ------------------------------------------------------------------------------------
-def recompile_advice(reason: str, options: dict | None = None) -> str:
-    """What usually fixes a recompile, from the difference between the two signatures;
-    ``options``: the hot path's compile options (never suggested again)."""
-    x = explain("signature_change", reason, options)
+def recompile_advice(change: dict | None, options: dict | None = None) -> str:
+    """What usually fixes a recompile of a hot path, from the typed difference between the
+    two signatures (``observe.graph.Change``'s data); ``options``: the hot path's compile
+    options (never suggested again)."""
+    x = explain_change(change, options)
     return x["fix"] if x["id"] == "unknown" else f"{x['cause']}: {x['fix']}"
 
 
@@ -68,9 +69,11 @@ def _status_rows(p: dict, failure: dict) -> list[dict]:
 
 def _path_reason_rows(p: dict, failure: dict) -> list[dict]:
     sig, options = p["signature"], p.get("options")
+    reasons = p.get("recompile_reasons", [])
+    changes = p.get("recompile_changes") or [None] * len(reasons)
     rows = [
-        {"where": sig, "kind": "recompile", "reason": r, "what to do": recompile_advice(r, options)}
-        for r in p.get("recompile_reasons", [])
+        {"where": sig, "kind": "recompile", "reason": r, "what to do": recompile_advice(c, options)}
+        for r, c in zip(reasons, changes, strict=True)
     ]
     rows += _status_rows(p, failure)
     for r, why in zip(
@@ -175,7 +178,7 @@ def _user_reason_rows(u: dict) -> list[dict]:
                 "where": fn,
                 "kind": "recompile",
                 "reason": str(r),
-                "what to do": recompile_advice(str(r)),
+                "what to do": explain("recompile", str(r))["fix"],
             }
         )
     for b in u.get("graph_breaks", []):

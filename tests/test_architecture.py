@@ -238,12 +238,17 @@ def test_functions_are_short():
     assert not gone, "short now: remove from LONG_FUNCTIONS_LEFT:\n" + "\n".join(gone)
 
 
-def test_no_module_parses_gt_core_jit_s_own_reasons():
-    """A jit reason is a typed record rendered to words; the words are never read back."""
-    from gt_core.observe.causes import CAUSES
+def test_no_module_parses_gt_s_own_reasons():
+    """gt's own reasons (its hot paths', jit's, its data path's) are typed where they are
+    found; the catalogue picks their cause by id (pattern None) or gives a kind's general
+    advice (pattern ''), and never matches their words. Patterns are for torch's text."""
+    from gt_core.observe.causes import CAUSES, HOTPATH_KINDS
 
-    parsing = [c.id for c in CAUSES if any(k.startswith("jit_") for k in c.kinds) and c.pattern]
-    assert not parsing, f"causes that match gt_core.jit's sentences: {parsing}"
+    parsing = [c.id for c in CAUSES if set(c.kinds) & set(HOTPATH_KINDS) and c.pattern]
+    assert not parsing, f"causes that match gt's own sentences: {parsing}"
+    for kind in HOTPATH_KINDS:
+        general = [c.id for c in CAUSES if kind in c.kinds and c.pattern == ""]
+        assert len(general) <= 1, (kind, general)
     summary = (ROOT / "gt_core/observe/jit_summary.py").read_text()
     assert "explain" not in summary.replace("JitReason.from_data(cause).explain()", "")
 

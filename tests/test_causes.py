@@ -213,7 +213,27 @@ def test_the_dashboard_reads_gt_s_own_advice_from_the_one_catalogue():
     kinds = {k for c in CAUSES for k in c.kinds}
     assert set(HOTPATH_KINDS) <= kinds
     assert not [n for n in vars(_tables) if n.endswith("_ADVICE")]  # no second catalogue
-    reason = "op 0 (aten.mm.default): input 0 shape [32, 8] → [31, 8]"
-    assert _tables.recompile_advice(reason).startswith("the batch size changed (32 → 31): ")
-    assert "drop_last=True" in _tables.recompile_advice(reason)
-    assert _tables.recompile_advice("same form") == explain("signature_change", "same form")["fix"]
+    change = {"kind": "batch_size", "old": 32, "new": 31}  # (observe.graph.Change's data)
+    assert _tables.recompile_advice(change).startswith("the batch size changed (32 → 31): ")
+    assert "drop_last=True" in _tables.recompile_advice(change)
+    assert _tables.recompile_advice(None) == explain("signature_change", "same form")["fix"]
+
+
+def test_a_signature_change_is_typed_where_it_is_found_and_never_read_back():
+    """The advice for a recompile of gt's own block is chosen by the change's kind, which
+    observe.graph.change gives from the two signatures' data; no cause matches its words."""
+    from gt_core.observe.graph import change  # noqa: PLC0415
+
+    def data(sig, shape, dtype="torch.float32", args=(1.0,)):
+        op = {"kind": "op", "op": "aten.mul.Tensor", "args": ["%in0", *args], "kwargs": {}}
+        inp = {"name": "in0", "shape": shape, "dtype": dtype, "device": "cpu", "stride": [1]}
+        return {"signature": sig, "entries": [op], "inputs": [inp]}
+
+    assert change(data("a", [32, 8]), data("b", [31, 8])).kind == "batch_size"
+    assert change(data("a", [32, 8]), data("b", [32, 9])).kind == "input_shape"
+    assert change(data("a", [4]), data("b", [4], "torch.float64")).kind == "input_dtype"
+    assert change(data("a", [4]), data("b", [4], args=(2.0,))).kind == "python_number"
+    assert change(data("a", [4]), data("a", [4])) is None
+    c = change(data("a", [32, 8]), data("b", [31, 8]))
+    assert (c.old, c.new) == (32, 31) and "[32, 8] → [31, 8]" in c.text
+    assert explain("signature_change", c.text)["id"] == "unknown"  # (words are not read)

@@ -247,9 +247,9 @@ def test_advice_fits_each_option_it_names():
         (row,) = _tables.reason_rows({"hot_paths": [{**base, "options": options}]})
         assert all(h in row["what to do"] for h in has), (options, row)
         assert not any(x in row["what to do"] for x in lacks), (options, row)
-    reason = "op 1 (aten.addmm): input 1 shape [8, 16] → [4, 16]"
-    assert "--dynamic" in _tables.recompile_advice(reason, {"dynamic": False})
-    assert "--dynamic" not in _tables.recompile_advice(reason, {"dynamic": True})
+    change = {"kind": "batch_size", "old": 8, "new": 4}  # (observe.graph.Change's data)
+    assert "--dynamic" in _tables.recompile_advice(change, {"dynamic": False})
+    assert "--dynamic" not in _tables.recompile_advice(change, {"dynamic": True})
     assert (
         "mode reduce-overhead"
         not in _tables.reason_rows(

@@ -13,7 +13,7 @@ from gt_core.compile import aliases
 from gt_core.compile.lower import build_graph
 from gt_core.hotpath.blocks import Block, Blocks
 from gt_core.observe import events as ev
-from gt_core.observe.graph import diff
+from gt_core.observe.graph import change
 from gt_core.observe.report import Status
 from gt_core.stream.canonical import Mismatch, canonicalize, finish, value_name
 from gt_core.stream.instructions import JIT_SIGNAL
@@ -144,8 +144,15 @@ class Registry:
                 and other.canon.ops == block.canon.ops
                 and _cut_by(other) == _cut_by(block)
             ):
-                reason = diff(other.canon.to_data(), data) or "same form"
-                emit(ev.RECOMPILE, signature=block.sig, previous=other.sig, reason=reason)
+                c = change(other.canon.to_data(), data)  # (None: the same form)
+                reason, what = (c.text, c.to_data()) if c else ("same form", None)
+                emit(
+                    ev.RECOMPILE,
+                    signature=block.sig,
+                    previous=other.sig,
+                    reason=reason,
+                    change=what,
+                )
                 break
         o = self.options
         if block.signal or o.compile_all or (o.auto_compile and o.background):

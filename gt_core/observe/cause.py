@@ -19,7 +19,7 @@ class Cause:
 
     id: str
     kinds: tuple[str, ...]
-    pattern: str
+    pattern: str | None  # None: chosen by its id from a typed record, never by a reason's words
     cause: str
     fix: str
     tries: tuple[tuple[str, object, str, tuple], ...] = ()
@@ -35,7 +35,7 @@ class Cause:
         )
 
     def match(self, kind: str, reason: str) -> dict | None:
-        if kind not in self.kinds:
+        if kind not in self.kinds or self.pattern is None:
             return None
         m = re.search(self.pattern, reason, re.S)
         return None if m is None else {k: v or "" for k, v in m.groupdict().items()}

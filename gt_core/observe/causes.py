@@ -19,6 +19,8 @@ __all__ = [
     "CAUSES",
     "Cause",
     "explain",
+    "explain_change",
+    "explain_id",
     "budget_message",
     "short_reason",
     "KINDS",
@@ -105,6 +107,26 @@ def explain(kind: str, reason: str, options: dict | None = None, **context) -> d
                 fill["tries"] = c.tries_for(options)
             return {"id": c.id, "cause": _format(c.cause, fill), "fix": _format(c.fix, fill)}
     return {"id": "unknown", "cause": short_reason(text) or kind, "fix": GENERAL_FIX.get(kind, "")}
+
+
+def explain_change(change: dict | None, options: dict | None = None) -> dict:
+    """``{"id", "cause", "fix"}`` for a recompile of gt's own hot path, from its typed change
+    (``observe.graph.Change``'s data: its kind is the cause's id; nothing reads its words)."""
+    kind = (change or {}).get("kind")
+    if kind not in _BY_ID or "signature_change" not in _BY_ID[kind].kinds:
+        return {"id": "unknown", "cause": "", "fix": GENERAL_FIX["signature_change"]}
+    values = {k: change[k] for k in ("old", "new") if change.get(k) is not None}
+    return explain_id(kind, options, **values)
+
+
+def explain_id(cause_id: str, options: dict | None = None, **context) -> dict:
+    """``{"id", "cause", "fix"}`` of the cause ``cause_id``, filled from ``context``: for
+    reasons gt knows the kind of when it finds them (nothing reads their words)."""
+    c = _BY_ID[cause_id]
+    fill = {k: str(v) for k, v in context.items() if v is not None}
+    if c.tries:
+        fill["tries"] = c.tries_for(options)
+    return {"id": c.id, "cause": _format(c.cause, fill), "fix": _format(c.fix, fill)}
 
 
 def budget_message(function: str, used: int, limit: int, hit: bool = False) -> str:

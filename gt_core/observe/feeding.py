@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from gt_core.observe import events as ev
 from gt_core.observe import metrics
-from gt_core.observe.causes import explain
+from gt_core.observe.causes import explain, explain_id
 
 __all__ = ["line", "lines", "reasons", "rows", "size", "KINDS"]
 
@@ -73,7 +73,7 @@ def reasons(d: dict | None) -> list[dict]:
     """``{"id", "kind", "cause", "fix"}`` for each direction whose copies weigh on the loop
     (see the module's docstring); [] when none does or a number is missing."""
     d = d or {}
-    rows = [{**explain("rows", _rows_why(r), **r), "kind": "rows"} for r in d.get("rows") or ()]
+    rows = [{**explain_id(_rows_why(r), **r), "kind": "rows"} for r in d.get("rows") or ()]
     return rows + _copies(d)
 
 
@@ -106,6 +106,6 @@ def lines(d: dict | None) -> list[str]:
 
 
 def _rows_why(r: dict) -> str:
-    """Why a batch was built op by op: "draws" where its rows draw from the global generator
-    (a draw a row or more), else its rows are worker tensors ("")."""
-    return "draws" if (r.get("draws") or 0) >= (r.get("rows") or 1) else ""
+    """Why a batch was built op by op, as the cause's id: "rows-draw" where its rows draw
+    from the global generator (a draw a row or more), else "rows" (they are worker tensors)."""
+    return "rows-draw" if (r.get("draws") or 0) >= (r.get("rows") or 1) else "rows"

@@ -41,6 +41,7 @@ def new_path(signature: str) -> dict:
         "cudagraph_skips": [],  # inductor's reasons when skipped
         "cudagraph_explanations": [],  # each reason's {"id", "cause", "fix"} (gt_core.observe.causes)
         "recompile_reasons": [],
+        "recompile_changes": [],  # per recompile, observe.graph.Change's data (or None)
         "fallback_reason": None,
         # Matched no more: {"reason", "by" (the longer hot path that runs it, or None)}
         "retired": None,
@@ -197,7 +198,9 @@ class Fold:
         self.path(sig)["notes"].append(e.get("reason", ""))
 
     def _recompile(self, e, sig, i) -> None:
-        self.path(sig)["recompile_reasons"].append(e.get("reason", ""))
+        p = self.path(sig)
+        p["recompile_reasons"].append(e.get("reason", ""))
+        p["recompile_changes"].append(e.get("change"))  # (typed: what the advice reads)
 
     def _mismatch(self, e, sig, i) -> None:
         if sig not in self.paths:

@@ -9,9 +9,13 @@ No torch import; networkx is imported when a graph is built.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from gt_core.observe import events as ev
 
-__all__ = ["consumed", "to_networkx", "graph_data", "graph_of", "diff", "diff_text"]
+__all__ = [
+    "consumed", "to_networkx", "graph_data", "graph_of", "change", "Change", "diff", "diff_text",
+]  # fmt: skip
 
 
 def _refs(x) -> list[str]:
@@ -143,8 +147,28 @@ def _graph_of_event(e: dict) -> dict:
 
 
 # -- two signatures compared -----------------------------------------------------------
-def diff(a: dict, b: dict) -> str | None:
-    """The first difference between two signatures' plain data, in words (None if equal)."""
+class Change(NamedTuple):
+    """The first difference between two signatures: its ``kind`` (one of CHANGE_KINDS, the
+    catalogue's cause of that id), the words, and the values before and after where there
+    are (a batch size's)."""
+
+    kind: str
+    text: str
+    old: object = None
+    new: object = None
+
+    def to_data(self) -> dict:
+        return {"kind": self.kind, "old": self.old, "new": self.new}
+
+
+CHANGE_KINDS = (
+    "batch_size", "input_shape", "input_dtype", "input_stride", "input_device",
+    "python_number", "kept_value", "different_work", "other",
+)  # fmt: skip
+
+
+def change(a: dict, b: dict) -> Change | None:
+    """The first difference between two signatures' plain data (None if equal)."""
     if a["signature"] == b["signature"]:
         return None
     ea, eb = a["entries"], b["entries"]
@@ -158,35 +182,58 @@ def diff(a: dict, b: dict) -> str | None:
             if "free" in (x["kind"], y["kind"]):
                 fx = x if x["kind"] == "free" else y
                 one, other = ("A", "B") if fx is x else ("B", "A")
-                return f"value {fx['value']} freed inside the block in {one}, not in {other} (instruction {pos})"
-            return f"instruction {pos}: {x['kind']} → {y['kind']}"
+                said = f"value {fx['value']} freed inside the block in {one}, not in {other}"
+                return Change("kept_value", f"{said} (instruction {pos})")
+            return Change("different_work", f"instruction {pos}: {x['kind']} → {y['kind']}")
         if x["kind"] == "free":
             if x["value"] != y["value"]:
-                return f"instruction {pos}: frees {x['value']} in A, {y['value']} in B"
+                said = f"instruction {pos}: frees {x['value']} in A, {y['value']} in B"
+                return Change("other", said)
             continue
         if x["op"] != y["op"]:
-            return f"op {k}: {_short(x['op'])} → {_short(y['op'])}"
+            return Change("different_work", f"op {k}: {_short(x['op'])} → {_short(y['op'])}")
         for j, (ra, rb) in enumerate(zip(consumed(x), consumed(y), strict=False)):
             if ra != rb:
-                return f"op {k} ({_short(x['op'])}): input {j} is {ra} in A, {rb} in B (a different dependency)"
+                said = f"input {j} is {ra} in A, {rb} in B (a different dependency)"
+                return Change("other", f"op {k} ({_short(x['op'])}): {said}")
             if ra in ins_a and rb in ins_b:
-                ia, ib = ins_a[ra], ins_b[rb]
-                for field in ("shape", "dtype", "device", "stride"):
-                    if ia[field] != ib[field]:
-                        return f"op {k} ({_short(x['op'])}): input {j} {field} {ia[field]} → {ib[field]}"
+                c = _input_change(ins_a[ra], ins_b[rb], f"op {k} ({_short(x['op'])}): input {j}")
+                if c is not None:
+                    return c
         if x["args"] != y["args"] or x["kwargs"] != y["kwargs"]:
-            return f"op {k} ({_short(x['op'])}): arguments {_args(x)} → {_args(y)}"
+            said = f"op {k} ({_short(x['op'])}): arguments {_args(x)} → {_args(y)}"
+            return Change("python_number", said)
     if len(ea) != len(eb):
         longer, one, other = (ea, "A", "B") if len(ea) > len(eb) else (eb, "B", "A")
         extra = longer[min(len(ea), len(eb))]
         if extra["kind"] == "free":
-            return f"value {extra['value']} freed inside the block in {one}, not in {other}"
-        return f"block A has {len(ea)} instructions, block B {len(eb)}"
+            said = f"value {extra['value']} freed inside the block in {one}, not in {other}"
+            return Change("kept_value", said)
+        return Change("different_work", f"block A has {len(ea)} instructions, block B {len(eb)}")
     for ia, ib in zip(a["inputs"], b["inputs"], strict=False):
-        for field in ("shape", "dtype", "device", "stride"):
-            if ia[field] != ib[field]:
-                return f"input {ia['name']} {field} {ia[field]} → {ib[field]}"
-    return "the blocks differ in their outputs"
+        c = _input_change(ia, ib, f"input {ia['name']}")
+        if c is not None:
+            return c
+    return Change("other", "the blocks differ in their outputs")
+
+
+def _input_change(ia: dict, ib: dict, where: str) -> Change | None:
+    for field in ("shape", "dtype", "device", "stride"):
+        old, new = ia[field], ib[field]
+        if old != new:
+            text = f"{where} {field} {old} → {new}"
+            if field != "shape":
+                return Change(f"input_{field}", text)
+            if len(old) == len(new) and old and old[0] != new[0] and old[1:] == new[1:]:
+                return Change("batch_size", text, old[0], new[0])
+            return Change("input_shape", text)
+    return None
+
+
+def diff(a: dict, b: dict) -> str | None:
+    """The first difference between two signatures' plain data, in words (None if equal)."""
+    c = change(a, b)
+    return None if c is None else c.text
 
 
 def diff_text(a: dict, b: dict) -> str:

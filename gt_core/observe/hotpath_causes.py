@@ -11,11 +11,12 @@ _DYNAMIC = (("dynamic", True, ", or --dynamic", ()),)
 
 HOTPATH_CAUSES: tuple[Cause, ...] = (
     # -- gt's own hot paths: what the dashboard's reasons table says to do ----------------
-    # A recompile: the first difference between two signatures (gt_core.observe.graph.diff).
+    # A recompile: the first difference between two signatures, typed (observe.graph.Change);
+    # each cause's id is a change's kind, and nothing matches the words.
     Cause(
         "batch_size",
         ("signature_change",),
-        r"shape \[(?P<old>\d+)(?P<rest>(?:, \d+)*)\] → \[(?!(?P=old)[,\]])(?P<new>\d+)(?P=rest)\]",
+        None,  # (chosen by the change's kind, never by words: observe.graph.Change)
         "the batch size changed ({old} → {new})",
         "use a fixed batch size (DataLoader(..., drop_last=True)){tries}",
         _DYNAMIC,
@@ -23,7 +24,7 @@ HOTPATH_CAUSES: tuple[Cause, ...] = (
     Cause(
         "input_shape",
         ("signature_change",),
-        r" shape ",
+        None,  # (chosen by the change's kind, never by words: observe.graph.Change)
         "an input shape changed",
         "pad or bucket to a few fixed shapes{tries}",
         _DYNAMIC,
@@ -31,42 +32,42 @@ HOTPATH_CAUSES: tuple[Cause, ...] = (
     Cause(
         "input_dtype",
         ("signature_change",),
-        r" dtype ",
+        None,  # (chosen by the change's kind, never by words: observe.graph.Change)
         "an input dtype changed",
         "cast once before the loop and use autocast the same way every step",
     ),
     Cause(
         "input_stride",
         ("signature_change",),
-        r" stride ",
+        None,  # (chosen by the change's kind, never by words: observe.graph.Change)
         "an input's memory layout changed (a transposed or sliced tensor)",
         "call .contiguous() on it",
     ),
     Cause(
         "input_device",
         ("signature_change",),
-        r" device ",
+        None,  # (chosen by the change's kind, never by words: observe.graph.Change)
         "an input moved to another device",
         "move the model and data once, before the loop",
     ),
     Cause(
         "python_number",
         ("signature_change",),
-        r"arguments",
+        None,  # (chosen by the change's kind, never by words: observe.graph.Change)
         "a Python number changed between iterations (a step counter, a learning-rate schedule)",
         "pass it as a tensor (torch.tensor(lr)), or use the optimizer's capturable=True",
     ),
     Cause(
         "kept_value",
         ("signature_change",),
-        r"freed",
+        None,  # (chosen by the change's kind, never by words: observe.graph.Change)
         "a value is kept in one iteration and not the next (e.g. losses.append(loss))",
         "keep what the loop holds on to the same every step (losses.append(loss.item()))",
     ),
     Cause(
         "different_work",
         ("signature_change",),
-        r"instructions|op \d+: \S+ → \S+",
+        None,  # (chosen by the change's kind, never by words: observe.graph.Change)
         "the loop did different work (a Python branch, e.g. every N steps)",
         "move the branch out of the loop, or accept one compiled variant per branch",
     ),
@@ -147,7 +148,7 @@ HOTPATH_CAUSES: tuple[Cause, ...] = (
     Cause(
         "rows-draw",
         ("rows",),
-        r"^draws$",
+        None,  # (chosen by its id where the rows' draws are counted: observe.feeding)
         "{dataset}'s rows draw from the global generator: {draws} draws for a batch of {rows} "
         "rows, each made on the worker (eager's stream of random numbers is there), and the "
         "batch is built there op by op ({ops} ops)",
