@@ -49,31 +49,42 @@ def test_a_reason_renders_its_words_and_travels_as_data():
 
 
 # -- the audit ---------------------------------------------------------------------------
-def test_an_audit_catches_a_frozen_number_that_changed_and_stops_replay(inprocess):
-    """A Python number the step reads from a dict is frozen by the contract; once it changes
-    after the recipe, the next audited call makes another block: replay stops, named."""
-    gt_core.configure(jit_audit=4)
-    cfg = {"scale": 0.5}
+def _scaled_loop(on_worker, scale_of, audit=4):
+    """16 calls of ``x * w * scale_of(cfg)``; ``cfg["base"]`` becomes 1.5 before call 9."""
+    gt_core.configure(jit_audit=audit)
+    cfg = {"base": 0.25}
+    ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+    with ctx:
+        w = torch.ones(4)
+        outs = []
 
-    def run(on_worker):
-        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
-        with ctx:
-            w = torch.ones(4)
-            outs = []
+        def step(x):
+            return x * w * scale_of(cfg)
 
-            def step(x):
-                return x * w * cfg["scale"]
+        fn = gt_core.jit(step) if on_worker else step
+        for i in range(16):
+            if i == 9:
+                cfg["base"] = 1.5
+            outs.append(fn(torch.full((4,), float(i))).cpu())
+    return outs, fn
 
-            fn = gt_core.jit(step) if on_worker else step
-            cfg["scale"] = 0.5
-            for i in range(16):
-                if i == 9:
-                    cfg["scale"] = 3.0
-                outs.append(fn(torch.full((4,), float(i))).cpu())
-        return outs, fn
 
-    want, _ = run(False)
-    got, fn = run(True)
+def test_a_python_number_the_step_reads_is_compared_before_each_replay(inprocess):
+    """A number an op was passed that a reachable value held on both recorded calls is read
+    again before each replay (the block holds it as recorded): a change records again."""
+    want, _ = _scaled_loop(False, lambda cfg: cfg["base"])
+    got, fn = _scaled_loop(True, lambda cfg: cfg["base"], audit=0)
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+    (changed,) = [e for e in _events() if (e.get("cause") or {}).get("kind") == "value_changed"]
+    assert "(entry 'base' of a dict: 0.25 -> 1.5)" in changed["reason"]
+
+
+def test_an_audit_catches_a_frozen_number_no_rule_saw_and_stops_replay(inprocess):
+    """A number the step computes from a dict's value is frozen by the contract and equals
+    nothing the step reaches; once it changes, the next audited call makes another block:
+    replay stops, with what differed."""
+    want, _ = _scaled_loop(False, lambda cfg: cfg["base"] * 2)
+    got, fn = _scaled_loop(True, lambda cfg: cfg["base"] * 2)
     (entry,) = fn.entries.values()
     assert entry.state is JitState.REFUSED
     assert entry.reason.kind == "audit_differed" and "(0.5 -> 3.0)" in entry.reason.what
@@ -83,6 +94,32 @@ def test_an_audit_catches_a_frozen_number_that_changed_and_stops_replay(inproces
     for i in range(12, 16):
         assert torch.equal(got[i], want[i]), i
     assert entry.audited >= 2 and entry.replayed >= 5
+
+
+def test_a_module_switched_to_eval_is_never_replayed_in_train_mode(inprocess):
+    """Dropout in train mode, then eval(): each mode's calls equal eager's."""
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(8, 8), nn.Dropout(0.5))
+            fn = gt_core.jit(model) if on_worker else model
+            x = torch.ones(4, 8)
+            outs = []
+            for i in range(12):
+                model.train(i < 6)
+                with torch.no_grad():  # (a jitted module: its forward's state is reached)
+                    outs.append(fn(x).cpu())
+        return outs, fn
+
+    want, _ = run(False)
+    got, fn = run(True)
+    for i in range(6, 12):  # (train mode draws from the worker's generator, as eager's)
+        assert torch.equal(got[i], want[i]), i
+    assert any((e.get("cause") or {}).get("kind") == "value_changed" for e in _events())
+    (entry,) = fn.entries.values()
+    assert entry.replayed >= 4, _events()
 
 
 def test_audits_are_sampled_and_each_is_an_event(inprocess):

@@ -160,6 +160,13 @@ REASONS: dict[str, tuple[str, str]] = {
         "an optimizer setting the step reads changed ({arg}: {old} -> {new}): recorded again",
         _AGAIN + "; the setting that changed flows into the block from then on",
     ),
+    "value_changed": (
+        "a Python value the step reaches changed ({place}: {old} -> {new}); the block holds "
+        "it as recorded, so the call is recorded again",
+        _AGAIN + " (a module switched between train() and eval() is recorded once per mode "
+        "change; a number read by the step that changes every call keeps it from replaying: "
+        "make it a tensor)",
+    ),
     "settings_parted": (
         "settings that were equal when the step was recorded now differ ({arg}): a number the "
         "block reads may come from either, so the call is recorded again",

@@ -13,7 +13,8 @@ call itself ran its Python, so its results are right either way.
 from __future__ import annotations
 
 from gt_core.client.jit import replay
-from gt_core.client.jit.recipe import Recipe, Refused, differ
+from gt_core.client.jit.recipe import Recipe
+from gt_core.client.jit.recording import Refused, differ
 from gt_core.observe.jit_states import JitReason, Trigger
 from gt_core.stream.instructions import op_name
 

@@ -22,7 +22,8 @@ import time
 
 from gt_core.client.jit import audit, replay
 from gt_core.client.jit.reach import reach_roots, tensor_slots, walk
-from gt_core.client.jit.recipe import Recipe, Recording, Refused, differ
+from gt_core.client.jit.recipe import Recipe
+from gt_core.client.jit.recording import Recording, Refused, differ, guards
 from gt_core.client.jit.settings import agree, attribute, groups, knobs, settings_in, wrapped
 from gt_core.client.jit.traced import as_traced, zero_lr
 from gt_core.client.session import LOCK
@@ -174,6 +175,7 @@ class Entry:
         except Refused as exc:
             self.move(Trigger.REFUSED, exc.reason)
             return
+        recipe.guards = [(*place.reader(), v, place) for place, v in guards(a, b)]
         self.since_prepared = 0
         self.move(
             Trigger.PREPARED,
@@ -189,6 +191,13 @@ class Entry:
     def _stale(self) -> JitReason | None:
         """Why the block no longer holds the step's settings (None: it does)."""
         r = self.recipe
+        for get, obj, key, was, place in r.guards:
+            try:
+                v = get(obj, key)
+            except (AttributeError, KeyError, IndexError):
+                v = None
+            if type(v) is not type(was) or v != was:
+                return JitReason("value_changed", place=place.describe(), old=was, new=v)
         now = groups(r.optimizers)
         for i in r.forced:
             if i < len(now) and zero_lr(now[i]):

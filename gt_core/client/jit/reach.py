@@ -61,13 +61,18 @@ class Place(NamedTuple):
 
 def reach_roots(fn, leaves) -> list:
     """[(place or None, object)] the step can reach: its arguments (no place: they come with
-    each call), its bound self, its closure's cells and the globals it names, and those of
+    each call), its bound self (or the callable object itself, a module, and its forward),
+    its closure's cells and the globals it names, and those of
     the Python functions found there (the helpers a step calls: ``forward(x)`` reading a
     global model), to a depth of ``_HELPERS``; torch's own functions are not followed."""
     roots = [(None, x) for x in leaves if not isinstance(x, (int, float, str, bool, type(None)))]
     if getattr(fn, "__self__", None) is not None:
         roots.append((None, fn.__self__))
-    _reach(getattr(fn, "__func__", fn), roots, set(), set(), 0)
+    f = getattr(fn, "__func__", fn)
+    if not hasattr(f, "__code__"):  # a callable object (a jitted nn.Module): it, and its code
+        roots.append((None, fn))
+        f = getattr(type(fn), "forward", None) or type(fn).__call__
+    _reach(f, roots, set(), set(), 0)
     return [(place, obj) for place, obj in roots if not isinstance(obj, types.ModuleType)]
 
 
@@ -118,6 +123,7 @@ class Reached(NamedTuple):
 
     slots: list  # [(place, proxy or None)]
     optimizers: list  # the optimizers, once each, in the order found
+    scalars: list  # [(place, Python number or bool)]: what a replay may have to compare
 
 
 def walk(roots) -> Reached:
@@ -125,13 +131,16 @@ def walk(roots) -> Reached:
     modules, optimizers, LR schedulers, dicts, lists, tuples and plain objects' attributes.
     Everything jit needs of the state (tensors read and written, settings compared or
     flowing) comes from here, so no setting is reachable for one purpose and not another."""
-    out = Reached([], [])
+    out = Reached([], [], [])
     seen: set[int] = set()
     for place, obj in roots:
         if isinstance(obj, Proxy):
             if place is not None:
                 _slot(place, obj, out.slots)
             _slot(Place("attr", obj, "grad"), obj.grad, out.slots)
+        elif type(obj) in _NUMBERS:
+            if place is not None:  # (a global or closure number; arguments are the key's)
+                out.scalars.append((place, obj))
         else:
             _visit(obj, out, seen, 0)
     return out
@@ -142,25 +151,32 @@ def tensor_slots(roots) -> list:
     return walk(roots).slots
 
 
-def _visit(obj, found: Reached, seen, depth) -> None:
+def _visit(obj, found: Reached, seen, depth, numbers: bool = True) -> None:
+    """Add what ``obj`` holds to ``found`` (``numbers``: its Python numbers too; not a param
+    group's, which are settings: see jit.settings)."""
     if id(obj) in seen or depth > _NESTING:
         return
     seen.add(id(obj))
     out = found.slots
     if isinstance(obj, torch.nn.Module):
         for m in obj.modules():
+            found.scalars.append((Place("attr", m, "training"), m.training))
             for d in (m._parameters, m._buffers):
                 for name, t in d.items():
                     _slot(Place("item", d, name), t, out)
                     if t is not None and isinstance(t, Proxy):
                         _slot(Place("attr", t, "grad"), t.grad, out)
             for k, v in vars(m).items():  # (a module holding its optimizer, a state object)
-                if not k.startswith("_") and _holder(v) and not isinstance(v, torch.nn.Module):
+                if k.startswith("_") or k == "training":
+                    continue
+                if type(v) in _NUMBERS:
+                    found.scalars.append((Place("attr", m, k), v))
+                elif _holder(v) and not isinstance(v, torch.nn.Module):
                     _visit(v, found, seen, depth + 1)
     elif isinstance(obj, torch.optim.Optimizer):
         found.optimizers.append(obj)
         for group in obj.param_groups:
-            _visit(group, found, seen, depth + 1)
+            _visit(group, found, seen, depth + 1, numbers=False)
             for p in group["params"]:
                 if isinstance(p, Proxy):
                     _slot(Place("attr", p, "grad"), p.grad, out)
@@ -172,6 +188,8 @@ def _visit(obj, found: Reached, seen, depth) -> None:
         for k, v in list(obj.items()):
             if isinstance(v, torch.Tensor):
                 _slot(Place("item", obj, k), v, out)
+            elif numbers and type(v) in _NUMBERS:
+                found.scalars.append((Place("item", obj, k), v))
             elif _holder(v):
                 _visit(v, found, seen, depth + 1)
     elif isinstance(obj, (list, tuple)):
@@ -179,16 +197,21 @@ def _visit(obj, found: Reached, seen, depth) -> None:
             if isinstance(v, torch.Tensor):
                 if type(obj) is list:  # (a tuple's tensors cannot be put back: no place)
                     _slot(Place("item", obj, i), v, out)
+            elif type(v) in _NUMBERS and type(obj) is list:
+                found.scalars.append((Place("item", obj, i), v))
             elif _holder(v):
                 _visit(v, found, seen, depth + 1)
     elif _plain(obj):  # a library's state object (a KV cache and its layers): its attributes
         for k, v in list(vars(obj).items()):
             if isinstance(v, torch.Tensor):
                 _slot(Place("attr", obj, k), v, out)
+            elif type(v) in _NUMBERS:
+                found.scalars.append((Place("attr", obj, k), v))
             elif _holder(v):
                 _visit(v, found, seen, depth + 1)
 
 
+_NUMBERS = (int, float, bool)  # (exact types: a Knob is a setting, never one of these)
 _NOT_PLAIN = (type, types.FunctionType, types.MethodType, types.ModuleType, torch.Tensor)
 
 

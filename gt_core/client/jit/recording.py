@@ -1,0 +1,251 @@
+"""A jitted step's recorded call, and what two of them say together.
+
+A ``Recording`` is one call as it ran: what it read where, what it left where, its
+instructions and the numbers it passed. Two alike make a recipe (``recipe``); ``differ`` says
+why they cannot (a typed reason), and which numbers flow from the optimizers' settings;
+``guards`` which Python values a replay compares first.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+from torch.utils._pytree import tree_flatten
+
+from gt_core.client.jit.settings import agree
+from gt_core.client.proxy import Proxy
+from gt_core.client.uploads import CONSTANT_NUMEL
+from gt_core.observe.jit_states import JitReason
+from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
+
+__all__ = ["Recording", "Refused", "differ", "guards"]
+
+
+class Refused(Exception):
+    """The recorded calls cannot be replayed: ``reason`` (a JitReason) says why."""
+
+    def __init__(self, reason: JitReason):
+        super().__init__(reason.text())
+        self.reason = reason
+
+
+class Recording:
+    """One recorded call: what it read where, what it left where, its instructions."""
+
+    def __init__(self, leaves, roots, reached, after, result, instrs, puts=()):
+        self.arg_ids = {x._gt_id: i for i, x in enumerate(leaves) if type(x) is Proxy}
+        self.arg_keys = {i: x._gt_k for i, x in enumerate(leaves) if type(x) is Proxy}
+        self.roots = [(place, obj) for place, obj in roots if place is not None]
+        self.before, self.after = reached.slots, after
+        self.optimizers = reached.optimizers  # (found by the same walk as the tensors)
+        self.scalars = reached.scalars  # the Python numbers it could read, as it began
+        self.result_leaves, self.result_spec = tree_flatten(result)
+        self.instrs = instrs
+        self._shape: list | None = None  # (shape() and floats(), made once: see there)
+        self._floats: list | None = None
+        self.puts = list(puts)  # (value id, proxy, host copy or None, (file, line)) per upload
+        self.syncs = 0
+        self.sync_at = None  # the user's line of the call's last sync
+        # The optimizers' settings as the call began ([{key: value}] per param group), the
+        # numbers computed from them that the call passed to ops (jit_knobs.attribute), and
+        # those that flow into the block: {site: expressions}, filled in by differ (several
+        # where settings had equal values: each must give the same number at a replay).
+        self.settings: list = []
+        self.knob_floats: dict = {}
+        self.flowing: dict = {}
+        self.changed: set = set()  # settings (group, key) that differ from the call before
+        self.forced: list = []  # param groups made capturable while it recorded (traced)
+        self.skipped: list = []  # param groups left as written: their lr was zero (traced)
+
+    def unreplayable(self) -> JitReason | None:
+        if self.syncs:
+            return JitReason("sync", n=self.syncs, line=_line(self.sync_at))
+        other = [ins for ins in self.instrs if ins.code not in (OP, FREE, PUT)]
+        if other:
+            return JitReason("seeds")
+        for _, _, host, where in self.puts:
+            if host is None:
+                return JitReason("uploads", n=CONSTANT_NUMEL, line=_line(where))
+        return None
+
+    def written_constant(self, op_index: dict) -> JitReason | None:
+        """Why a tensor the step makes from host data cannot be a constant: a write to it."""
+        ids = {vid: where for vid, _, _, where in self.puts}
+        ops = {idx: op for op, idx in op_index.items()}
+        for ins in self.instrs:
+            if ins.code != OP or not ids:
+                continue
+            op = ops.get(ins.op)
+            schema = getattr(op, "_schema", None)
+            if schema is None:
+                continue
+            for a, v in zip(schema.arguments, ins.args):  # noqa: B905 (defaults omitted)
+                if a.alias_info is not None and a.alias_info.is_write and _refers(v, ids):
+                    where = _line(ids[_refers(v, ids)])
+                    return JitReason("written_constant", op=op_name(op), line=where)
+        return None
+
+    def constants(self) -> list[dict]:
+        """The tensors made from host data that a replay keeps as recorded: {shape, dtype, where}."""
+        return [
+            {
+                "shape": list(h.shape),
+                "dtype": str(h.dtype).removeprefix("torch."),
+                "where": f"{w[0]}:{w[1]}" if w else None,
+            }
+            for _, _, h, w in self.puts
+            if h is not None
+        ]
+
+    def shape(self) -> list:
+        """The instructions without their ids (what two calls must share); made once."""
+        if self._shape is None:
+            self._shape = [_shape(ins) for ins in self.instrs]
+        return self._shape
+
+    def floats(self) -> list:
+        """(op, argument, value, site) of every Python float the call passed to an op; its
+        site: (position among the OP and FREE instructions, path in the arguments). Made
+        once."""
+        if self._floats is not None:
+            return self._floats
+        out = self._floats = []
+        j = 0
+        for ins in self.instrs:
+            if ins.code == OP:
+                for where, v, path in _float_args(ins):
+                    out.append((ins.op, where, v, (j, path)))
+            if ins.code in (OP, FREE):
+                j += 1
+        return out
+
+    def frozen(self, ops: dict) -> list[dict]:
+        """The Python numbers a replay keeps as recorded: {op, arg, value, count} each."""
+        counts = collections.Counter(
+            (ops.get(i, str(i)), w, v)
+            for i, w, v, site in self.floats()
+            if site not in self.flowing
+        )
+        return [{"op": o, "arg": w, "value": v, "count": n} for (o, w, v), n in counts.items()]
+
+
+def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
+    """Why two recorded calls cannot share one replay (None: they can)."""
+    if len(a.instrs) != len(b.instrs) or a.shape() != b.shape():
+        return None  # other work: the worker sees another block; recording goes on
+    b.flowing = {}
+    b.changed = {
+        (i, key)
+        for i, (x, y) in enumerate(zip(a.settings, b.settings, strict=False))  # (groups added)
+        for key in y
+        if _number(y.get(key)) and x.get(key) != y.get(key)
+    }
+    for (i, where, x, site), (_, _, y, _) in zip(a.floats(), b.floats(), strict=True):
+        if x != y and not _flows(a, b, site, x, y):
+            return JitReason("python_number", op=str(ops.get(i, i)), arg=where, old=x, new=y)
+    for (_, _, x, _), (_, _, y, where) in zip(a.puts, b.puts, strict=True):
+        if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
+            return JitReason("host_data_changes", line=_line(where), old=_brief(x), new=_brief(y))
+    for x, y in zip(a.result_leaves, b.result_leaves, strict=True):
+        if type(x) is not Proxy and x != y:
+            return JitReason("python_result", old=x, new=y)
+    return None
+
+
+def guards(a: Recording, b: Recording) -> list:
+    """[(place, value)] the recipe of ``b`` compares before each replay besides settings:
+    every module's ``training`` flag, and each Python number the step reaches that held one
+    value on both recorded calls equal to a number an op was passed (a frozen number may
+    have come from there: ``x * cfg["scale"]``). Each is read, never matched: a replay after
+    a change records instead."""
+    passed = {v for ins in b.instrs if ins.code == OP for v in _numbers(ins.args, ins.kwargs)}
+    before = {place.ident(): v for place, v in a.scalars}
+    out = []
+    for place, v in b.scalars:
+        training = place.key == "training" and isinstance(place.obj, torch.nn.Module)
+        same = type(before.get(place.ident())) is type(v) and before[place.ident()] == v
+        if training or (same and v in passed):
+            out.append((place, v))
+    return out
+
+
+def _numbers(*args):
+    """The Python numbers among op arguments (nested lists and dicts too)."""
+    for a in args:
+        t = type(a)
+        if t is int or t is float or t is bool:
+            yield a
+        elif t is list or t is tuple:
+            yield from _numbers(*a)
+        elif t is dict:
+            yield from _numbers(*a.values())
+
+
+def _number(v) -> bool:
+    """A setting that can flow: a float, or a tuple of them (betas); never compared as a
+    tensor (that would be a sync)."""
+    return type(v) is float or (type(v) is tuple and all(type(x) is float for x in v))
+
+
+def _flows(a: Recording, b: Recording, site, x: float, y: float) -> bool:
+    """Whether the number at ``site`` (``x`` in call ``a``, ``y`` in ``b``) is an expression
+    of each call's optimizer settings; if so, it flows (``b.flowing``). Every expression that
+    gives both numbers is kept (two param groups with one lr: either could be the origin), and
+    a replay sends the number only while they all agree (``settings.agree``)."""
+    found = tuple(
+        expr
+        for expr in b.knob_floats.get(site, ())
+        if agree((expr,), a.settings) == x and agree((expr,), b.settings) == y
+    )
+    if found:
+        b.flowing[site] = found
+    return bool(found)
+
+
+def _line(where) -> str | None:
+    return f"{where[0]}:{where[1]}" if where else None
+
+
+def _brief(t) -> str:
+    if t.numel() <= 4:
+        return str(t.tolist())
+    return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+
+
+def _refers(v, ids: dict):
+    """The value id in ``ids`` that argument ``v`` refers to, or None."""
+    if type(v) is Ref:
+        return v.id if v.id in ids else None
+    if type(v) in (list, tuple):
+        return next((r for r in (_refers(x, ids) for x in v) if r is not None), None)
+    return None
+
+
+def _shape(ins) -> tuple:
+    if ins.code == FREE:
+        return (FREE,)
+    if ins.code == PUT:
+        return (PUT,)
+    return (
+        OP,
+        ins.op,
+        without_ids(ins.args),
+        tuple(sorted((k, without_ids(v)) for k, v in ins.kwargs.items())),
+        tuple(o is None for o in ins.outs),
+    )
+
+
+def _float_args(ins):
+    for i, a in enumerate(ins.args):
+        yield from _floats(a, f"argument {i}", (i,))
+    for k, v in ins.kwargs.items():
+        yield from _floats(v, k, (k,))
+
+
+def _floats(a, where, path):
+    if type(a) is float:
+        yield where, a, path
+    elif type(a) in (list, tuple):
+        for j, x in enumerate(a):
+            yield from _floats(x, f"{where}[{j}]", (*path, j))
