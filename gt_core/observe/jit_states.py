@@ -75,6 +75,11 @@ _AGAIN = (
 # kind: (sentence, fix), format strings over a reason's fields (op, arg, line, old, new, n,
 # place, what). The sentence is what the event's ``reason`` says; the fix ends the advice.
 REASONS: dict[str, tuple[str, str]] = {
+    "mutates": (
+        "the step changes Python state it reaches ({what}): a replay runs no Python and would not",
+        "do that outside the jitted function: step the LR scheduler and count steps in the "
+        "loop around it (for ...: loss = step(x, y); sched.step())." + _KEEPS_RUNNING,
+    ),
     "sync": (
         "a sync inside the step ({n} per call{at}): replay cannot answer it (.item(), printing "
         "a tensor, a data-dependent shape, torch.get_rng_state as torch.utils.checkpoint calls "

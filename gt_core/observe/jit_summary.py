@@ -52,6 +52,7 @@ def summarize_jit(events: list[dict], since: int = 0) -> list[dict]:
             replaying = j["state"] == JitState.REPLAYING
             j["frozen"] = list(e.get("frozen") or []) if replaying else []
             j["constants"] = list(e.get("constants") or []) if replaying else []
+            j["not_repeated"] = list(e.get("not_repeated") or []) if replaying else []
         else:
             j["replayed"] = e.get("replayed", 0)
             if e.get("client_ms") is not None:
@@ -96,6 +97,7 @@ def _new(e: dict) -> dict:
         "reason": None,
         "frozen": [],  # Python numbers a replay keeps as recorded: {op, arg, value, count}
         "constants": [],  # tensors made from host data a replay keeps: {shape, dtype, where}
+        "not_repeated": [],  # changes of Python state the recorded call made, a replay won't
         "explanation": None,  # the reason's {id, cause, fix} (gt_core.observe.causes)
     }
 
@@ -128,6 +130,9 @@ def lines(entries: list[dict]) -> list[str]:
                     for c in j["constants"]
                 )
                 out.append(f"    keeps these tensors made from host data as recorded: {kept}")
+            if j["not_repeated"]:
+                said = "; ".join(j["not_repeated"])
+                out.append(f"    does not repeat these changes of Python state: {said}")
         elif j["state"] == JitState.RECORDING:
             out.append(f"{head}recording (no two calls recorded the same block yet)")
         else:

@@ -51,7 +51,7 @@ def run(entry, leaves, spec):
 def compare(r: Recipe, rec, would: list, scalars: list, ops: dict) -> str | None:
     """What differs between the replay ``r`` would have sent (input ids ``would``, lifted
     numbers ``scalars``) and the block the recorded call ``rec`` made (None: nothing)."""
-    why = rec.unreplayable()
+    why = rec.unreplayable() or rec.mutated
     if why is not None:
         return why.text()
     was, now = r.rec.shape(), rec.shape()

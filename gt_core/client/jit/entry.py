@@ -21,9 +21,9 @@ import statistics
 import time
 
 from gt_core.client.jit import audit, replay
-from gt_core.client.jit.reach import reach_roots, tensor_slots, walk
+from gt_core.client.jit.reach import reach_roots, walk
 from gt_core.client.jit.recipe import Recipe
-from gt_core.client.jit.recording import Recording, Refused, differ, guards
+from gt_core.client.jit.recording import Recording, Refused, differ, guards, mutated
 from gt_core.client.jit.settings import agree, attribute, groups, knobs, settings_in, wrapped
 from gt_core.client.jit.traced import as_traced, zero_lr
 from gt_core.client.session import LOCK
@@ -135,7 +135,10 @@ class Entry:
                 s.emit(Mark(MARK, self.name, "exit"))  # the frees of the call's locals come first
                 s.tee, s.tee_puts = None, None
                 s.flush()
-        rec = Recording(leaves, roots, reached, tensor_slots(roots), result, tee[:-1], puts)
+        after = walk(roots)
+        rec = Recording(leaves, roots, reached, after.slots, result, tee[:-1], puts)
+        rec.settings = settings
+        mutated(rec, [dict(g) for g in groups(opts)], reached, after)
         rec.syncs = s.counters["syncs"] - syncs
         rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
@@ -159,7 +162,12 @@ class Entry:
         if b.skipped:
             return  # a zero lr ran the optimizer as written (it syncs): it may pass
         ops = {idx: op_name(op) for op, idx in self.session.op_index.items()}
-        why = b.unreplayable() or differ(a, b, ops) or b.written_constant(self.session.op_index)
+        why = (
+            b.unreplayable()
+            or differ(a, b, ops)
+            or b.mutated
+            or b.written_constant(self.session.op_index)
+        )
         if why is not None:
             self.move(Trigger.REFUSED, why)
             return
@@ -181,6 +189,7 @@ class Entry:
             Trigger.PREPARED,
             frozen=b.frozen(ops),
             constants=b.constants(),
+            not_repeated=b.not_repeated,  # Python state the call changed, a replay will not
             flowing=sorted(key for _, key in recipe.flowing),  # settings sent each call
             inputs=len(recipe.inputs),
             outputs=len(recipe.outputs),

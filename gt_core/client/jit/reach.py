@@ -183,6 +183,7 @@ def _visit(obj, found: Reached, seen, depth, numbers: bool = True) -> None:
         for st in obj.state.values():
             _visit(st, found, seen, depth + 1)
     elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        found.scalars.append((Place("attr", obj, "last_epoch"), obj.last_epoch))
         _visit(obj.optimizer, found, seen, depth + 1)
     elif isinstance(obj, dict):
         for k, v in list(obj.items()):
@@ -217,8 +218,12 @@ _NOT_PLAIN = (type, types.FunctionType, types.MethodType, types.ModuleType, torc
 
 def _plain(obj) -> bool:
     """An instance of a Python class keeping its state in attributes (not a function,
-    class, module or tensor)."""
-    return hasattr(obj, "__dict__") and not isinstance(obj, _NOT_PLAIN)
+    class, module or tensor, nor one of gt's own: a jitted function, a session)."""
+    return (
+        hasattr(obj, "__dict__")
+        and not isinstance(obj, _NOT_PLAIN)
+        and not type(obj).__module__.startswith("gt_core.")
+    )
 
 
 def _holder(v) -> bool:

@@ -19,7 +19,7 @@ from gt_core.client.uploads import CONSTANT_NUMEL
 from gt_core.observe.jit_states import JitReason
 from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
 
-__all__ = ["Recording", "Refused", "differ", "guards"]
+__all__ = ["Recording", "Refused", "differ", "guards", "mutated"]
 
 
 class Refused(Exception):
@@ -56,6 +56,8 @@ class Recording:
         self.flowing: dict = {}
         self.changed: set = set()  # settings (group, key) that differ from the call before
         self.forced: list = []  # param groups made capturable while it recorded (traced)
+        self.mutated: JitReason | None = None  # a Python value the call changed (mutated)
+        self.not_repeated: list[str] = []  # changes a replay will not make (mutated)
         self.skipped: list = []  # param groups left as written: their lr was zero (traced)
 
     def unreplayable(self) -> JitReason | None:
@@ -151,6 +153,32 @@ def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
         if type(x) is not Proxy and x != y:
             return JitReason("python_result", old=x, new=y)
     return None
+
+
+def mutated(rec: Recording, settings_after: list, before, after) -> None:
+    """What the call changed of the Python state the step reaches, which a replay (no
+    Python) would not: ``rec.mutated`` a reason to refuse where the change feeds the next
+    calls' numbers (an optimizer's setting: a scheduler stepped inside the step; a
+    scheduler's count), ``rec.not_repeated`` the others, in words (a counter the step keeps:
+    listed where a replay is reported). A number the step itself reads and changes differs
+    between recorded calls, and is refused there (``differ``)."""
+    for i, (x, y) in enumerate(zip(rec.settings, settings_after, strict=False)):
+        for key, v in y.items():
+            if key not in ("params", "capturable") and _number(v) and x.get(key) != v:
+                what = f"group {i} {key}: {x.get(key)!r} -> {v!r}"
+                rec.mutated = JitReason("mutates", place="an optimizer's setting", what=what)
+                return
+    was = {place.ident(): (place, v) for place, v in before.scalars}
+    for place, v in after.scalars:
+        old = was.get(place.ident())
+        if old is None or (type(old[1]) is type(v) and old[1] == v):
+            continue
+        what = f"{place.describe()}: {old[1]!r} -> {v!r}"
+        scheduler = isinstance(place.obj, torch.optim.lr_scheduler.LRScheduler)
+        if scheduler:
+            rec.mutated = JitReason("mutates", place=place.describe(), what=what)
+            return
+        rec.not_repeated.append(what)
 
 
 def guards(a: Recording, b: Recording) -> list:

@@ -99,8 +99,13 @@ def wrapped(opts, ledger: dict):
     finally:
         _here.ledger = None
         for group, key, v, knob in put:
-            if group.get(key) is knob:
+            now = group.get(key)
+            if now is knob:
                 group[key] = v
+            elif type(now) is Knob:  # (the step wrote a number computed from a setting)
+                group[key] = float(now)
+            elif type(now) is tuple and any(type(x) is Knob for x in now):
+                group[key] = tuple(float(x) if type(x) is Knob else x for x in now)
 
 
 def attribute(instrs, ledger: dict) -> dict:
