@@ -98,6 +98,7 @@ class Executor:
         self.error: BaseException | None = None  # first failure since the last sync
         self.poisoned: set[int] = set()  # ids whose producing instruction failed
         self.missing: dict[int, str] = {}  # ids an op did not make though inferred: why
+        self.regraded: set[int] = set()  # op indices run again with grad mode on (outputs.py)
         self.publish = publish or (lambda events: None)
         self.executed = 0
         self._names: dict[int, str] = {}
@@ -161,6 +162,7 @@ class Executor:
         self.ops[idx] = op
         self._names.pop(idx, None)
         self.unresolved.discard(idx)
+        self.regraded.discard(idx)
         self._device_arg[idx] = any(a.name == "device" for a in op._schema.arguments)
 
     def op_name(self, idx: int) -> str:
@@ -182,8 +184,13 @@ class Executor:
                 k = _placed(k, self.device)
             result = self._call(op, a, k)
             pairs, lack = fit(op, result, outs)
-            if lack and (whole := grad_on(op, lambda o: self._call(o, a, k), outs, lack)):
-                op, result, pairs, lack = whole
+            if lack and idx not in self.regraded:
+                # Once per op: a backward's grads not asked for (its output_mask) are None with
+                # grad mode on too, and each of its runs would run it twice.
+                self.regraded.add(idx)
+                whole = grad_on(op, lambda o: self._call(o, a, k), outs, lack)
+                if whole is not None:
+                    op, result, pairs, lack = whole
         except Exception as exc:
             self.fail(exc, op, a, k, outs)
             return None
@@ -195,7 +202,7 @@ class Executor:
         for pos, oid in lack:
             self.missing[oid] = (
                 f"{op_name(op)} returned None for its output {pos}, where the client inferred "
-                "a tensor (with grad mode on too)"
+                "a tensor"
             )
         return result
 
