@@ -347,6 +347,7 @@ def _loss(out):
 
 
 def _build(c: Case):
+    """The case's module and inputs from seed 0 (a lazy module's shapes taken)."""
     torch.manual_seed(0)
     model, inputs = c.make(), c.inputs()
     if c.cls.startswith("Lazy"):
@@ -358,8 +359,11 @@ def _build(c: Case):
 def _train(c: Case, on_worker: bool, jit: bool, steps: int):
     """(losses, state dict, the step) of ``steps`` training steps of case ``c``.
 
-    A lazy module is built, and takes its shapes, before the capture; then it moves to the
-    worker: materializing it inside one crashes the process (see LAZY_INSIDE_CAPTURE).
+    A lazy module is built, and takes its shapes, before the capture, then moves to the
+    worker: its first call inside one crashed the process (a segmentation fault; not mended
+    yet). Its parameters materialized there (``param.data = torch.empty(...)``, a worker
+    tensor) left plain tensors over a worker tensor's body, which has no storage to copy from
+    when the next op (its init) uploads them.
     """
     lazy = c.cls.startswith("Lazy")
     if lazy:
@@ -383,13 +387,6 @@ def _train(c: Case, on_worker: bool, jit: bool, steps: int):
         losses = torch.stack([v.detach() for v in losses]).cpu()
         state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     return losses, state, fn
-
-
-# A lazy module's first call inside a capture (its UninitializedParameters materialized there,
-# `param.data = torch.empty(...)` with the empty a worker tensor) left a plain tensor over a
-# worker tensor's storage-less body: the next upload of it (its init, kaiming_uniform_)
-# crashed the process with a segmentation fault. A fault of the client, not yet mended.
-LAZY_INSIDE_CAPTURE = "crashes the process: see _train"
 
 
 def _assert_as_eager(got, want) -> None:
@@ -420,20 +417,9 @@ JIT_REFUSES = {
     # which targets fall in which cluster: data-dependent shapes (nonzero), read each call
     "AdaptiveLogSoftmaxWithLoss": "a sync inside the step",
 }
-# Cases gt_core.jit gets wrong or refuses by a fault of its own: case -> what happens.
-JIT_FAILS: dict[str, str] = {}
 
 
-@pytest.mark.parametrize(
-    "c",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=JIT_FAILS[c.name]))
-        if c.name in JIT_FAILS
-        else c
-        for c in CASES
-    ],
-    ids=[c.name for c in CASES],
-)
+@pytest.mark.parametrize("c", CASES, ids=[c.name for c in CASES])
 def test_module_trains_as_eager_under_jit(inprocess, c):
     want = _train(c, on_worker=False, jit=False, steps=JIT_STEPS)
     got = _train(c, on_worker=True, jit=True, steps=JIT_STEPS)
@@ -446,11 +432,13 @@ def test_module_trains_as_eager_under_jit(inprocess, c):
         assert replayed >= JIT_STEPS - 3, _jit_events()
 
 
-def test_an_lstm_trains_on_a_worker_process_which_serves_on(process):
-    """nn.LSTM's CPU kernel leaves its workspace out under no_grad: the worker process died
-    binding its outputs. It trains as eager, and the same worker serves on."""
+@pytest.mark.parametrize("name", ["LSTM-2-layers-bidirectional-batch-first-h0", "BatchNorm2d"])
+def test_trains_on_a_worker_process_which_serves_on(process, name):
+    """Each killed the worker process binding an op's outputs (nn.LSTM's CPU kernel leaves its
+    workspace out under no_grad; batch norm's backward its grad_input where the input asks
+    none): it trains as eager, and the same worker serves on."""
     pid = process.pid
-    c = next(c for c in CASES if c.name == "LSTM-2-layers-bidirectional-batch-first-h0")
+    c = next(c for c in CASES if c.name == name)
     want = _train(c, on_worker=False, jit=False, steps=STEPS)
     _assert_as_eager(_train(c, on_worker=True, jit=False, steps=STEPS), want)
     with gt_core.capture():
