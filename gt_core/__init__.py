@@ -13,6 +13,7 @@ from gt_core.errors import (
     CompiledRunFailed,
     ConfigError,
     GTError,
+    OutputMismatch,
     RemoteRefused,
     UnsupportedOperation,
     WorkerDied,
@@ -66,6 +67,7 @@ __all__ = [
     "RemoteRefused",
     "UnsupportedOperation",
     "CompiledRunFailed",
+    "OutputMismatch",
     "CaptureError",
 ]
 

@@ -10,6 +10,7 @@ __all__ = [
     "RemoteRefused",
     "UnsupportedOperation",
     "CompiledRunFailed",
+    "OutputMismatch",
     "CaptureError",
 ]
 
@@ -47,6 +48,10 @@ class UnsupportedOperation(GTError, RuntimeError):
 
 class CompiledRunFailed(GTError, RuntimeError):
     """A compiled hot path failed mid-run after it may have updated tensors in place."""
+
+
+class OutputMismatch(GTError, RuntimeError):
+    """An op on the worker returned other outputs than the client inferred for it."""
 
 
 class CaptureError(GTError, RuntimeError):

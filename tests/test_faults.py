@@ -279,6 +279,35 @@ def test_a_worker_error_without_a_sync_is_raised_at_the_end_of_the_capture(proce
         assert (torch.ones(2) * 3).tolist() == [3.0, 3.0]
 
 
+def test_a_fault_inside_the_worker_engine_is_an_error_and_the_session_goes_on(
+    inprocess, monkeypatch
+):
+    """A fault of gt's own while the worker runs an instruction (here: the hot-path engine
+    recording it) is that instruction's error at the next sync; the worker serves on."""
+    from gt_core.stream.instructions import OP
+
+    data = torch.arange(3.0)
+    with gt_core.capture():
+        x = gt_core.to_worker(data)
+        history = _capture.session().transport.engine.history
+        append, faults = history.append, []
+
+        def faulty(ins, *args):
+            if ins.code == OP and not faults:
+                faults.append(ins)
+                raise RuntimeError("gt test: a fault of the engine")
+            return append(ins, *args)
+
+        monkeypatch.setattr(history, "append", faulty)
+        y = x * 2
+        with pytest.raises(RuntimeError, match="a fault of the engine"):
+            y.cpu()
+        assert (x + 1).tolist() == [1.0, 2.0, 3.0]
+        with pytest.raises(RuntimeError, match="never computed"):
+            y.cpu()
+    assert faults
+
+
 def test_a_gt_cell_with_a_worker_error_and_no_sync_shows_it(process):
     shell = start_ipython() or InteractiveShell.instance()
     shell.run_line_magic("load_ext", "gt_jupyter")

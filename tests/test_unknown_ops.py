@@ -110,6 +110,75 @@ def test_executor_keeps_serving_after_an_unresolved_defop():
     assert ex.poisoned == {2, 4}
 
 
+def test_executor_fails_an_op_whose_outputs_do_not_fit_and_keeps_serving():
+    ex = Executor(torch.device("cpu"))
+    a = torch.arange(4.0)
+    for ins in [
+        Put(PUT, 1, a),
+        DefOp(DEFOP, 0, "aten::add.Tensor"),
+        Op(OP, 0, (Ref(1), Ref(1)), {}, (2, 3)),  # one tensor comes, two were inferred
+        Op(OP, 0, (Ref(1), Ref(1)), {}, (4,)),
+        Op(OP, 0, (Ref(3), Ref(1)), {}, (5,)),  # uses an output never made
+    ]:
+        ex.execute(ins)
+    err = ex.take_error()
+    assert isinstance(err, gt_core.OutputMismatch), err
+    assert "aten.add.Tensor returned 1 tensors, where the client inferred 2" in str(err)
+    assert err.gt_outs == [2, 3]  # (the client names the line that recorded them)
+    assert ex.take_error() is None
+    torch.testing.assert_close(ex.fetch(4), a + a)
+    assert ex.poisoned == {2, 3, 5}
+
+
+def test_a_hot_path_that_returns_no_tensor_for_an_output_leaves_it_unmade():
+    ex = Executor(torch.device("cpu"))
+    ex.bind_outputs([1, 2], [torch.ones(2), None], "b1")
+    ex.bind_outputs([3], [torch.ones(2), torch.ones(2)], "b2")
+    torch.testing.assert_close(ex.fetch(1), torch.ones(2))
+    with pytest.raises(gt_core.OutputMismatch, match="the hot path b1 returned None for it"):
+        ex.fetch(2)
+    err = ex.take_error()
+    assert isinstance(err, gt_core.OutputMismatch) and "the hot path b2 returned 2" in str(err)
+    assert ex.poisoned == {3}
+
+
+def test_an_output_its_kernel_makes_with_grad_mode_on_only_is_made(process):
+    """The worker runs under no_grad; a kernel that leaves out what a backward needs unless
+    grad mode is on (as nn.LSTM's does on the CPU) runs with it on, as the client inferred."""
+    import _custom_ops  # noqa: F401
+
+    gt_core.configure(worker_imports=("_custom_ops",))
+    process.restart()
+    pid, x = process.pid, torch.randn(3, 4)
+    with gt_core.capture():
+        for _ in range(2):  # (the second call: the op known to need it)
+            a, b = torch.ops.gt_tests.kept(gt_core.to_worker(x.clone()))
+            assert_close(a * b, (x * 2) * (x + 1))
+    assert process.alive and process.pid == pid
+
+
+def test_an_output_its_kernel_never_makes_fails_the_op_that_uses_it(process):
+    import _custom_ops  # noqa: F401
+
+    gt_core.configure(worker_imports=("_custom_ops",))
+    process.restart()
+    pid, x = process.pid, torch.randn(3, 4)
+    with gt_core.capture():
+        a, b = torch.ops.gt_tests.dropped(gt_core.to_worker(x.clone()))
+        c = b + 1
+        with pytest.raises(gt_core.OutputMismatch) as info:
+            c.cpu()
+        msg = str(info.value)
+        assert "aten.add.Tensor used a value that was never made" in msg
+        assert "gt_tests.dropped.default returned None for its output 1" in msg
+        assert "c = b + 1" in "\n".join(info.value.__notes__)  # the user's line
+        assert_close(a, x * 2)  # the session goes on
+        with pytest.raises(gt_core.OutputMismatch, match="never made"):
+            b.cpu()
+        assert_close(gt_core.to_worker(x.clone()).exp(), x.exp())
+    assert process.alive and process.pid == pid
+
+
 def test_worker_imports_make_project_ops_known(process):
     import _custom_ops  # noqa: F401  (the client records them too: their schemas and fakes)
 

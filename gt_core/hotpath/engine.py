@@ -137,10 +137,20 @@ class Engine:
     # -- the stream ----------------------------------------------------------------------
     def feed(self, instrs) -> None:
         for ins in instrs:
-            self.step(ins)
-            if self.matcher.idle and len(self.history) >= self.next_detect:
-                self._detect()
+            try:
+                self.step(ins)
+                if self.matcher.idle and len(self.history) >= self.next_detect:
+                    self._detect()
+            except Exception as exc:  # (the executor fails ops itself: this is gt's own fault)
+                self._fault(ins, exc)
         self.outbox.flush_soon()
+
+    def _fault(self, ins, exc: Exception) -> None:
+        """An instruction raised through the engine: its error at the next sync, its outputs
+        never computed, and the session goes on; no instruction ends the worker."""
+        outs = getattr(ins, "outs", None) or getattr(ins, "produced", None) or ()
+        if self.ex.fail_outputs([o for o in outs if o is not None], exc):
+            exc.add_note(f"(gt worker: raised inside gt while running {type(ins).__name__})")
 
     def step(self, ins) -> None:
         code = ins.code

@@ -90,7 +90,7 @@ class Registry:
         """The block's eager form (build_graph without lifting or rewrites), or None.
 
         Not on another device where an op names one: the executor places such ops on the
-        worker's device (Executor._place); the graph would keep the client's.
+        worker's device (executor._placed); the graph would keep the client's.
         """
         if self.ex.device.type != "cpu" and any(
             e.kind == "op" and any(name == "device" for name, _ in e.kwargs)

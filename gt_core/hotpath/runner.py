@@ -234,7 +234,7 @@ class Runner:
 
     def bind(self, block: Block, occ: Occurrence, outs) -> None:
         """An occurrence ran as one call: its outputs bound, its frees dropped."""
-        self.ex.bind_outputs(occ.out_ids, outs)
+        self.ex.bind_outputs(occ.out_ids, outs, block.sig)
         self.ex.drop(occ.free_ids)
         self.ex.count(len(block.canon.entries))
 

@@ -11,9 +11,9 @@ import importlib
 import sys
 
 import torch
-from torch.utils._pytree import tree_flatten
 
-from gt_core.errors import UnsupportedOperation
+from gt_core.errors import OutputMismatch, UnsupportedOperation
+from gt_core.remote.outputs import described, fit, grad_on
 from gt_core.remote.portable import for_device
 from gt_core.remote.shard import local
 from gt_core.stream.instructions import (
@@ -28,7 +28,7 @@ from gt_core.stream.instructions import (
     op_name,
     resolve_op,
 )
-from gt_core.stream.meta import Made, ValueMeta, tensor_meta, value_meta
+from gt_core.stream.meta import ValueMeta, value_meta
 
 __all__ = ["Executor", "describe_args", "Unresolved"]
 
@@ -97,6 +97,8 @@ class Executor:
         self._device_arg: dict[int, bool] = {}
         self.error: BaseException | None = None  # first failure since the last sync
         self.poisoned: set[int] = set()  # ids whose producing instruction failed
+        self.missing: dict[int, str] = {}  # ids an op did not make though inferred: why
+        self.regraded: set[int] = set()  # op indices run again with grad mode on (outputs.py)
         self.publish = publish or (lambda events: None)
         self.executed = 0
         self._names: dict[int, str] = {}
@@ -104,27 +106,36 @@ class Executor:
 
     # -- the stream ----------------------------------------------------------------------
     def execute(self, ins) -> None:
-        """Run one instruction eagerly."""
+        """Run one instruction eagerly. What it raises is its error at the next sync (its
+        outputs never computed): no instruction ends the worker's session."""
         code = ins.code
-        if code == OP:
-            self.run_op(ins)
-        elif code == FREE:
-            self.values.pop(ins.vid, None)
-            self.poisoned.discard(ins.vid)
-        elif code == PUT:
-            value = ins.value
-            if value.device != self.device:  # (a staged upload is read onto it already)
-                value = value.to(self.device)
-            self.values[ins.vid] = value if self.sharding is None else self.sharding.place(value)
-        elif code == DEFOP:
-            self.define(ins.op, ins.name, ins.module)
-        elif code == SEED:
-            torch.manual_seed(ins.seed)
-        elif code == RNG:
-            torch.set_rng_state(ins.state)
-        elif code == MARK and self.sharding is not None:
-            self.sharding.mark(ins.name, ins.phase)
-        # SYNC carries no work, nor MARK but for sharding; the engine reads them.
+        try:
+            if code == OP:
+                self.run_op(ins)
+            elif code == FREE:
+                self.values.pop(ins.vid, None)
+                self.poisoned.discard(ins.vid)
+                self.missing.pop(ins.vid, None)
+            elif code == PUT:
+                value = ins.value
+                if value.device != self.device:  # (a staged upload is read onto it already)
+                    value = value.to(self.device)
+                if self.sharding is not None:
+                    value = self.sharding.place(value)
+                self.values[ins.vid] = value
+            elif code == DEFOP:
+                self.define(ins.op, ins.name, ins.module)
+            elif code == SEED:
+                torch.manual_seed(ins.seed)
+            elif code == RNG:
+                torch.set_rng_state(ins.state)
+            elif code == MARK and self.sharding is not None:
+                self.sharding.mark(ins.name, ins.phase)
+            # SYNC carries no work, nor MARK but for sharding; the engine reads them.
+        except Exception as exc:
+            made = [ins.vid] if code == PUT else []
+            if self.fail_outputs(made, exc):
+                _note(exc, f"(gt worker: raised by a {type(ins).__name__} instruction)")
         self.executed += 1
 
     def define(self, idx: int, qualified: str, module: str | None = None) -> None:
@@ -151,6 +162,7 @@ class Executor:
         self.ops[idx] = op
         self._names.pop(idx, None)
         self.unresolved.discard(idx)
+        self.regraded.discard(idx)
         self._device_arg[idx] = any(a.name == "device" for a in op._schema.arguments)
 
     def op_name(self, idx: int) -> str:
@@ -161,72 +173,73 @@ class Executor:
         return name
 
     def run_op(self, ins):
+        """Run one OP instruction: its result, or None where it failed. Each step (its
+        arguments, the call, binding its outputs) that raises fails the op: its outputs
+        never computed, the error raised at the next sync with the line that recorded it."""
         idx, outs = ins.op, ins.outs
+        op, a, k = self.ops.get(idx), ins.args, ins.kwargs
         try:
-            a = self.resolve(ins.args)
-            k = self.resolve(ins.kwargs)
-        except KeyError:  # an input failed earlier (or was freed): propagate, one error only
-            self.poisoned.update(o for o in outs if o is not None)
-            if self.error is None:
-                self.error = RuntimeError(
-                    f"gt worker: {op_name(self.ops[idx])} used a value that does not exist"
-                )
-            return None
-        if self._device_arg[idx]:
-            k = self._place(k)
-        try:
-            op = self.ops[idx]
-            result = op(*a, **k) if self.sharding is None else self.sharding.call(op, a, k)
+            a, k = self.resolve(a), self.resolve(k)
+            if self._device_arg[idx]:
+                k = _placed(k, self.device)
+            result = self._call(op, a, k)
+            pairs, lack = fit(op, result, outs)
+            if lack and idx not in self.regraded:
+                # Once per op: a backward's grads not asked for (its output_mask) are None with
+                # grad mode on too, and each of its runs would run it twice.
+                self.regraded.add(idx)
+                whole = grad_on(op, lambda o: self._call(o, a, k), outs, lack)
+                if whole is not None:
+                    op, result, pairs, lack = whole
         except Exception as exc:
-            self.fail(exc, self.ops[idx], a, k, outs)
+            self.fail(exc, op, a, k, outs)
             return None
-        self.bind(result, outs)
+        if op is not self.ops[idx]:  # (GradOn: it runs so from now on, in blocks too)
+            self.ops[idx] = op
+        values = self.values
+        for oid, t in pairs:
+            values[oid] = t
+        for pos, oid in lack:
+            self.missing[oid] = (
+                f"{op_name(op)} returned None for its output {pos}, where the client inferred "
+                "a tensor"
+            )
         return result
 
-    def bind(self, result, outs) -> None:
-        if not outs:
-            return
-        if isinstance(result, torch.Tensor):
-            self.values[outs[0]] = result
-            return
-        values = self.values
-        flat = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
-        for oid, t in zip(outs, flat, strict=True):
-            if oid is not None:
-                values[oid] = t
+    def _call(self, op, a, k):
+        return op(*a, **k) if self.sharding is None else self.sharding.call(op, a, k)
 
     def fail(self, exc: BaseException, op, args, kwargs, outs) -> None:
         made = [o for o in outs if o is not None]
         self.poisoned.update(made)
-        if self.error is None:
-            try:
-                exc.add_note(f"(gt worker: raised by {op_name(op)}({describe_args(args, kwargs)}))")
-                exc.gt_outs = made  # the client knows the line that recorded these
-            except Exception:
-                pass
-            self.error = exc
+        if self.error is not None:
+            return
+        if type(exc) is _Unavailable:  # an input failed earlier, or was freed: its error
+            exc = _unavailable(op, self.missing.get(exc.args[0]))
+        else:
+            _note(exc, f"(gt worker: raised by {_name(op)}({describe_args(args, kwargs)}))")
+        try:
+            exc.gt_outs = made  # the client knows the line that recorded these
+        except Exception:  # (an exception type that takes no attributes)
+            pass
+        self.error = exc
 
     def resolve(self, a):
-        """Arguments with Refs replaced by the values they name (KeyError if missing)."""
+        """Arguments with Refs replaced by the values they name (a KeyError where one is
+        missing: never computed, or freed)."""
         t = type(a)
         if t is Ref:
             if a.id in self.poisoned:
-                raise KeyError(a.id)
-            return self.values[a.id]
+                raise _Unavailable(a.id)
+            try:
+                return self.values[a.id]
+            except KeyError:
+                raise _Unavailable(a.id) from None
         if t is list or t is tuple:
             return t(self.resolve(x) for x in a)
         if t is dict:
             return {k: self.resolve(v) for k, v in a.items()}
         return a
-
-    def _place(self, kwargs: dict) -> dict:
-        # The client sees every worker tensor as a CPU tensor; the worker owns its device.
-        dev = kwargs.get("device")
-        if dev is None or torch.device(dev).type == "cpu":
-            kwargs = dict(kwargs, device=self.device)
-        if kwargs.get("pin_memory"):
-            kwargs["pin_memory"] = False
-        return kwargs
 
     # -- what the hot-path engine does besides instructions ------------------------------
     def meta(self, vid: int) -> ValueMeta | None:
@@ -239,17 +252,26 @@ class Executor:
         values = self.values
         return [values[i] for i in ids]
 
-    def bind_outputs(self, ids, outs) -> None:
-        """Values computed together (a block's outputs) become ``ids``."""
+    def bind_outputs(self, ids, outs, sig: str = "?") -> None:
+        """Values computed together (hot path ``sig``'s outputs) become ``ids``. Where they do
+        not fit (another count, or no tensor for one), those ids are never computed."""
+        if len(outs) != len(ids):
+            why = f"the hot path {sig} returned {len(outs)} values, where {len(ids)} were expected"
+            self.fail_outputs(ids, OutputMismatch(f"gt worker: {why}"))
+            return
         values = self.values
-        for vid, value in zip(ids, outs, strict=True):
-            values[vid] = value
+        for vid, value in zip(ids, outs):
+            if isinstance(value, torch.Tensor):
+                values[vid] = value
+            else:
+                self.missing[vid] = f"the hot path {sig} returned {value!r} for it, not a tensor"
 
     def drop(self, ids) -> None:
         """Forget ``ids`` (freed by instructions that ran as one call, or not at all)."""
         values = self.values
         for vid in ids:
             values.pop(vid, None)
+            self.missing.pop(vid, None)
 
     def fail_outputs(self, ids, exc: BaseException) -> bool:
         """``ids`` were never computed; ``exc`` is the error the next sync raises unless an
@@ -270,6 +292,8 @@ class Executor:
         return err
 
     def fetch(self, vid: int) -> torch.Tensor:
+        if vid in self.missing:
+            raise OutputMismatch(f"gt: this value was never made: {self.missing[vid]}")
         if vid in self.poisoned:
             raise RuntimeError(
                 "gt: this value was never computed: the op that makes it failed earlier"
@@ -282,45 +306,21 @@ class Executor:
 
     def call(self, idx: int, args, kwargs, base_id: int):
         """Run one op now (a sync op) and describe its outputs for the client."""
-        a, k = self.resolve(args), self.resolve(kwargs)
-        if self._device_arg[idx]:
-            k = self._place(k)
         op = self.ops[idx]
+        try:
+            a, k = self.resolve(args), self.resolve(kwargs)
+        except _Unavailable as exc:
+            raise _unavailable(op, self.missing.get(exc.args[0])) from None
+        if self._device_arg[idx]:
+            k = _placed(k, self.device)
         try:
             result = op(*a, **k) if self.sharding is None else self.sharding.read(op, a, k)
         except Exception as exc:
-            try:
-                exc.add_note(f"(gt worker: raised by {op_name(op)}({describe_args(a, k)}))")
-            except Exception:
-                pass
+            _note(exc, f"(gt worker: raised by {op_name(op)}({describe_args(a, k)}))")
             raise
         if type(result) in (int, float, bool, complex):  # .item(): nothing to describe
             return result, base_id
-        _dense_only(op, result)
-        inputs = {
-            id(v): r.id
-            for v, r in zip(
-                tree_flatten(a)[0] + tree_flatten(k)[0],
-                tree_flatten(args)[0] + tree_flatten(kwargs)[0],
-                strict=False,
-            )
-            if isinstance(r, Ref)
-        }
-        next_id = [base_id]
-
-        def describe(x):
-            if isinstance(x, torch.Tensor):
-                if id(x) in inputs:  # in-place: the output is an input
-                    return Ref(inputs[id(x)])
-                vid = next_id[0]
-                next_id[0] += 1
-                self.values[vid] = x
-                return Made(vid, tensor_meta(x))
-            if isinstance(x, (list, tuple)):
-                return type(x)(describe(y) for y in x)
-            return x
-
-        return describe(result), next_id[0]
+        return described(op, result, (a, k), (args, kwargs), self.values, base_id)
 
     def stats(self) -> dict:
         return {
@@ -334,12 +334,40 @@ class Executor:
         }
 
 
-def _dense_only(op, result) -> None:
-    """A sync op's tensor outputs must be dense (strided): worker tensors are no other kind."""
-    for x in tree_flatten(result)[0]:
-        if isinstance(x, torch.Tensor) and x.layout != torch.strided:
-            raise UnsupportedOperation(
-                f"gt: {op_name(op)} made a {x.layout} tensor; worker tensors are dense "
-                "(strided) only. Bring the input home first (t.cpu()): ops on plain "
-                "tensors run in this process, inside capture too."
-            )
+def _placed(kwargs: dict, device: torch.device) -> dict:
+    # The client sees every worker tensor as a CPU tensor; the worker owns its device.
+    dev = kwargs.get("device")
+    if dev is None or torch.device(dev).type == "cpu":
+        kwargs = dict(kwargs, device=device)
+    if kwargs.get("pin_memory"):
+        kwargs["pin_memory"] = False
+    return kwargs
+
+
+def _unavailable(op, why: str | None) -> BaseException:
+    """The error of ``op`` using a value that is not there; ``why``: why it was never made."""
+    if why is None:
+        return RuntimeError(f"gt worker: {_name(op)} used a value that does not exist")
+    return OutputMismatch(
+        f"gt worker: {_name(op)} used a value that was never made: {why}. Run this op "
+        "outside gt_core.capture() (bring its inputs home with .cpu()), and report it to gt."
+    )
+
+
+class _Unavailable(KeyError):
+    """An argument names a value that is not there: never computed, or freed."""
+
+
+def _name(op) -> str:
+    """The op's name for an error ('aten.mm.default'), whatever ``op`` is."""
+    try:
+        return op_name(op)
+    except Exception:
+        return repr(op)
+
+
+def _note(exc: BaseException, note: str) -> None:
+    try:
+        exc.add_note(note)
+    except Exception:  # (a frozen exception object)
+        pass
