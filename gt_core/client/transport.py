@@ -346,10 +346,14 @@ class ProcessTransport(Connected):
         conn, child = ctx.Pipe()
         events_conn, child_events = ctx.Pipe(duplex=False)
         from gt_core.remote.cpu_share import worker_environment
+        from gt_core.remote.ending import run_then_end
         from gt_core.remote.serve import worker_main
 
         self.proc = ctx.Process(
-            target=worker_main, args=(child, child_events, options), daemon=True, name="gt-worker"
+            target=run_then_end,
+            args=(worker_main, child, child_events, options),
+            daemon=True,
+            name="gt-worker",
         )
         with without_main(), worker_environment():
             self.proc.start()
