@@ -327,6 +327,8 @@ class Connected(Transport):
             except Exception:
                 pass
             self._join()
+        if self._pump is not threading.current_thread():  # (its events end with the worker)
+            self._pump.join(timeout=1.0)
         self._end_compiler()  # gone already after a clean stop; not after a kill
         self.cause = self.cause or "stopped"
         self._conn.close()
