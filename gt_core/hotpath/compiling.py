@@ -118,7 +118,7 @@ class Compiler:
             threads = list(self._threads)
         end = time.monotonic() + _END_S
         for t in threads:
-            if t is not threading.current_thread():
+            if t.is_alive() and t is not threading.current_thread():
                 t.join(max(0.0, end - time.monotonic()))
 
     def _thread(self, target, name: str) -> threading.Thread:
