@@ -65,6 +65,7 @@ class GroupTransport(RankLines, InlineStaging, ProcessTransport):
 
     def _open(self, options):
         from gt_core.remote.cpu_share import worker_environment
+        from gt_core.remote.ending import run_then_end
         from gt_core.remote.group import GroupSpec
         from gt_core.remote.serve import worker_main
 
@@ -79,8 +80,8 @@ class GroupTransport(RankLines, InlineStaging, ProcessTransport):
             events_conn, child_events = ctx.Pipe(duplex=False)
             spec = GroupSpec(r, n, init)
             p = ctx.Process(
-                target=worker_main,
-                args=(child, child_events, options, False, spec),
+                target=run_then_end,
+                args=(worker_main, child, child_events, options, False, spec),
                 daemon=True,
                 name=f"gt-worker-rank{r}",
             )

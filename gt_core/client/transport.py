@@ -327,6 +327,8 @@ class Connected(Transport):
             except Exception:
                 pass
             self._join()
+        if self._pump is not threading.current_thread():  # (its events end with the worker)
+            self._pump.join(timeout=1.0)
         self._end_compiler()  # gone already after a clean stop; not after a kill
         self.cause = self.cause or "stopped"
         self._conn.close()
@@ -346,10 +348,14 @@ class ProcessTransport(Connected):
         conn, child = ctx.Pipe()
         events_conn, child_events = ctx.Pipe(duplex=False)
         from gt_core.remote.cpu_share import worker_environment
+        from gt_core.remote.ending import run_then_end
         from gt_core.remote.serve import worker_main
 
         self.proc = ctx.Process(
-            target=worker_main, args=(child, child_events, options), daemon=True, name="gt-worker"
+            target=run_then_end,
+            args=(worker_main, child, child_events, options),
+            daemon=True,
+            name="gt-worker",
         )
         with without_main(), worker_environment():
             self.proc.start()

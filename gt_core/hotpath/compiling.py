@@ -35,6 +35,11 @@ __all__ = ["Compiler"]
 # them (the compile process has one job at a time of its own).
 _DYNAMO = threading.Lock()
 
+# How long close() waits for the threads compiling. One waiting on the compile process ends
+# as soon as the process is closed; one compiling in the worker cannot be stopped and may
+# take minutes, so the worker's exit does not wait for it (see gt_core.remote.ending).
+_END_S = 1.0
+
 
 class Compiler:
     """Compiles hot blocks off the critical path where the options allow, and counts them."""
@@ -51,6 +56,7 @@ class Compiler:
         self.sharding = None
         self._process: CompileProcess | None = None
         self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []  # compiles and the warm-up: close joins them
 
     def process(self) -> CompileProcess | None:
         """Where inductor blocks compile off the critical path, or None (in the worker).
@@ -78,6 +84,10 @@ class Compiler:
                 )
             return self._process
 
+    def warm_soon(self) -> None:
+        """Warm the compile process up in a thread of its own (worker start)."""
+        self._thread(self.warm, "gt-compile-warm").start()
+
     def warm(self) -> None:
         """Warm the compile process up (worker start): see CompileProcess.warm."""
         cp = self.process()
@@ -99,8 +109,25 @@ class Compiler:
             self._process = None
 
     def close(self) -> None:
+        """End the compile process, then give the threads compiling a moment (_END_S) to end:
+        an interpreter torn down under a thread inside torch's C++ code aborts ("terminate
+        called without an active exception")."""
         if self._process is not None:
             self._process.close()
+        with self._lock:
+            threads = list(self._threads)
+        end = time.monotonic() + _END_S
+        for t in threads:
+            if t.is_alive() and t is not threading.current_thread():
+                t.join(max(0.0, end - time.monotonic()))
+
+    def _thread(self, target, name: str) -> threading.Thread:
+        """A thread (not started) that runs ``target``; close() waits for it."""
+        t = threading.Thread(target=target, name=name, daemon=True)
+        with self._lock:
+            self._threads = [u for u in self._threads if u.is_alive() or u.ident is None]
+            self._threads.append(t)
+        return t
 
     @contextlib.contextmanager
     def _busy(self):
@@ -139,9 +166,7 @@ class Compiler:
             keep_rng_in_threads("gt-compile-")  # (a compile must not rewind the worker's draws)
             if self._graphs(o):
                 replay_here()  # before the compile thread imports CUDA graph trees
-            block.thread = threading.Thread(
-                target=_no_grad(work), name=f"gt-compile-{block.sig}", daemon=True
-            )
+            block.thread = self._thread(_no_grad(work), f"gt-compile-{block.sig}")
             block.thread.start()
         else:
             _no_grad(work)()

@@ -98,8 +98,8 @@ class Engine:
     def compile_process(self):
         return self.compiler.process()
 
-    def warm(self) -> None:
-        self.compiler.warm()
+    def warm_soon(self) -> None:
+        self.compiler.warm_soon()
 
     def flush_events(self) -> None:
         self.outbox.flush()

@@ -243,6 +243,7 @@ def _worker(conn, events, options) -> None:
     """The worker process of one client: it ends with the listener."""
     if not end_with_parent():
         return
+    from gt_core.remote.ending import run_then_end
     from gt_core.remote.serve import worker_main
 
-    worker_main(conn, events, options, inline=True)
+    run_then_end(worker_main, conn, events, options, inline=True)

@@ -11,7 +11,6 @@ import os
 import pickle
 import signal
 import socket
-import threading
 
 import torch
 
@@ -182,7 +181,7 @@ def _start(options, publish, group=None) -> Worker:
     if cp is not None:
         cp.start()  # the compile process imports beside this one
         cp.imports()  # before serving, not beside a step: seconds of Python holding the GIL
-        threading.Thread(target=w.engine.warm, name="gt-compile-warm", daemon=True).start()
+        w.engine.warm_soon()
     gc.freeze()  # torch's own objects live as long as the worker: full collections skip them
     publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(w.device))])
     w.engine.cpu_share = CpuShare(w.device, options.worker_threads)

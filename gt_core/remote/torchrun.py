@@ -143,13 +143,14 @@ def _free_port(host: str) -> int:
 # -- the worker processes ------------------------------------------------------------------
 def _rank_r(options, spec, relay, authkey) -> None:
     """A rank > 0's worker: its stream and its events through rank 0's relay."""
+    from gt_core.remote.ending import run_then_end
     from gt_core.remote.serve import worker_main
 
     if not _ends_with_its_rank():
         return
     stream = _connect(relay, authkey, ("stream", spec.rank))
     events = _connect(relay, authkey, ("events", spec.rank))
-    worker_main(stream, events, options, inline=True, group=spec)
+    run_then_end(worker_main, stream, events, options, inline=True, group=spec)
 
 
 def _ends_with_its_rank() -> bool:
@@ -181,6 +182,7 @@ def _rank0(conn, events, options, spec, relay, authkey) -> None:
     """Rank 0's worker: the client's stream, copied to every rank; their events relayed."""
     from multiprocessing.connection import Connection
 
+    from gt_core.remote.ending import end_process
     from gt_core.remote.listen import Door
     from gt_core.remote.published import drain_others
     from gt_core.remote.serve import worker_main
@@ -201,6 +203,7 @@ def _rank0(conn, events, options, spec, relay, authkey) -> None:
     drain_others(relay.wait_ranks)
     worker_main(Connection(mine.detach()), events, options, inline=True, group=spec)
     relay.ending = True
+    end_process()
 
 
 class _Relay:
