@@ -260,7 +260,7 @@ class Executor:
             self.fail_outputs(ids, OutputMismatch(f"gt worker: {why}"))
             return
         values = self.values
-        for vid, value in zip(ids, outs):
+        for vid, value in zip(ids, outs, strict=True):
             if isinstance(value, torch.Tensor):
                 values[vid] = value
             else:

@@ -59,10 +59,13 @@ def fit(op, result, outs) -> tuple[list, list]:
         leaves = [x for x in tree_flatten(result)[0] if x is None or isinstance(x, torch.Tensor)]
     tensors = [x for x in leaves if x is not None]
     if len(tensors) == len(outs):
-        return [(o, t) for o, t in zip(outs, tensors) if o is not None], []
+        return [(o, t) for o, t in zip(outs, tensors, strict=True) if o is not None], []
     if len(tensors) < len(outs) == len(leaves):
-        pairs = [(o, t) for o, t in zip(outs, leaves) if o is not None and t is not None]
-        lack = [(k, o) for k, (o, t) in enumerate(zip(outs, leaves)) if o is not None and t is None]
+        pairs = [
+            (o, t) for o, t in zip(outs, leaves, strict=True) if o is not None and t is not None
+        ]
+        paired = enumerate(zip(outs, leaves, strict=True))
+        lack = [(k, o) for k, (o, t) in paired if o is not None and t is None]
         return pairs, lack
     raise OutputMismatch(
         f"gt worker: {op_name(op)} returned {len(tensors)} tensors, where the client inferred "
