@@ -207,3 +207,45 @@ def test_two_groups_whose_lr_parts_after_recording_are_recorded_again(inprocess)
     kinds = [e["cause"]["kind"] for e in _events() if e.get("cause")]
     assert "settings_parted" in kinds and entry.state is JitState.REPLAYING
     assert entry.replayed >= 12
+
+
+@pytest.mark.parametrize("schedule", ["StepLR", "OneCycleLR", "LambdaLR-warmup"])
+def test_a_scheduler_stepped_inside_the_step_is_stepped_by_each_replay(inprocess, schedule):
+    """The scheduler's step is known Python: a replay steps it after its RUN, as the call
+    would have, so the next call's settings are eager's (a replay that skipped it ran every
+    later call on a stale learning rate, without a word)."""
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            sched = {
+                "StepLR": lambda: torch.optim.lr_scheduler.StepLR(opt, 3, gamma=0.5),
+                "OneCycleLR": lambda: torch.optim.lr_scheduler.OneCycleLR(opt, 0.05, 30),
+                "LambdaLR-warmup": lambda: torch.optim.lr_scheduler.LambdaLR(
+                    opt, lambda i: min(1.0, i / 4)
+                ),
+            }[schedule]()
+            x, y = torch.randn(16, 8), torch.randn(16, 4)
+
+            def step(x, y):
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+                return loss
+
+            fn = gt_core.jit(step) if on_worker else step
+            for _ in range(24):
+                fn(x, y)
+            return _params(model), fn, sched.last_epoch
+
+    want, _, want_epoch = run(False)
+    got, fn, epoch = run(True)
+    _close(got, want)
+    assert epoch == want_epoch == 24
+    (entry,) = fn.entries.values()
+    assert entry.replayed >= 12, _events()

@@ -85,6 +85,8 @@ def compare(r: Recipe, rec, would: list, scalars: list, ops: dict) -> str | None
             return f"input {k}: read from {_said(a[0])}, the call read {_said(b[0])}"
         if not _constant(a[0], r) and would[k] != fresh.input_ids[k]:
             return f"input {k} ({_said(a[0])}): the replay would read another tensor"
+    if [(id(x), n) for x, n in r.schedulers] != [(id(x), n) for x, n in rec.schedulers]:
+        return "the call stepped other LR schedulers than the replay steps"
     if _outputs(r) != _outputs(fresh):
         return "the call left its outputs in other places than the replay would"
     return None

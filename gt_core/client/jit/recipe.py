@@ -56,6 +56,7 @@ class Recipe:
         self.optimizers = rec.optimizers
         self.forced = rec.forced  # param groups the recorded call ran capturable (traced)
         self.guards: list = []  # (getter, obj, key, value, place): compared (see guards)
+        self.schedulers = rec.schedulers  # (LR scheduler, steps) a replay steps after its RUN
         # The block's lifted numbers, each the expressions of those settings that gave it
         # (jit.settings); the settings that changed between the recorded calls flow, the
         # others stay compared. A replay evaluates each distinct set of expressions once.
@@ -66,7 +67,8 @@ class Recipe:
         self.flowing = frozenset(
             s for es in self.distinct for e in es for s in settings_in(e) if s in rec.changed
         )
-        self.knobs = knobs(self.optimizers, self.flowing)
+        # (as the recorded call began: a scheduler it stepped has changed them since)
+        self.knobs = knobs(self.optimizers, self.flowing, rec.settings)
 
     def _find_inputs(self, occ: Candidate, rec: Recording) -> None:
         """``inputs``: per block input, (its place or argument index, its metadata key)."""

@@ -58,6 +58,7 @@ class Recording:
         self.forced: list = []  # param groups made capturable while it recorded (traced)
         self.mutated: JitReason | None = None  # a Python value the call changed (mutated)
         self.not_repeated: list[str] = []  # changes a replay will not make (mutated)
+        self.schedulers: list = []  # (LR scheduler, steps) it stepped inside (mutated)
         self.skipped: list = []  # param groups left as written: their lr was zero (traced)
 
     def unreplayable(self) -> JitReason | None:
@@ -157,28 +158,34 @@ def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
 
 def mutated(rec: Recording, settings_after: list, before, after) -> None:
     """What the call changed of the Python state the step reaches, which a replay (no
-    Python) would not: ``rec.mutated`` a reason to refuse where the change feeds the next
-    calls' numbers (an optimizer's setting: a scheduler stepped inside the step; a
-    scheduler's count), ``rec.not_repeated`` the others, in words (a counter the step keeps:
-    listed where a replay is reported). A number the step itself reads and changes differs
-    between recorded calls, and is refused there (``differ``)."""
-    for i, (x, y) in enumerate(zip(rec.settings, settings_after, strict=False)):
-        for key, v in y.items():
-            if key not in ("params", "capturable") and _number(v) and x.get(key) != v:
-                what = f"group {i} {key}: {x.get(key)!r} -> {v!r}"
-                rec.mutated = JitReason("mutates", place="an optimizer's setting", what=what)
-                return
+    Python) would not. An LR scheduler stepped inside the step is known Python: a replay
+    steps it as many times after its RUN (``rec.schedulers``), so the settings it changes
+    are its. Any other change of an optimizer's setting refuses (``rec.mutated``: the next
+    calls would run on stale settings); other Python state changed is listed
+    (``rec.not_repeated``: a counter the step keeps). A number the step itself reads and
+    changes differs between recorded calls, and is refused there (``differ``)."""
     was = {place.ident(): (place, v) for place, v in before.scalars}
     for place, v in after.scalars:
         old = was.get(place.ident())
         if old is None or (type(old[1]) is type(v) and old[1] == v):
             continue
         what = f"{place.describe()}: {old[1]!r} -> {v!r}"
-        scheduler = isinstance(place.obj, torch.optim.lr_scheduler.LRScheduler)
-        if scheduler:
-            rec.mutated = JitReason("mutates", place=place.describe(), what=what)
-            return
-        rec.not_repeated.append(what)
+        if isinstance(place.obj, torch.optim.lr_scheduler.LRScheduler):
+            plateau = isinstance(place.obj, torch.optim.lr_scheduler.ReduceLROnPlateau)
+            if plateau or type(v) is not int or v <= old[1]:
+                rec.mutated = JitReason("mutates", place=place.describe(), what=what)
+                return
+            rec.schedulers.append((place.obj, v - old[1]))
+        else:
+            rec.not_repeated.append(what)
+    if rec.schedulers:
+        return
+    for i, (x, y) in enumerate(zip(rec.settings, settings_after, strict=False)):
+        for key, v in y.items():
+            if key not in ("params", "capturable") and _number(v) and x.get(key) != v:
+                what = f"group {i} {key}: {x.get(key)!r} -> {v!r}"
+                rec.mutated = JitReason("mutates", place="an optimizer's setting", what=what)
+                return
 
 
 def guards(a: Recording, b: Recording) -> list:

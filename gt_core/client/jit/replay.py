@@ -58,6 +58,9 @@ def run(entry, leaves):
             place.write(None)
         for place, j in r.placed:
             place.write(outs[j])
+    for sched, n in r.schedulers:  # (stepped inside the step: its Python, after the RUN)
+        for _ in range(n):
+            sched.step()
     if r.single is not None:
         return outs[r.single]
     res_leaves = [outs[x[1]] if type(x) is tuple and x and x[0] is OUT else x for x in r.result]

@@ -17,6 +17,8 @@ import contextlib
 import operator
 import threading
 
+import torch
+
 from gt_core.stream.instructions import FREE as _FREE
 from gt_core.stream.instructions import OP as _OP
 
@@ -156,13 +158,26 @@ def agree(exprs, groups_: list):
     return value
 
 
-def knobs(opts, flowing=frozenset()) -> list:
+def knobs(opts, flowing=frozenset(), settings: list | None = None) -> list:
     """The Python settings of ``opts``' param groups (lr, betas, weight decay...), but those
-    ``flowing`` into the block as inputs ((group index, key)): what a replay compares."""
+    ``flowing`` into the block as inputs ((group index, key)): what a replay compares. A
+    host tensor setting (``lr=torch.tensor(0.01)`` made outside the capture) by its value:
+    a scheduler fills it in place, and the same tensor object would compare equal.
+    ``settings``: param groups as a recorded call began with them (default: as they are)."""
     return [
-        tuple((k, v) for k, v in group.items() if k not in _NOT_KNOBS and (i, k) not in flowing)
-        for i, group in enumerate(groups(opts))
+        tuple(
+            (k, _value(v))
+            for k, v in group.items()
+            if k not in _NOT_KNOBS and (i, k) not in flowing
+        )
+        for i, group in enumerate(groups(opts) if settings is None else settings)
     ]
+
+
+def _value(v):
+    if isinstance(v, torch.Tensor) and not hasattr(v, "_gt_id") and v.numel() == 1:
+        return ("tensor", v.item())  # (a host tensor: no sync)
+    return v
 
 
 def settings_in(expr) -> set:
