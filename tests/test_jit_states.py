@@ -249,3 +249,44 @@ def test_a_scheduler_stepped_inside_the_step_is_stepped_by_each_replay(inprocess
     assert epoch == want_epoch == 24
     (entry,) = fn.entries.values()
     assert entry.replayed >= 12, _events()
+
+
+def test_a_recurrent_hidden_state_rebound_in_a_global_tuple_is_replayed(inprocess):
+    """``global hidden; hidden = tuple(t.detach() ...); out, hidden = lstm(x, hidden)``: the
+    step binds the name anew to a tuple of its outputs; a replay makes that tuple too."""
+    ns = {}
+    src = """
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+def train(steps, jit):
+    global hidden
+    torch.manual_seed(0)
+    lstm, head = nn.LSTM(6, 12, batch_first=True), nn.Linear(12, 6)
+    params = [*lstm.parameters(), *head.parameters()]
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    hidden = (torch.zeros(1, 4, 12), torch.zeros(1, 4, 12))
+
+    def step(x, y):
+        global hidden
+        hidden = tuple(t.detach() for t in hidden)
+        out, hidden = lstm(x, hidden)
+        loss = F.mse_loss(head(out), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    fn = jit(step)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        fn(torch.randn(4, 5, 6, generator=g), torch.randn(4, 5, 6, generator=g))
+    return [p.detach().cpu() for p in params] + [hidden[0].detach().cpu()], fn
+"""
+    exec(compile(src, "<lstm loop>", "exec"), ns)
+    want, _ = ns["train"](14, lambda f: f)
+    with gt_core.capture():
+        got, fn = ns["train"](14, gt_core.jit)
+    _close(got, want)
+    (entry,) = fn.entries.values()
+    assert entry.state is JitState.REPLAYING and entry.replayed >= 8, _events()

@@ -135,8 +135,9 @@ class Entry:
                 s.emit(Mark(MARK, self.name, "exit"))  # the frees of the call's locals come first
                 s.tee, s.tee_puts = None, None
                 s.flush()
-        after = walk(roots)
+        after = walk([(p, obj if p is None else p.read()) for p, obj in roots])  # (rebound too)
         rec = Recording(leaves, roots, reached, after.slots, result, tee[:-1], puts)
+        rec.rebound = {p.ident() for p, obj in rec.roots if p.read() is not obj}
         rec.settings = settings
         mutated(rec, [dict(g) for g in groups(opts)], reached, after)
         rec.syncs = s.counters["syncs"] - syncs

@@ -20,7 +20,9 @@ __all__ = ["Place", "Reached", "reach_roots", "walk", "tensor_slots", "id_before
 
 
 class Place(NamedTuple):
-    """Where a tensor lives: ``getattr(obj, key)`` ("attr") or ``obj[key]`` ("item")."""
+    """Where a tensor lives: ``getattr(obj, key)`` ("attr"), ``obj[key]`` ("item"), or item
+    ``key`` of the tuple at Place ``obj`` ("elem": an LSTM's hidden state in a global; it is
+    written by making the tuple anew, as the step did)."""
 
     how: str
     obj: Any
@@ -29,12 +31,18 @@ class Place(NamedTuple):
     def read(self):
         """What is there now (None: nothing, or the place is gone)."""
         try:
+            if self.how == "elem":
+                return self.obj.read()[self.key]
             return self.obj[self.key] if self.how == "item" else getattr(self.obj, self.key)
-        except (KeyError, IndexError, AttributeError, ValueError):
+        except (KeyError, IndexError, AttributeError, ValueError, TypeError):
             return None
 
     def write(self, value) -> None:
-        if self.how == "item":
+        if self.how == "elem":
+            t = self.obj.read()
+            items = [*t[: self.key], value, *t[self.key + 1 :]]
+            self.obj.write(type(t)._make(items) if hasattr(t, "_make") else tuple(items))
+        elif self.how == "item":
             self.obj[self.key] = value
         else:
             setattr(self.obj, self.key, value)
@@ -42,14 +50,20 @@ class Place(NamedTuple):
     def reader(self) -> tuple:
         """(getter, obj, key): ``getter(obj, key)`` reads it with no check (the fast path's
         flat reads; a missing place raises)."""
+        if self.how == "elem":
+            return (_elem, self.obj.reader(), self.key)
         return (operator.getitem if self.how == "item" else getattr, self.obj, self.key)
 
     def ident(self) -> tuple:
         """The place by its container's identity (equal for two Places of one slot)."""
+        if self.how == "elem":
+            return (self.how, self.obj.ident(), self.key)
         return (self.how, id(self.obj), self.key)
 
     def describe(self) -> str:
         """The place in words, for a refusal or an unfit input."""
+        if self.how == "elem":
+            return f"item {self.key} of the tuple at {self.obj.describe()}"
         if self.how == "attr":
             if isinstance(self.obj, torch.Tensor):
                 return f"the .{self.key} of a tensor {list(self.obj.shape)}"
@@ -57,6 +71,12 @@ class Place(NamedTuple):
                 return f"the closure variable ({self.key})"
             return f"attribute .{self.key} of a {type(self.obj).__name__}"
         return f"entry {self.key!r} of a {type(self.obj).__name__}"
+
+
+def _elem(parent: tuple, i: int):
+    """Item ``i`` of the tuple that ``parent`` (a reader) reads."""
+    get, obj, key = parent
+    return get(obj, key)[i]
 
 
 def reach_roots(fn, leaves) -> list:
@@ -142,7 +162,7 @@ def walk(roots) -> Reached:
             if place is not None:  # (a global or closure number; arguments are the key's)
                 out.scalars.append((place, obj))
         else:
-            _visit(obj, out, seen, 0)
+            _visit(obj, out, seen, 0, place=place)
     return out
 
 
@@ -151,9 +171,10 @@ def tensor_slots(roots) -> list:
     return walk(roots).slots
 
 
-def _visit(obj, found: Reached, seen, depth, numbers: bool = True) -> None:
+def _visit(obj, found: Reached, seen, depth, numbers: bool = True, place=None) -> None:
     """Add what ``obj`` holds to ``found`` (``numbers``: its Python numbers too; not a param
-    group's, which are settings: see jit.settings)."""
+    group's, which are settings: see jit.settings); ``place``: where ``obj`` is (a tuple's
+    tensors are places through it)."""
     if id(obj) in seen or depth > _NESTING:
         return
     seen.add(id(obj))
@@ -172,7 +193,7 @@ def _visit(obj, found: Reached, seen, depth, numbers: bool = True) -> None:
                 if type(v) in _NUMBERS:
                     found.scalars.append((Place("attr", m, k), v))
                 elif _holder(v) and not isinstance(v, torch.nn.Module):
-                    _visit(v, found, seen, depth + 1)
+                    _visit(v, found, seen, depth + 1, place=Place("attr", m, k))
     elif isinstance(obj, torch.optim.Optimizer):
         found.optimizers.append(obj)
         for group in obj.param_groups:
@@ -192,14 +213,18 @@ def _visit(obj, found: Reached, seen, depth, numbers: bool = True) -> None:
             elif numbers and type(v) in _NUMBERS:
                 found.scalars.append((Place("item", obj, k), v))
             elif _holder(v):
-                _visit(v, found, seen, depth + 1)
+                _visit(v, found, seen, depth + 1, place=Place("item", obj, k))
     elif isinstance(obj, (list, tuple)):
         for i, v in enumerate(obj):
             if isinstance(v, torch.Tensor):
-                if type(obj) is list:  # (a tuple's tensors cannot be put back: no place)
+                if type(obj) is list:
                     _slot(Place("item", obj, i), v, out)
+                elif place is not None:  # (a tuple's: put back by making the tuple anew)
+                    _slot(Place("elem", place, i), v, out)
             elif type(v) in _NUMBERS and type(obj) is list:
                 found.scalars.append((Place("item", obj, i), v))
+            elif _holder(v) and type(obj) is list:
+                _visit(v, found, seen, depth + 1, place=Place("item", obj, i))
             elif _holder(v):
                 _visit(v, found, seen, depth + 1)
     elif _plain(obj):  # a library's state object (a KV cache and its layers): its attributes
@@ -209,7 +234,7 @@ def _visit(obj, found: Reached, seen, depth, numbers: bool = True) -> None:
             elif type(v) in _NUMBERS:
                 found.scalars.append((Place("attr", obj, k), v))
             elif _holder(v):
-                _visit(v, found, seen, depth + 1)
+                _visit(v, found, seen, depth + 1, place=Place("attr", obj, k))
 
 
 _NUMBERS = (int, float, bool)  # (exact types: a Knob is a setting, never one of these)

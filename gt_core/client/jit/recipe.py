@@ -28,7 +28,9 @@ class Recipe:
         occ = _matched(plan, rec)
         self.plan, self.rec = plan, rec  # (what an audited call is compared with)
         self.sig = plan.sig
-        self.roots = rec.roots
+        # A global or closure name the step binds anew (an LSTM's hidden state, x = f(x)) is
+        # an output place, not a root whose object must stay (see _rebound).
+        self.roots = [(p, obj) for p, obj in rec.roots if p.ident() not in rec.rebound]
         self.n_produced = len(occ.produced)
         self._find_inputs(occ, rec)
         self.input_ids = list(occ.inputs)  # (the value ids the recorded call's block read)
@@ -42,6 +44,7 @@ class Recipe:
         if missing:
             raise Refused(JitReason("kept_alive", n=len(missing)))
         self.outputs = [(k, metas[occ.produced[k]]) for k in alive]
+        self._rebound(rec)
         # What a replayed call reads, flat: (getter, container, key) per input (the getter
         # None for an argument: leaves[key]), each one's metadata key, and the roots the same
         # way (see _Entry._replay's fast path).
@@ -69,6 +72,27 @@ class Recipe:
         )
         # (as the recorded call began: a scheduler it stepped has changed them since)
         self.knobs = knobs(self.optimizers, self.flowing, rec.settings)
+
+    def _rebound(self, rec: Recording) -> None:
+        """Each name the step binds anew must be one a replay binds too: to an output (a
+        tensor), or to a tuple of outputs made anew (refused otherwise: a replay would leave
+        the old object there)."""
+        placed = {p.ident() for p, _ in self.placed}
+        for place, _ in rec.roots:
+            if place.ident() not in rec.rebound:
+                continue
+            now = place.read()
+            if isinstance(now, Proxy):
+                ok = place.ident() in placed
+            else:
+                ok = isinstance(now, tuple) and all(
+                    Place("elem", place, i).ident() in placed
+                    for i, x in enumerate(now)
+                    if isinstance(x, Proxy)
+                )
+            if not ok:
+                what = f"{place.describe()} bound to another {type(now).__name__}"
+                raise Refused(JitReason("mutates", place=place.describe(), what=what))
 
     def _find_inputs(self, occ: Candidate, rec: Recording) -> None:
         """``inputs``: per block input, (its place or argument index, its metadata key)."""

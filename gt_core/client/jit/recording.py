@@ -59,6 +59,7 @@ class Recording:
         self.mutated: JitReason | None = None  # a Python value the call changed (mutated)
         self.not_repeated: list[str] = []  # changes a replay will not make (mutated)
         self.schedulers: list = []  # (LR scheduler, steps) it stepped inside (mutated)
+        self.rebound: set = set()  # the roots' places it bound to other objects (idents)
         self.skipped: list = []  # param groups left as written: their lr was zero (traced)
 
     def unreplayable(self) -> JitReason | None:
