@@ -290,3 +290,35 @@ def train(steps, jit):
     _close(got, want)
     (entry,) = fn.entries.values()
     assert entry.state is JitState.REPLAYING and entry.replayed >= 8, _events()
+
+
+def test_a_tensor_learning_rate_that_may_be_zero_never_makes_capturable_adam_nan(inprocess):
+    """lr=torch.tensor(...) made in the capture is a worker tensor: jit cannot see whether a
+    warmup left it at zero without a sync, so its group runs as written (never NaN)."""
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Embedding(32, 16), nn.Linear(16, 4))
+            opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.001))
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, i / 2))
+            x, y = torch.randint(0, 8, (16,)), torch.randn(16, 4)
+
+            def step(x, y):
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                return loss
+
+            fn = gt_core.jit(step) if on_worker else step
+            for _ in range(8):
+                fn(x, y)
+                sched.step()
+            return _params(model), fn
+
+    want, _ = run(False)
+    got, fn = run(True)
+    assert all(torch.isfinite(p).all() for p in got)
+    _close(got, want)

@@ -183,12 +183,13 @@ REASONS: dict[str, tuple[str, str]] = {
         "nothing: replay resumes once the learning rate is not zero",
     ),
     "zero_lr": (
-        "the learning rate of param group(s) {arg} stayed zero for {n} recorded calls: a "
-        "capturable optimizer divides by it, and the optimizer as written reads its step count "
-        "on the host each call (a sync)",
+        "the learning rate of param group(s) {arg} was zero, or a worker tensor that may be, "
+        "for {n} recorded calls: torch's capturable optimizer divides by it (NaN), and the "
+        "optimizer as written reads its step count on the host each call (a sync)",
         "give a frozen part of the model requires_grad=False (or leave it out of the "
         "optimizer) rather than a zero learning rate; a warmup from zero replays once the "
-        "learning rate is not zero." + _KEEPS_RUNNING,
+        "learning rate is not zero; a tensor learning rate: make the optimizer "
+        "capturable=True yourself (its NaN at lr 0 is then torch's, as in eager)." + _KEEPS_RUNNING,
     ),
     "audit_differed": (
         "an audited call made another block than the replay would have sent ({what}): replay "

@@ -151,7 +151,7 @@ class Entry:
         self.recorded = [*self.recorded[-1:], rec]
         self.calls += 1
         if self.calls >= RECORD_LIMIT and self.state in _RECORDS:
-            if rec.skipped:  # (a param group's lr stayed zero: its optimizer reads the host)
+            if rec.skipped:  # (a param group's lr may be zero: its optimizer as written syncs)
                 why = JitReason("zero_lr", arg=", ".join(map(str, rec.skipped)), n=self.calls)
             else:
                 why = JitReason("no_block", n=self.calls)

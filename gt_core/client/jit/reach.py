@@ -178,29 +178,15 @@ def _visit(obj, found: Reached, seen, depth, numbers: bool = True, place=None) -
     if id(obj) in seen or depth > _NESTING:
         return
     seen.add(id(obj))
-    out = found.slots
     if isinstance(obj, torch.nn.Module):
-        for m in obj.modules():
-            found.scalars.append((Place("attr", m, "training"), m.training))
-            for d in (m._parameters, m._buffers):
-                for name, t in d.items():
-                    _slot(Place("item", d, name), t, out)
-                    if t is not None and isinstance(t, Proxy):
-                        _slot(Place("attr", t, "grad"), t.grad, out)
-            for k, v in vars(m).items():  # (a module holding its optimizer, a state object)
-                if k.startswith("_") or k == "training":
-                    continue
-                if type(v) in _NUMBERS:
-                    found.scalars.append((Place("attr", m, k), v))
-                elif _holder(v) and not isinstance(v, torch.nn.Module):
-                    _visit(v, found, seen, depth + 1, place=Place("attr", m, k))
+        _visit_module(obj, found, seen, depth)
     elif isinstance(obj, torch.optim.Optimizer):
         found.optimizers.append(obj)
         for group in obj.param_groups:
             _visit(group, found, seen, depth + 1, numbers=False)
             for p in group["params"]:
                 if isinstance(p, Proxy):
-                    _slot(Place("attr", p, "grad"), p.grad, out)
+                    _slot(Place("attr", p, "grad"), p.grad, found.slots)
         for st in obj.state.values():
             _visit(st, found, seen, depth + 1)
     elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
@@ -208,33 +194,51 @@ def _visit(obj, found: Reached, seen, depth, numbers: bool = True, place=None) -
         _visit(obj.optimizer, found, seen, depth + 1)
     elif isinstance(obj, dict):
         for k, v in list(obj.items()):
-            if isinstance(v, torch.Tensor):
-                _slot(Place("item", obj, k), v, out)
-            elif numbers and type(v) in _NUMBERS:
-                found.scalars.append((Place("item", obj, k), v))
-            elif _holder(v):
-                _visit(v, found, seen, depth + 1, place=Place("item", obj, k))
+            _visit_value(v, Place("item", obj, k), found, seen, depth, numbers)
     elif isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            if isinstance(v, torch.Tensor):
-                if type(obj) is list:
-                    _slot(Place("item", obj, i), v, out)
-                elif place is not None:  # (a tuple's: put back by making the tuple anew)
-                    _slot(Place("elem", place, i), v, out)
-            elif type(v) in _NUMBERS and type(obj) is list:
-                found.scalars.append((Place("item", obj, i), v))
-            elif _holder(v) and type(obj) is list:
-                _visit(v, found, seen, depth + 1, place=Place("item", obj, i))
-            elif _holder(v):
-                _visit(v, found, seen, depth + 1)
+        _visit_sequence(obj, found, seen, depth, place)
     elif _plain(obj):  # a library's state object (a KV cache and its layers): its attributes
         for k, v in list(vars(obj).items()):
-            if isinstance(v, torch.Tensor):
-                _slot(Place("attr", obj, k), v, out)
-            elif type(v) in _NUMBERS:
-                found.scalars.append((Place("attr", obj, k), v))
-            elif _holder(v):
-                _visit(v, found, seen, depth + 1, place=Place("attr", obj, k))
+            _visit_value(v, Place("attr", obj, k), found, seen, depth, True)
+
+
+def _visit_module(obj, found: Reached, seen, depth) -> None:
+    """A module's parameters and buffers (and their grads), each submodule's ``training``
+    flag and Python numbers, and what its other attributes hold (its optimizer)."""
+    out = found.slots
+    for m in obj.modules():
+        found.scalars.append((Place("attr", m, "training"), m.training))
+        for d in (m._parameters, m._buffers):
+            for name, t in d.items():
+                _slot(Place("item", d, name), t, out)
+                if t is not None and isinstance(t, Proxy):
+                    _slot(Place("attr", t, "grad"), t.grad, out)
+        for k, v in vars(m).items():
+            if k.startswith("_") or k == "training" or isinstance(v, torch.nn.Module):
+                continue
+            _visit_value(v, Place("attr", m, k), found, seen, depth, True)
+
+
+def _visit_value(v, place: Place, found: Reached, seen, depth, numbers: bool) -> None:
+    """One value in a container: a tensor slot, a Python number, or what it holds."""
+    if isinstance(v, torch.Tensor):
+        _slot(place, v, found.slots)
+    elif numbers and type(v) in _NUMBERS:
+        found.scalars.append((place, v))
+    elif _holder(v):
+        _visit(v, found, seen, depth + 1, place=place)
+
+
+def _visit_sequence(obj, found: Reached, seen, depth, place) -> None:
+    """A list's items are places; a tuple's are places through the tuple's own (``elem``)."""
+    for i, v in enumerate(obj):
+        if type(obj) is list:
+            _visit_value(v, Place("item", obj, i), found, seen, depth, True)
+        elif isinstance(v, torch.Tensor):
+            if place is not None:  # (put back by making the tuple anew)
+                _slot(Place("elem", place, i), v, found.slots)
+        elif _holder(v):
+            _visit(v, found, seen, depth + 1)
 
 
 _NUMBERS = (int, float, bool)  # (exact types: a Knob is a setting, never one of these)

@@ -22,9 +22,10 @@ def as_traced(opts, forced: list, skipped: list):
     optimizers' own setting is restored after the call; ``forced`` gets the indices of the
     param groups made capturable, ``skipped`` those left as written for their zero lr.
 
-    Never a group whose learning rate is zero: torch's capturable Adam (AdamW, ...) divides
-    by the step size, and makes NaN where a gradient's running square is zero, where the
-    optimizer as written leaves the parameter as it is (a warmup from lr 0 does this)."""
+    Never a group whose learning rate may be zero: torch's capturable Adam (AdamW, ...)
+    divides by the step size, and makes NaN where a gradient's running square is zero, where
+    the optimizer as written leaves the parameter as it is (a warmup from lr 0 does this).
+    A learning rate that is a worker tensor may be: its group runs as written."""
     groups = [g for opt in opts for g in opt.param_groups]
     for i, g in enumerate(groups):
         if g.get("capturable") is False:
@@ -42,9 +43,12 @@ def as_traced(opts, forced: list, skipped: list):
 
 
 def zero_lr(group: dict) -> bool:
-    """Whether a param group's learning rate is a Python zero (a tensor lr is never read:
-    that would be a sync)."""
+    """Whether a param group's learning rate may be zero: a Python zero, a host tensor
+    holding zero, or a worker tensor (its value is on the worker: reading it would be a
+    sync, so it may be)."""
     lr = group.get("lr")
+    if isinstance(lr, torch.Tensor):
+        return hasattr(lr, "_gt_id") or lr.item() == 0  # (a host tensor: no sync)
     return type(lr) in (float, int) and lr == 0
 
 
