@@ -34,9 +34,10 @@ LARGE_LOOPS = int(os.environ.get("GT_IDIOMS") or 0)  # GT_IDIOMS=1000: the large
 # replay is audited (recorded and compared). Replay can count from the fifth call.
 WARMUP = 4
 # The target: 80% of the loops replay 90% of the calls they can (those after WARMUP). The
-# bar asserted is what the code meets now; raise it to the target as replay covers more.
+# bar asserted is below what the code meets now (32% of the CI sample); raise it toward the
+# target as replay covers more loops.
 TARGET_SHARE, TARGET_LOOPS = 0.9, 0.8
-ASSERTED_LOOPS = 0.3
+ASSERTED_LOOPS = 0.25
 
 
 def sample(n: int, seed: int | None = None) -> list[LoopSpec]:
@@ -291,3 +292,58 @@ LSTM_LM = LoopSpec(model="lstm", optimizer="SGD", opt_args=(("lr", 0.5),))
 )
 def test_an_lstm_language_model_through_gt_and_jit_equals_eager(idioms_worker):
     _three_ways(LSTM_LM)
+
+
+ONE_CYCLE_SGD = LoopSpec(
+    optimizer="SGD",
+    opt_args=(("lr", 0.05), ("momentum", 0.9)),
+    schedule="OneCycleLR",
+    sched_args=(("max_lr", 0.5), ("total_steps", 8)),
+    calls=8,
+)
+ADADELTA_BN_WARMUP = LoopSpec(
+    seed=3,
+    norm="BatchNorm1d",
+    dropout=True,
+    depth=2,
+    optimizer="Adadelta",
+    groups=True,
+    schedule="LambdaLR",
+    sched_args=(("warmup", 3),),
+    accum=3,
+    clip=True,
+)
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        pytest.param(
+            ONE_CYCLE_SGD,
+            id="sgd-onecycle",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="plain gt raises IndexError in the worker's block tracking "
+                "(gt_core/stream/lift.py _get): the block the jitted loop made is matched "
+                "against the plain loop's ops",
+            ),
+        ),
+        pytest.param(
+            ADADELTA_BN_WARMUP,
+            id="adadelta-batchnorm-warmup",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="plain gt's losses part from eager's from the third call (3e-8, "
+                "growing to 8.5e-5 in a weight) without an event, where it equals eager on "
+                "a fresh worker",
+            ),
+        ),
+    ],
+)
+def test_a_loop_run_with_jit_then_without_in_one_session_equals_eager(idioms_worker, spec):
+    """A notebook's habit: the step jitted, then the decorator taken out and the cell run
+    again. The second run is plain gt on the worker the first left."""
+    eager = run(spec, "eager")
+    assert classify(eager, run(spec, "jit")).kind in ("equal", "refused")
+    again = classify(eager, run(spec, "gt", fresh=False))
+    assert again.kind == "equal", again
