@@ -34,10 +34,10 @@ LARGE_LOOPS = int(os.environ.get("GT_IDIOMS") or 0)  # GT_IDIOMS=1000: the large
 # replay is audited (recorded and compared). Replay can count from the fifth call.
 WARMUP = 4
 # The target: 80% of the loops replay 90% of the calls they can (those after WARMUP). The
-# bar asserted is below what the code meets now (32% of the CI sample); raise it toward the
+# bar asserted is below what the code meets now (40% of the CI sample); raise it toward the
 # target as replay covers more loops.
 TARGET_SHARE, TARGET_LOOPS = 0.9, 0.8
-ASSERTED_LOOPS = 0.25
+ASSERTED_LOOPS = 0.35
 
 
 def sample(n: int, seed: int | None = None) -> list[LoopSpec]:
@@ -172,10 +172,9 @@ def test_the_ci_sample_prints_its_summary(ci_sample, capsys):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="every nn.LSTM loop raises on the worker (aten.mkldnn_rnn_layer's None output, "
-    "24 loops, gt and jit); a transformers warmup scheduler stepped inside the jitted step "
-    "replays one stale lr (4 loops); GPT-2 with AdamW at a OneCycle peak of 3e-2 ends 1e-4 "
-    "from eager after jit refused it, the rounding of its three recorded (capturable) steps",
+    reason="GPT-2 with AdamW at a OneCycle peak of 3e-2 ends 8.5e-5 from eager after jit "
+    "refused it: the rounding of its three recorded (capturable, compile-path) steps, which "
+    "Adam scales up along directions the loss does not see",
 )
 def test_no_generated_loop_gives_another_number_without_a_word(ci_sample):
     results, text = ci_sample
@@ -221,15 +220,7 @@ TRAINER_STEPLR = LoopSpec(
     "sched_inside",
     [
         pytest.param(False, id="trainer.sched.step()-after-each-call"),
-        pytest.param(
-            True,
-            id="self.sched.step()-ending-the-step",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="the scheduler's step is Python the replay skips: the lr stays 0.05 "
-                "from the first replay on, the losses part from eager's without an event",
-            ),
-        ),
+        pytest.param(True, id="self.sched.step()-ending-the-step"),
     ],
 )
 def test_a_trainer_with_sgd_momentum_and_steplr_equals_eager(idioms_worker, sched_inside):
@@ -286,12 +277,6 @@ def test_adamw_decay_groups_with_a_cosine_lr_written_each_call_equal_eager_and_r
 LSTM_LM = LoopSpec(model="lstm", optimizer="SGD", opt_args=(("lr", 0.5),))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="nn.LSTM runs aten.mkldnn_rnn_layer on the CPU, whose fourth output (the "
-    "workspace) is None: the worker's bind raises ValueError (zip() argument 2 is shorter "
-    "than argument 1), and a worker process dies of it",
-)
 def test_an_lstm_language_model_through_gt_and_jit_equals_eager(idioms_worker):
     _three_ways(LSTM_LM)
 
