@@ -73,7 +73,7 @@ class Options:
     compile_process: bool = True  # inductor compiles in a process of their own (CPU worker)
     worker_threads: int | None = None  # the worker process's CPU threads, fixed (None: shared)
     flush_at: int = 512  # instructions the client batches before it sends them
-    jit_audit: int = 64  # gt_core.jit records (audits) 1 replay in this many; 0: the first only
+    jit_audit: int = 256  # gt_core.jit records (audits) 1 replay in this many; 0: the first only
     worker_imports: tuple = ()  # modules the worker imports at its start (their torch.library ops)
     # signal name -> axis: a worker group shards the tensors made inside it (gt_core.remote.shard)
     shard: dict = field(default_factory=dict)

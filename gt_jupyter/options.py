@@ -90,7 +90,7 @@ class GT(Configurable):
     worker_threads = Option(None, "the worker's CPU threads, fixed (GT_WORKER_THREADS)")
     client_match = Option(True, "a hot block goes out as one message (GT_CLIENT_MATCH)")
     flush_at = Option(512, "instructions batched before they are sent (GT_FLUSH_AT)")
-    jit_audit = Option(64, "gt_core.jit audits one replayed call in this many (GT_JIT_AUDIT)")
+    jit_audit = Option(256, "gt_core.jit audits one replayed call in this many (GT_JIT_AUDIT)")
     worker_imports = Option((), "modules the worker imports at start (GT_WORKER_IMPORTS)")
     # -- what gt tells
     debug = Option(0, "0, 1 or 2: a line per detection, compile, fallback (GT_DEBUG_COMPILE)")
