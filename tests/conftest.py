@@ -27,9 +27,9 @@ def _restore_options():
         _capture._apply_log(saved)
 
 
-@pytest.fixture
-def inprocess():
-    """A fresh in-process worker (same executor code, no second process): fast logic tests."""
+def use_inprocess(**extra) -> None:
+    """A fresh in-process worker (same executor code, no second process), options for logic
+    tests; ``extra``: more options."""
     gt_core.worker().stop()
     # Regression reverts judge measured times: logic tests keep them out of reach (the revert
     # tests set their own sample counts and give the runs fixed times: fixed_times).
@@ -40,7 +40,14 @@ def inprocess():
         threshold=5,
         min_seq=8,
         regression_samples=10_000,
+        **extra,
     )
+
+
+@pytest.fixture
+def inprocess():
+    """A fresh in-process worker (same executor code, no second process): fast logic tests."""
+    use_inprocess()
     gt_core.reset()
     yield gt_core.worker()
     gt_core.worker().stop()

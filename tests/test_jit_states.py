@@ -10,6 +10,7 @@ from torch import nn
 
 import gt_core
 from gt_core.observe.jit_states import TRANSITIONS, JitReason, JitState, Trigger, next_state
+from gt_core.workloads import training_step
 
 
 def _events():
@@ -130,13 +131,7 @@ def test_audits_are_sampled_and_each_is_an_event(inprocess):
         opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         x, y = torch.randn(8, 6), torch.randn(8, 3)
 
-        @gt_core.jit
-        def step(x, y):
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
+        step = gt_core.jit(training_step(model, opt, nn.functional.mse_loss))
 
         for _ in range(40):
             step(x, y)
@@ -160,12 +155,7 @@ def _adamw_loop(on_worker, lrs, groups_equal=True):
         torch.manual_seed(1)
         x, y = torch.randint(0, 10, (16,)), torch.randn(16, 4)  # rows 10..19 never used
 
-        def step(x, y):
-            loss = nn.functional.mse_loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
+        step = training_step(model, opt, nn.functional.mse_loss)
 
         fn = gt_core.jit(step) if on_worker else step
         for i in range(24):
@@ -305,12 +295,7 @@ def test_a_tensor_learning_rate_that_may_be_zero_never_makes_capturable_adam_nan
             sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, i / 2))
             x, y = torch.randint(0, 8, (16,)), torch.randn(16, 4)
 
-            def step(x, y):
-                loss = nn.functional.mse_loss(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad()
-                return loss
+            step = training_step(model, opt, nn.functional.mse_loss)
 
             fn = gt_core.jit(step) if on_worker else step
             for _ in range(8):

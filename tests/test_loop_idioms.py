@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import hypothesis
 import pytest
 import torch
+from conftest import use_inprocess
 from hypothesis import HealthCheck, Phase, given, settings
 from idioms import TOL, WAYS, LoopSpec, Outcome, Verdict, classify, loops, run, spread
 
@@ -133,16 +134,7 @@ def idioms_worker():
     (and a loaded two-core machine does not spin threads against each other)."""
     saved, threads = _capture._options(), torch.get_num_threads()
     torch.set_num_threads(1)
-    gt_core.worker().stop()
-    gt_core.configure(
-        worker="inprocess",
-        backend="eager",
-        auto_compile=False,
-        threshold=5,
-        min_seq=8,
-        regression_samples=10_000,
-        worker_threads=1,
-    )
+    use_inprocess(worker_threads=1)
     yield
     gt_core.worker().stop()
     torch.set_num_threads(threads)
