@@ -25,15 +25,18 @@ def as_traced(opts, forced: list, skipped: list):
     Never a group whose learning rate may be zero: torch's capturable Adam (AdamW, ...)
     divides by the step size, and makes NaN where a gradient's running square is zero, where
     the optimizer as written leaves the parameter as it is (a warmup from lr 0 does this).
-    A learning rate that is a worker tensor may be: its group runs as written."""
+    A learning rate that is a worker tensor may be. Where a group's may be, the whole call
+    runs as written: not traced either (torch's optimizers keep their step count a tensor
+    when compiling, which rounds otherwise), so its numbers are eager's."""
     groups = [g for opt in opts for g in opt.param_groups]
-    for i, g in enumerate(groups):
-        if g.get("capturable") is False:
-            if zero_lr(g):
-                skipped.append(i)
-            else:
-                g["capturable"] = True
-                forced.append(i)
+    plain = [i for i, g in enumerate(groups) if g.get("capturable") is False]
+    skipped += [i for i in plain if zero_lr(groups[i])]
+    if skipped:  # (the call runs exactly as written: it syncs, and is not replayed)
+        yield
+        return
+    for i in plain:
+        groups[i]["capturable"] = True
+        forced.append(i)
     try:
         with _compiling():
             yield
