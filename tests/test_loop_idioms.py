@@ -162,12 +162,6 @@ def test_the_ci_sample_prints_its_summary(ci_sample, capsys):
     assert not [r for r in results if r.gt.kind == "invalid"], "a generated loop eager refuses"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="GPT-2 with AdamW at a OneCycle peak of 3e-2 ends 8.5e-5 from eager after jit "
-    "refused it: the rounding of its three recorded (capturable, compile-path) steps, which "
-    "Adam scales up along directions the loss does not see",
-)
 def test_no_generated_loop_gives_another_number_without_a_word(ci_sample):
     results, text = ci_sample
     assert not [r for r in results if r.bad], text
