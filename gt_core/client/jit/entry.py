@@ -135,15 +135,16 @@ class Entry:
                 s.emit(Mark(MARK, self.name, "exit"))  # the frees of the call's locals come first
                 s.tee, s.tee_puts = None, None
                 s.flush()
-        after = walk([(p, obj if p is None else p.read()) for p, obj in roots])  # (rebound too)
+        now = [(p, obj if p is None else p.read()) for p, obj in roots]  # (rebound too)
+        after = walk(now)
         rec = Recording(leaves, roots, reached, after.slots, result, tee[:-1], puts)
-        rec.rebound = {p.ident() for p, obj in rec.roots if p.read() is not obj}
-        rec.settings = settings
-        mutated(rec, [dict(g) for g in groups(opts)], reached, after)
+        pairs = zip(roots, now, strict=True)
+        rec.rebound = {p.ident() for (p, was), (_, obj) in pairs if p and obj is not was}
         rec.syncs = s.counters["syncs"] - syncs
         rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
         rec.forced, rec.skipped = forced, skipped
+        mutated(rec, [dict(g) for g in groups(opts)], reached, after)
         return result, rec
 
     def keep(self, rec: Recording) -> None:
@@ -212,8 +213,9 @@ class Entry:
         for i in r.forced:
             if i < len(now) and zero_lr(now[i]):
                 return JitReason("capturable_zero_lr", arg=str(i), new=now[i]["lr"])
-        if r.knobs != knobs(r.optimizers, r.flowing):
-            return _changed(r.knobs, knobs(r.optimizers, r.flowing))
+        compared = knobs(r.optimizers, r.flowing)
+        if r.knobs != compared:
+            return _changed(r.knobs, compared)
         values = [agree(es, now) for es in r.distinct]
         if None in values:  # settings that were equal when recorded (two groups' lr) differ
             es = r.distinct[values.index(None)]
