@@ -78,9 +78,14 @@ def has_scalars(lift: dict) -> bool:
 
 
 def _get(args, kwargs, path):
-    a = args[path[0]] if type(path[0]) is int else kwargs.get(path[0])
-    for i in path[1:]:
-        a = a[i]
+    """The value at ``path``; an instruction that has none there does not fit the entry
+    (another op, or the same op with fewer arguments) and is a Mismatch, not an error."""
+    try:
+        a = args[path[0]] if type(path[0]) is int else kwargs[path[0]]
+        for i in path[1:]:
+            a = a[i]
+    except (IndexError, KeyError, TypeError):
+        raise Mismatch(f"no argument at {path}") from None
     return a
 
 
@@ -281,10 +286,13 @@ def lower(g: fx.Graph, op, args: tuple, kwargs: dict):
     if op in _BINARY:
         kw = dict(kwargs)
         alpha = kw.pop("alpha", 1)
-        other = _n(args[1])
+        if isinstance(alpha, Lifted) and isinstance(args[1], fx.Node):
+            return _scaled_add(g, op, args[0], args[1], alpha.node)
+        if isinstance(alpha, Lifted):  # (both lifted: no fused form; seen in no optimizer)
+            return call(op, (args[0], call(_aten.mul.Tensor, (_n(args[1]), alpha.node))), kw)
         if alpha != 1:
-            other = call(_aten.mul.Tensor, (other, _n(alpha)))
-        return call(op, (args[0], other), kw)
+            kw["alpha"] = alpha  # (a lifted 0-d other, a number alpha: the op as it is)
+        return call(op, (args[0], _n(args[1])), kw)
     if op in _ADDC:
         return _addc(g, op, args[0], args[1], args[2], kwargs.get("value", 1))
     if op in _LERP:
@@ -314,24 +322,38 @@ def lower(g: fx.Graph, op, args: tuple, kwargs: dict):
         return None if op._schema.name.endswith("_") else outs
     if op in _FOREACH_ALPHA:
         base, alpha = _FOREACH_ALPHA[op], _n(kwargs["alpha"])
-        outs = [
-            call(base, (x, call(_aten.mul.Tensor, (y, alpha))))
-            for x, y in zip(args[0], args[1], strict=True)
-        ]
+        outs = [_scaled_add(g, base, x, y, alpha) for x, y in zip(args[0], args[1], strict=True)]
         return None if op._schema.name.endswith("_") else outs
     raise Mismatch(f"{op} has a lifted scalar but no tensor form")
 
 
+# Each tensor form below gives the eager kernel's result bit for bit (tests/test_lift.py):
+# CPU kernels fuse a multiply-add (add's alpha, addcmul's value) where ``a + b * s`` rounds
+# twice, and a block's drift from eager grew over an optimizer's steps into a wrong number.
+def _scaled_add(g: fx.Graph, op, a, b, s):
+    """``add/sub(a, b, alpha=s)`` with ``s`` a 0-d tensor node: ``addcmul(a, b, ±s)``, the
+    same fused ``a + s * b``."""
+    name = op._schema.name
+    if "sub" in name:
+        s = g.call_function(_aten.neg.default, (s,))
+    fused = _aten.addcmul_.default if name.endswith("_") else _aten.addcmul.default
+    return g.call_function(fused, (a, b, s))
+
+
 def _addc(g: fx.Graph, op, self_, t1, t2, value):
-    # The eager kernel computes self + value * t1 / t2 (or * t2), left to right.
+    # addcdiv: the eager kernel computes self + value * t1 / t2, left to right; addcmul fuses
+    # self + (value * t1) * t2, so its tensor form is addcmul(self, t1 * value, t2).
     call = g.call_function
     scaled = (
         call(_aten.mul.Tensor, (t1, _n(value))) if value != 1 or isinstance(value, Lifted) else t1
     )
-    combine = _aten.div.Tensor if "addcdiv" in op._schema.name else _aten.mul.Tensor
-    term = call(combine, (scaled, t2))
-    add = _aten.add_.Tensor if op._schema.name.endswith("_") else _aten.add.Tensor
-    return call(add, (self_, term))
+    inplace = op._schema.name.endswith("_")
+    if "addcmul" in op._schema.name:
+        return call(
+            _aten.addcmul_.default if inplace else _aten.addcmul.default, (self_, scaled, t2)
+        )
+    term = call(_aten.div.Tensor, (scaled, t2))
+    return call(_aten.add_.Tensor if inplace else _aten.add.Tensor, (self_, term))
 
 
 __all__ += ["Lifted"]
