@@ -91,3 +91,51 @@ def test_a_constant_written_in_place_refuses_replay(inprocess):
     assert got == pytest.approx(want, abs=1e-6)
     e = _entry(fn)
     assert e.replayed == 0 and "writes it in place" in e.refused
+
+
+def _scaled_training(on_worker: bool, read):
+    """A small tensor made in the capture, outside the step, and changed between calls (a
+    scale the loop halves once the step replays); the step reads its value as a number
+    (``read``)."""
+    with gt_core.capture() if on_worker else _nothing():
+        torch.manual_seed(0)
+        model = mlp(16, 32, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        x, y = torch.randn(8, 16), torch.randn(8, 4)
+        scale = torch.tensor(1.0)
+
+        def step(x, y):
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    read(p, scale)
+            opt.zero_grad()
+            return loss
+
+        fn = gt_core.jit(step) if on_worker else step
+        losses = []
+        for i in range(10):
+            losses.append(fn(x, y))
+            scale.fill_(1.0 if i < 6 else 0.5)  # (after the audited first replay)
+        losses = [v.item() for v in losses]
+    return losses, fn
+
+
+@pytest.mark.parametrize(
+    "read",
+    [
+        pytest.param(lambda p, s: p.add_(p.grad, alpha=-0.05 * s.item()), id="item"),
+        pytest.param(lambda p, s: p.add_(p.grad, alpha=-s), id="alpha=tensor"),
+    ],
+)
+def test_a_small_tensor_read_as_a_number_in_the_step_is_never_replayed_stale(inprocess, read):
+    """Its value is answered from the client's shadow (no sync), so the recorded call has
+    no sync to refuse; the number would be frozen into the block, and a replay after the
+    tensor changed would use the old one. It is refused, naming the read."""
+    gt_core.configure(auto_compile=True, backend="eager")
+    want, _ = _scaled_training(False, read)
+    got, fn = _scaled_training(True, read)
+    assert got == pytest.approx(want, abs=1e-6)
+    e = _entry(fn)
+    assert e.replayed == 0 and e.reason.kind == "value_read", e.reason

@@ -234,7 +234,8 @@ def _record(cls, func, args, kwargs):
     shadowed = any(p._gt_v is not None for p in proxies)
     if entry is SYNC_OP:
         if shadowed and all(p._gt_v is not None for p in proxies) and scalar_result(func):
-            return on_shadows(cls, func, args, kwargs)  # .item() of a step counter: no round trip
+            session.counters["shadow_reads"] += 1  # (no round trip; jit: see Recording.reads)
+            return on_shadows(cls, func, args, kwargs)
         return _run_now(cls, session, func, sent_args, sent_kwargs, proxies)
     template, n_new, mask = entry
     idx = session.op(func)

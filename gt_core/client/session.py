@@ -79,7 +79,7 @@ def live_session() -> Session:
 
 # What the client counts: ops recorded, frees, syncs; uploads and fetches, the bytes each moved,
 # the client's ms copying them, and its ms waiting for the worker to read a full upload ring.
-_COUNTERS = ("ops", "frees", "syncs", "uploads", "fetches")
+_COUNTERS = ("ops", "frees", "syncs", "shadow_reads", "uploads", "fetches")
 _COUNTERS += ("bytes_up", "up_ms", "up_wait_ms", "bytes_down", "down_ms")
 _SITES = 4096  # values whose recording line is remembered for errors (the newest)
 _FOR_CLIENT = frozenset((ev.PLAN,))  # the client's own: never logged

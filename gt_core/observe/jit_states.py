@@ -75,6 +75,14 @@ _AGAIN = (
 # kind: (sentence, fix), format strings over a reason's fields (op, arg, line, old, new, n,
 # place, what). The sentence is what the event's ``reason`` says; the fix ends the advice.
 REASONS: dict[str, tuple[str, str]] = {
+    "value_read": (
+        "the step reads the value of a small tensor as a Python number ({n} per call: a "
+        "tensor learning rate an optimizer turns into a number, an .item() of a counter): a "
+        "replay runs no Python and would keep the number recorded",
+        "give the optimizer its learning rate as a Python float (a scheduler's changes then "
+        "flow into the block), or use it as a tensor inside the step (Adam and AdamW with "
+        "capturable=True do)." + _KEEPS_RUNNING,
+    ),
     "mutates": (
         "the step changes Python state it reaches ({what}): a replay runs no Python and would not",
         "do that outside the jitted function: step the LR scheduler and count steps in the "

@@ -124,7 +124,7 @@ class Entry:
             reached = walk(roots)  # (after the flush: the slots as they are now)
             opts = reached.optimizers
             settings, ledger, forced, skipped = [dict(g) for g in groups(opts)], {}, [], []
-            syncs = s.counters["syncs"]
+            syncs, reads = s.counters["syncs"], s.counters["shadow_reads"]
             s.emit(Mark(MARK, self.name, "enter"))
             s.tee, s.tee_puts = tee, puts = [], []
         try:
@@ -141,6 +141,7 @@ class Entry:
         pairs = zip(roots, now, strict=True)
         rec.rebound = {p.ident() for (p, was), (_, obj) in pairs if p and obj is not was}
         rec.syncs = s.counters["syncs"] - syncs
+        rec.reads = s.counters["shadow_reads"] - reads
         rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
         rec.forced, rec.skipped = forced, skipped

@@ -46,6 +46,7 @@ class Recording:
         self._floats: list | None = None
         self.puts = list(puts)  # (value id, proxy, host copy or None, (file, line)) per upload
         self.syncs = 0
+        self.reads = 0  # values answered from shadows (client.shadows): each a frozen number
         self.sync_at = None  # the user's line of the call's last sync
         # The optimizers' settings as the call began ([{key: value}] per param group), the
         # numbers computed from them that the call passed to ops (jit_knobs.attribute), and
@@ -65,6 +66,8 @@ class Recording:
     def unreplayable(self) -> JitReason | None:
         if self.syncs:
             return JitReason("sync", n=self.syncs, line=_line(self.sync_at))
+        if self.reads:
+            return JitReason("value_read", n=self.reads)
         other = [ins for ins in self.instrs if ins.code not in (OP, FREE, PUT)]
         if other:
             return JitReason("seeds")
