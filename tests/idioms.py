@@ -17,9 +17,8 @@ refused or stopped replay and ran the Python, its reason an event: still equal),
 Equal means: the same keys, shapes and dtypes in the model's state_dict and the same number
 of losses, and for every tensor and loss ``max|got - eager| <= TOL * max(1, max|eager|)``:
 an absolute 1e-5 where eager's values stay within 1, relative to the largest beyond. A NaN or
-inf on one side only is a difference. jit records its calls as torch.compile traces them
-(capturable optimizers): that rounds otherwise than eager, by a few 1e-6 after 12 Adam steps
-here (the summary prints the largest difference among equal loops).
+inf on one side only is a difference. jit runs the optimizers as written, so their numbers are
+eager's (the summary prints the largest difference among equal loops).
 
 ``loops()`` draws the specs, ``spread`` picks a sample that covers the most pairs of
 dimension values, ``simplify`` sets a failing spec's dimensions to their simplest values

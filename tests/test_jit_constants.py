@@ -131,11 +131,26 @@ def _scaled_training(on_worker: bool, read):
 )
 def test_a_small_tensor_read_as_a_number_in_the_step_is_never_replayed_stale(inprocess, read):
     """Its value is answered from the client's shadow (no sync), so the recorded call has
-    no sync to refuse; the number would be frozen into the block, and a replay after the
-    tensor changed would use the old one. It is refused, naming the read."""
+    no sync to refuse, and the number it gives is frozen into the block. Each replay reads
+    it again (jit.program) and compares: when the tensor changed, the call records again,
+    naming the read, and replay resumes with the new number."""
     gt_core.configure(auto_compile=True, backend="eager")
     want, _ = _scaled_training(False, read)
     got, fn = _scaled_training(True, read)
-    assert got == pytest.approx(want, abs=1e-6)
+    assert got == want  # (bit for bit: the optimizer and the read as eager ran them)
+    e = _entry(fn)
+    assert e.replayed >= 3 and e.reason.kind == "value_changed", e.reason
+    assert (e.reason.old, e.reason.new) in ((1.0, 0.5), (-1.0, -0.5)), e.reason
+
+
+def test_a_read_that_cannot_be_repeated_refuses_replay_naming_it(inprocess):
+    """An int read from a small tensor (a count used in Python) is no number jit can
+    recompute: the call is never replayed, and the reason says why."""
+    gt_core.configure(auto_compile=True, backend="eager")
+    read = lambda p, s: p.add_(p.grad, alpha=-0.05 * (1 + s.int().item()))  # noqa: E731
+    want, _ = _scaled_training(False, read)
+    got, fn = _scaled_training(True, read)
+    assert got == want
     e = _entry(fn)
     assert e.replayed == 0 and e.reason.kind == "value_read", e.reason
+    assert "int read from a tensor" in e.reason.text()

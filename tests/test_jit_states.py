@@ -165,10 +165,10 @@ def _adamw_loop(on_worker, lrs, groups_equal=True):
         return _params(model), fn
 
 
-def test_a_zero_learning_rate_never_replays_capturable_adam_into_nan(inprocess):
+def test_a_zero_learning_rate_replays_adam_as_eager_never_into_nan(inprocess):
     """torch's capturable Adam divides by the step size: at lr 0 it makes NaN where a
-    gradient's running square is zero (unused embedding rows). A warmup from 0 and a decay to
-    0 both run those calls as written."""
+    gradient's running square is zero (unused embedding rows). jit records the optimizer as
+    written, so a warmup from 0 and a decay to 0 replay, and give eager's numbers."""
 
     def lrs(i):
         lr = 0.0 if i in (0, 1, 12, 23) else 1e-2 * (1 + math.cos(i))
@@ -177,10 +177,10 @@ def test_a_zero_learning_rate_never_replays_capturable_adam_into_nan(inprocess):
     want, _ = _adamw_loop(False, lrs)
     got, fn = _adamw_loop(True, lrs)
     assert all(torch.isfinite(p).all() for p in got)
-    _close(got, want)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
     (entry,) = fn.entries.values()
-    kinds = {e["cause"]["kind"] for e in _events() if e.get("cause")}
-    assert "capturable_zero_lr" in kinds and entry.replayed >= 12
+    assert entry.replayed >= 18  # (of 24: the first four record, as for any step)
 
 
 def test_two_groups_whose_lr_parts_after_recording_are_recorded_again(inprocess):

@@ -37,10 +37,10 @@ LARGE_LOOPS = int(os.environ.get("GT_IDIOMS") or 0)  # GT_IDIOMS=1000: the large
 # replay is audited (recorded and compared). Replay can count from the fifth call.
 WARMUP = 4
 # The target: 80% of the loops replay 90% of the calls they can (those after WARMUP). The
-# bar asserted is below what the code meets now (50% of the CI sample); raise it toward the
+# bar asserted is below what the code meets now (57% of the CI sample); raise it toward the
 # target as replay covers more loops.
 TARGET_SHARE, TARGET_LOOPS = 0.9, 0.8
-ASSERTED_LOOPS = 0.45
+ASSERTED_LOOPS = 0.55
 
 
 def sample(n: int, seed: int | None = None) -> list[LoopSpec]:
@@ -235,9 +235,9 @@ BERT_DICT_BATCHES = LoopSpec(
             id="AdamW(lr=torch.tensor(1e-3))",
             marks=pytest.mark.xfail(
                 strict=True,
-                reason="equal to eager, but refused: the lr tensor is a worker tensor that may "
-                "be zero (capturable Adam makes NaN there), so its group runs as written, which "
-                "syncs on its step count; reading its shadow would let it replay",
+                reason="equal to eager, but refused: Adam as written divides the lr tensor by "
+                "its bias correction, a number read from its step count that changes each "
+                "call (jit.program reruns ops on small tensors with the numbers recorded)",
             ),
         ),
     ],

@@ -88,6 +88,14 @@ class Proxy(torch.Tensor):
     def tolist(self):
         return self.cpu().tolist()
 
+    def item(self):
+        """The value as a Python number. While a jitted call records, a float read from a
+        shadow comes back as the log made it (jit.program: it knows where it came from),
+        which torch's own ``item`` would turn into a plain float."""
+        v = super().item()
+        log = self._gt_s.shadow_log if self._gt_s is not None else None
+        return v if log is None else log.took(v)
+
     def __array__(self, dtype=None, copy=None):  # noqa: ARG002
         a = self.cpu().numpy()
         return a if dtype is None else a.astype(dtype)

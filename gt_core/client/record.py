@@ -32,7 +32,7 @@ from gt_core.client.meta import (
     scalar_result,
 )
 from gt_core.client.session import live_session
-from gt_core.client.shadows import on_shadows, update_shadows
+from gt_core.client.shadows import read_shadows, update_shadows
 from gt_core.client.uploads import rebind, upload
 from gt_core.errors import UnsupportedOperation, WorkerLost
 from gt_core.stream.instructions import OP, Op, Ref, new
@@ -234,8 +234,7 @@ def _record(cls, func, args, kwargs):
     shadowed = any(p._gt_v is not None for p in proxies)
     if entry is SYNC_OP:
         if shadowed and all(p._gt_v is not None for p in proxies) and scalar_result(func):
-            session.counters["shadow_reads"] += 1  # (no round trip; jit: see Recording.reads)
-            return on_shadows(cls, func, args, kwargs)
+            return read_shadows(cls, session, func, args, kwargs)  # (no round trip)
         return _run_now(cls, session, func, sent_args, sent_kwargs, proxies)
     template, n_new, mask = entry
     idx = session.op(func)

@@ -111,6 +111,7 @@ class Session:
         # (value id, proxy, host copy or None, (file, line)).
         self.tee: list | None = None
         self.tee_puts: list | None = None
+        self.shadow_log = None  # and what it does on shadows (jit.program.ShadowLog)
         self.jits: list = []  # gt_core.jit's cache entries of this session (their stats)
         self._stats_sent: dict = {}  # hot path or jit entry -> its count last published
         self.mirror = Mirror(self, LOCK)  # the kernel's generator state and default dtype, there

@@ -28,6 +28,15 @@ def on_shadows(cls, func, args, kwargs):
         return func(*_plain(args, cls), **{k: _plain(v, cls) for k, v in kwargs.items()})
 
 
+def read_shadows(cls, session, func, args, kwargs):
+    """A number ``func`` reads (``.item()``), answered from the shadows: while a jitted call
+    records, its log keeps where it came from (jit.program)."""
+    session.counters["shadow_reads"] += 1
+    value = on_shadows(cls, func, args, kwargs)
+    log = session.shadow_log
+    return value if log is None else log.read(func, args, kwargs, value)
+
+
 def update_shadows(cls, session, func, args, kwargs, out, proxies) -> None:
     """Keep shadows equal to the worker's values after ``func`` was recorded on ``proxies``
     (of class ``cls``)."""
@@ -39,12 +48,17 @@ def update_shadows(cls, session, func, args, kwargs, out, proxies) -> None:
             res, ok = on_shadows(cls, func, args, kwargs), True
         except Exception:
             res, ok = None, False
+        log = session.shadow_log  # (a jitted call recording: jit.program)
         if ok:
             storages = {p._gt_v.untyped_storage().data_ptr() for p in proxies}
             _bind_shadows(cls, out, res, storages)
+            if log is not None:
+                log.op(func, args, kwargs, out)
             return
         for p in proxies:  # could not follow: these values are asked of the worker from now on
             p._gt_v = None
+        if log is not None:
+            log.lost(f"{func} could not follow its shadows")
         return
     if func._schema.is_mutable:
         # A shadowed value written with unshadowed inputs: refresh it from the worker (the
@@ -52,6 +66,8 @@ def update_shadows(cls, session, func, args, kwargs, out, proxies) -> None:
         # writes: a shadowed input it only reads (`param.mul_(1 - lr * wd)`) stays as it is.
         for p in written_args(func, args, kwargs):
             if type(p) is cls and p._gt_v is not None:
+                if session.shadow_log is not None:
+                    session.shadow_log.lost(f"a shadow {func} wrote was refreshed from the worker")
                 fresh = session.fetch(p._gt_id)
                 with torch._C._DisableTorchDispatch():
                     p._gt_v.copy_(fresh)

@@ -19,8 +19,8 @@ JIT_CAUSES: tuple[Cause, ...] = (
         r"",
         "gt_core.jit does not replay this function",
         "the function keeps running its Python (its block still compiles); to replay it, keep "
-        "syncs out of the step and pass changing numbers as tensors (lr=torch.tensor(...), "
-        "capturable=True)",
+        "syncs out of the step, and pass numbers that change as an optimizer's settings (a "
+        "float lr a scheduler steps flows into the block) or as tensors the step uses as tensors",
     ),
     Cause(
         "jit_re-recording",

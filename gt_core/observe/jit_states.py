@@ -77,8 +77,8 @@ _AGAIN = (
 REASONS: dict[str, tuple[str, str]] = {
     "value_read": (
         "the step reads the value of a small tensor as a Python number ({n} per call: a "
-        "tensor learning rate an optimizer turns into a number, an .item() of a counter): a "
-        "replay runs no Python and would keep the number recorded",
+        "tensor learning rate an optimizer turns into a number, an .item() of a counter) in a "
+        "way a replay cannot repeat ({what}): it would keep the number recorded",
         "give the optimizer its learning rate as a Python float (a scheduler's changes then "
         "flow into the block), or use it as a tensor inside the step (Adam and AdamW with "
         "capturable=True do)." + _KEEPS_RUNNING,
@@ -184,20 +184,6 @@ REASONS: dict[str, tuple[str, str]] = {
         "settings that were equal when the step was recorded now differ ({arg}): a number the "
         "block reads may come from either, so the call is recorded again",
         _AGAIN + "; recorded with different values, each number flows from its own setting",
-    ),
-    "capturable_zero_lr": (
-        "the learning rate of param group {arg} is {new}: a capturable optimizer divides by it, "
-        "so that call runs as written (not capturable) and is recorded",
-        "nothing: replay resumes once the learning rate is not zero",
-    ),
-    "zero_lr": (
-        "the learning rate of param group(s) {arg} was zero, or a worker tensor that may be, "
-        "for {n} recorded calls: torch's capturable optimizer divides by it (NaN), and the "
-        "optimizer as written reads its step count on the host each call (a sync)",
-        "give a frozen part of the model requires_grad=False (or leave it out of the "
-        "optimizer) rather than a zero learning rate; a warmup from zero replays once the "
-        "learning rate is not zero; a tensor learning rate: make the optimizer "
-        "capturable=True yourself (its NaN at lr 0 is then torch's, as in eager)." + _KEEPS_RUNNING,
     ),
     "audit_differed": (
         "an audited call made another block than the replay would have sent ({what}): replay "

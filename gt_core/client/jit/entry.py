@@ -21,11 +21,13 @@ import statistics
 import time
 
 from gt_core.client.jit import audit, replay
+from gt_core.client.jit.program import Rerun, ShadowLog
 from gt_core.client.jit.reach import reach_roots, walk
 from gt_core.client.jit.recipe import Recipe
 from gt_core.client.jit.recording import Recording, Refused, differ, guards, mutated
 from gt_core.client.jit.settings import agree, attribute, groups, knobs, settings_in, wrapped
-from gt_core.client.jit.traced import as_traced, zero_lr
+from gt_core.client.jit.traced import as_traced
+from gt_core.client.proxy import Proxy
 from gt_core.client.session import LOCK
 from gt_core.observe import events as ev
 from gt_core.observe import metrics
@@ -54,12 +56,13 @@ class Entry:
         self.audited = 0  # replays recorded instead and compared (see audit)
         self.since_prepared = 0  # replays since the recipe was made
         self.scalars_now: list = []  # the block's lifted numbers for this call (see _stale)
+        self.rerun: Rerun | None = None  # its reads from shadows, to commit once sent
         self.client_ms: collections.deque = collections.deque(maxlen=metrics.CLIENT_SAMPLES)
         self.marks: collections.deque = collections.deque()
         self.calls = 0  # recorded calls since recording (re)started
         session.jits.append(self)
         self.sig: str | None = None  # the block's signature, once the worker has it
-        self.facts: list | None = None  # (session, metadata key, no shadow) per fitting input
+        self.facts: list | None = None  # (session, metadata key, shadow) per fitting input
 
     @property
     def refused(self) -> str | None:
@@ -70,7 +73,7 @@ class Entry:
         if self.state in _RECORDS and len(self.recorded) >= 2:
             self._prepare()
         if self.state is JitState.REPLAYING:
-            why = self._stale()
+            why = self._stale(leaves)
             if why is not None:
                 self.move(Trigger.SETTING_CHANGED, why)
         if self.state is JitState.REPLAYING:
@@ -123,17 +126,18 @@ class Entry:
             s.flush()
             reached = walk(roots)  # (after the flush: the slots as they are now)
             opts = reached.optimizers
-            settings, ledger, forced, skipped = [dict(g) for g in groups(opts)], {}, [], []
+            settings, ledger = [dict(g) for g in groups(opts)], {}
             syncs, reads = s.counters["syncs"], s.counters["shadow_reads"]
             s.emit(Mark(MARK, self.name, "enter"))
             s.tee, s.tee_puts = tee, puts = [], []
+            s.shadow_log = log = ShadowLog(Proxy)
         try:
-            with as_traced(opts, forced, skipped), wrapped(opts, ledger):
+            with as_traced(), wrapped(opts, ledger):
                 result = self.owner.fn(*args, **kwargs)
         finally:
             with LOCK:
                 s.emit(Mark(MARK, self.name, "exit"))  # the frees of the call's locals come first
-                s.tee, s.tee_puts = None, None
+                s.tee, s.tee_puts, s.shadow_log = None, None, None
                 s.flush()
         now = [(p, obj if p is None else p.read()) for p, obj in roots]  # (rebound too)
         after = walk(now)
@@ -142,9 +146,10 @@ class Entry:
         rec.rebound = {p.ident() for (p, was), (_, obj) in pairs if p and obj is not was}
         rec.syncs = s.counters["syncs"] - syncs
         rec.reads = s.counters["shadow_reads"] - reads
+        log.bind(rec.before, leaves, rec.puts)
+        rec.program = log
         rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
-        rec.forced, rec.skipped = forced, skipped
         mutated(rec, [dict(g) for g in groups(opts)], reached, after)
         return result, rec
 
@@ -153,17 +158,11 @@ class Entry:
         self.recorded = [*self.recorded[-1:], rec]
         self.calls += 1
         if self.calls >= RECORD_LIMIT and self.state in _RECORDS:
-            if rec.skipped:  # (a param group's lr may be zero: its optimizer as written syncs)
-                why = JitReason("zero_lr", arg=", ".join(map(str, rec.skipped)), n=self.calls)
-            else:
-                why = JitReason("no_block", n=self.calls)
-            self.move(Trigger.REFUSED, why)
+            self.move(Trigger.REFUSED, JitReason("no_block", n=self.calls))
 
     def _prepare(self) -> None:
         """Turn the last two recorded calls into a recipe, once the worker sent the plan."""
         a, b = self.recorded[-2], self.recorded[-1]
-        if b.skipped:
-            return  # a zero lr ran the optimizer as written (it syncs): it may pass
         ops = {idx: op_name(op) for op, idx in self.session.op_index.items()}
         why = (
             b.unreplayable()
@@ -200,9 +199,19 @@ class Entry:
         self.recipe = recipe
 
     # -- before a replay ------------------------------------------------------------------
-    def _stale(self) -> JitReason | None:
+    def _stale(self, leaves) -> JitReason | None:
         """Why the block no longer holds the step's settings (None: it does)."""
         r = self.recipe
+        self.rerun, reads = None, ()
+        if r.program is not None:  # (the values the step reads from shadows, read again)
+            rerun = Rerun(r.program, leaves)
+            if rerun.reads is None:
+                return JitReason("value_changed", place="a small tensor the step reads", new=None)
+            for j, was in r.compared_reads:
+                if rerun.reads[j] != was:
+                    place = "a value the step reads from a small tensor"
+                    return JitReason("value_changed", place=place, old=was, new=rerun.reads[j])
+            self.rerun, reads = rerun, rerun.reads
         for get, obj, key, was, place in r.guards:
             try:
                 v = get(obj, key)
@@ -211,13 +220,10 @@ class Entry:
             if type(v) is not type(was) or v != was:
                 return JitReason("value_changed", place=place.describe(), old=was, new=v)
         now = groups(r.optimizers)
-        for i in r.forced:
-            if i < len(now) and zero_lr(now[i]):
-                return JitReason("capturable_zero_lr", arg=str(i), new=now[i]["lr"])
         compared = knobs(r.optimizers, r.flowing)
         if r.knobs != compared:
             return _changed(r.knobs, compared)
-        values = [agree(es, now) for es in r.distinct]
+        values = [agree(es, now, reads) for es in r.distinct]
         if None in values:  # settings that were equal when recorded (two groups' lr) differ
             es = r.distinct[values.index(None)]
             was = sorted({f"group {g} {k}" for e in es for g, k in settings_in(e)})

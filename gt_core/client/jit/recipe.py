@@ -7,6 +7,7 @@ its outputs as the places the recorded call left them in (see ``reach``).
 
 from __future__ import annotations
 
+from gt_core.client.jit.program import reads_in
 from gt_core.client.jit.reach import Place, id_before
 from gt_core.client.jit.recording import Recording, Refused
 from gt_core.client.jit.settings import knobs, settings_in
@@ -57,7 +58,6 @@ class Recipe:
         # The optimizers the step can reach, and their settings now: the block holds them as
         # numbers, so a change (an LR scheduler's step) means recording again.
         self.optimizers = rec.optimizers
-        self.forced = rec.forced  # param groups the recorded call ran capturable (traced)
         self.guards: list = []  # (getter, obj, key, value, place): compared (see guards)
         self.schedulers = rec.schedulers  # (LR scheduler, steps) a replay steps after its RUN
         # The block's lifted numbers, each the expressions of those settings that gave it
@@ -72,6 +72,13 @@ class Recipe:
         )
         # (as the recorded call began: a scheduler it stepped has changed them since)
         self.knobs = knobs(self.optimizers, self.flowing, rec.settings)
+        # The values the call read from shadows (jit.program): a replay reads them again by
+        # running the call's log; those no flowing number is computed from are compared.
+        log = rec.program
+        self.program = log if log is not None and log.reads else None
+        used = {j for es in self.distinct for e in es for j in reads_in(e)}
+        reads = log.reads if self.program is not None else []
+        self.compared_reads = [(j, v) for j, v in enumerate(reads) if j not in used]
 
     def _rebound(self, rec: Recording) -> None:
         """Each name the step binds anew must be one a replay binds too: to an output (a

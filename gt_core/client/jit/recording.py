@@ -13,6 +13,7 @@ import collections
 import torch
 from torch.utils._pytree import tree_flatten
 
+from gt_core.client.jit.program import differs
 from gt_core.client.jit.settings import agree
 from gt_core.client.proxy import Proxy
 from gt_core.client.uploads import CONSTANT_NUMEL
@@ -46,7 +47,8 @@ class Recording:
         self._floats: list | None = None
         self.puts = list(puts)  # (value id, proxy, host copy or None, (file, line)) per upload
         self.syncs = 0
-        self.reads = 0  # values answered from shadows (client.shadows): each a frozen number
+        self.reads = 0  # values answered from shadows (client.shadows)
+        self.program = None  # what the call did on shadows (jit.program.ShadowLog)
         self.sync_at = None  # the user's line of the call's last sync
         # The optimizers' settings as the call began ([{key: value}] per param group), the
         # numbers computed from them that the call passed to ops (jit_knobs.attribute), and
@@ -56,18 +58,17 @@ class Recording:
         self.knob_floats: dict = {}
         self.flowing: dict = {}
         self.changed: set = set()  # settings (group, key) that differ from the call before
-        self.forced: list = []  # param groups made capturable while it recorded (traced)
         self.mutated: JitReason | None = None  # a Python value the call changed (mutated)
         self.not_repeated: list[str] = []  # changes a replay will not make (mutated)
         self.schedulers: list = []  # (LR scheduler, steps) it stepped inside (mutated)
         self.rebound: set = set()  # the roots' places it bound to other objects (idents)
-        self.skipped: list = []  # param groups left as written: their lr was zero (traced)
 
     def unreplayable(self) -> JitReason | None:
         if self.syncs:
             return JitReason("sync", n=self.syncs, line=_line(self.sync_at))
-        if self.reads:
-            return JitReason("value_read", n=self.reads)
+        if self.reads and (self.program is None or self.program.opaque):
+            why = self.program.opaque if self.program is not None else None
+            return JitReason("value_read", n=self.reads, what=why)
         other = [ins for ins in self.instrs if ins.code not in (OP, FREE, PUT)]
         if other:
             return JitReason("seeds")
@@ -148,6 +149,9 @@ def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
         for key in y
         if _number(y.get(key)) and x.get(key) != y.get(key)
     }
+    what = differs(a.program, b.program)
+    if what is not None:
+        return JitReason("value_read", n=b.reads, what=what)
     for (i, where, x, site), (_, _, y, _) in zip(a.floats(), b.floats(), strict=True):
         if x != y and not _flows(a, b, site, x, y):
             return JitReason("python_number", op=str(ops.get(i, i)), arg=where, old=x, new=y)
@@ -235,11 +239,15 @@ def _flows(a: Recording, b: Recording, site, x: float, y: float) -> bool:
     found = tuple(
         expr
         for expr in b.knob_floats.get(site, ())
-        if agree((expr,), a.settings) == x and agree((expr,), b.settings) == y
+        if agree((expr,), a.settings, _reads(a)) == x and agree((expr,), b.settings, _reads(b)) == y
     )
     if found:
         b.flowing[site] = found
     return bool(found)
+
+
+def _reads(rec: Recording) -> list:
+    return rec.program.reads if rec.program is not None else []
 
 
 def _line(where) -> str | None:

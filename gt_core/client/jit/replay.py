@@ -21,7 +21,8 @@ __all__ = ["run", "inputs", "bound", "unflatten", "UNFIT", "IN_FLIGHT"]
 IN_FLIGHT = 32  # replayed calls the worker may be behind by before a call waits for it
 MARK_EVERY = 8  # a progress mark is posted every this many replayed calls
 UNFIT = object()  # what ``run`` returns when an input no longer fits (the call runs instead)
-_FACTS = operator.attrgetter("_gt_s", "_gt_k", "_gt_v")  # a fitting input: (session, key, None)
+# A fitting input: (session, metadata key, its shadow: None, or one jit.program keeps)
+_FACTS = operator.attrgetter("_gt_s", "_gt_k", "_gt_v")
 _ID = operator.attrgetter("_gt_id")
 
 
@@ -51,6 +52,8 @@ def run(entry, leaves):
             out(Free(FREE, freed.popleft()))
         out(Run(RUN, r.sig, ids, produced, entry.scalars_now))
         s.send_now()
+        if entry.rerun is not None:  # (the block did to the worker's values what it did)
+            entry.rerun.commit()
         entry.replayed += 1
         entry.since_prepared += 1
         outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]
@@ -70,7 +73,7 @@ def run(entry, leaves):
 def _inputs_fast(entry, leaves) -> list | None:
     """The inputs' ids when every root and input is as the last calls found them (the
     steady state), read in flat passes; None sends the call to ``inputs``."""
-    r, s = entry.recipe, entry.session
+    r = entry.recipe
     try:
         roots = [g(o, k) for g, o, k in r.root_readers]
         got = [leaves[k] if g is None else g(o, k) for g, o, k in r.readers]
@@ -78,8 +81,6 @@ def _inputs_fast(entry, leaves) -> list | None:
     except Exception:
         return None
     if facts != entry.facts or not all(map(operator.is_, roots, r.root_objs)):
-        if entry.facts is None:  # (first replay: what the steady state looks like)
-            entry.facts = [(s, k, None) for k in r.keys]
         return None
     return list(map(_ID, got))
 
@@ -91,16 +92,18 @@ def inputs(entry, leaves) -> list | None:
         if place.read() is not obj:  # a global or closure name bound to another object
             entry.unfit(place, obj, None)
             return None
-    ids = []
+    kept = {id(p) for p, _ in entry.rerun.targets} if entry.rerun is not None else ()
+    got = []
     for src, k in r.inputs:
         p = leaves[src] if type(src) is int else src.read()
         if type(p) is not Proxy or p._gt_s is not s or p._gt_k != k:
             entry.unfit(src, p, k)
             return None
-        if p._gt_v is not None:
-            p._gt_v = None  # its shadow would not follow the replayed block
-        ids.append(p._gt_id)
-    return ids
+        if p._gt_v is not None and id(p) not in kept:
+            p._gt_v = None  # its shadow would not follow the block (jit.program's do)
+        got.append(p)
+    entry.facts = list(map(_FACTS, got))  # (the steady state, for _inputs_fast)
+    return list(map(_ID, got))
 
 
 def bound(entry) -> None:

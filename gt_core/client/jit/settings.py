@@ -34,8 +34,9 @@ class Knob(float):
 
     An expression is ``("k", group, key, index)`` (a setting: the ``group``-th param group
     of the step's optimizers, its ``key``, ``index`` into a tuple such as ``betas`` or None),
-    ``("c", value)`` (a constant), ``("neg", e)``, or ``(name, left, right)`` of an
-    ``operator`` function of two numbers.
+    ``("c", value)`` (a constant), ``("r", j)`` (the j-th value the call read from a shadow:
+    jit.program), ``("neg", e)``, or ``(name, left, right)`` of an ``operator`` function of
+    two numbers.
     """
 
     def __new__(cls, value: float, expr: tuple):
@@ -128,27 +129,32 @@ def attribute(instrs, ledger: dict) -> dict:
     return out
 
 
-def evaluate(expr, groups_: list):
-    """The value of ``expr`` with the settings in ``groups_`` (computed as the optimizer
-    computed it, so the same float)."""
+def evaluate(expr, groups_: list, reads=()):
+    """The value of ``expr`` with the settings in ``groups_`` and the values a call read
+    from shadows (``reads``, see jit.program), computed as the optimizer computed it, so the
+    same float."""
     kind = expr[0]
     if kind == "k":
         v = groups_[expr[1]][expr[2]]
         return float(v if expr[3] is None else v[expr[3]])
     if kind == "c":
         return expr[1]
+    if kind == "r":
+        return reads[expr[1]]
     if kind == "neg":
-        return -evaluate(expr[1], groups_)
-    return getattr(operator, kind)(evaluate(expr[1], groups_), evaluate(expr[2], groups_))
+        return -evaluate(expr[1], groups_, reads)
+    left, right = evaluate(expr[1], groups_, reads), evaluate(expr[2], groups_, reads)
+    return getattr(operator, kind)(left, right)
 
 
-def agree(exprs, groups_: list):
-    """The number every expression of ``exprs`` gives with the settings in ``groups_``; None
-    where two differ or one cannot be computed (a replay then records instead)."""
+def agree(exprs, groups_: list, reads=()):
+    """The number every expression of ``exprs`` gives with the settings in ``groups_`` (and
+    ``reads``); None where two differ or one cannot be computed (a replay then records
+    instead)."""
     value = None
     for e in exprs:
         try:
-            v = evaluate(e, groups_)
+            v = evaluate(e, groups_, reads)
         except (IndexError, KeyError, TypeError, ValueError, ArithmeticError):
             return None
         if value is None:
@@ -184,7 +190,7 @@ def settings_in(expr) -> set:
     """The settings ``(group, key)`` that ``expr`` reads."""
     if expr[0] == "k":
         return {(expr[1], expr[2])}
-    if expr[0] == "c":
+    if expr[0] in ("c", "r"):
         return set()
     return set().union(*(settings_in(e) for e in expr[1:]))
 

@@ -1,7 +1,8 @@
-"""How a jitted step records: as torch.compile traces it.
+"""How a jitted step records: as torch.compile traces it, its optimizers as written.
 
-A recorded call's numbers are frozen into the block it makes. Library code keeps fewer of
-them when it believes it is being compiled (see ``as_traced``).
+A recorded call's numbers are frozen into the block it makes, unless they flow (see
+``settings`` and ``program``). Library code keeps fewer of them when it believes it is being
+compiled (see ``as_traced``).
 """
 
 from __future__ import annotations
@@ -9,50 +10,41 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.optim.optimizer import (
+    register_optimizer_step_post_hook,
+    register_optimizer_step_pre_hook,
+)
 
-__all__ = ["as_traced", "zero_lr"]
+__all__ = ["as_traced"]
 
 
 @contextlib.contextmanager
-def as_traced(opts, forced: list, skipped: list):
+def as_traced():
     """A recorded call runs library code as torch.compile traces it: the paths behind
-    ``torch.compiler.is_compiling()`` (``transformers`` skips data-dependent checks there),
-    and the step's optimizers ``capturable`` (Adam's bias corrections are tensor ops on
-    its step count, not a new Python number each call that replay would freeze). The
-    optimizers' own setting is restored after the call; ``forced`` gets the indices of the
-    param groups made capturable, ``skipped`` those left as written for their zero lr.
+    ``torch.compiler.is_compiling()`` (``transformers`` skips data-dependent checks there).
 
-    Never a group whose learning rate may be zero: torch's capturable Adam (AdamW, ...)
-    divides by the step size, and makes NaN where a gradient's running square is zero, where
-    the optimizer as written leaves the parameter as it is (a warmup from lr 0 does this).
-    A learning rate that is a worker tensor may be. Where a group's may be, the whole call
-    runs as written: not traced either (torch's optimizers keep their step count a tensor
-    when compiling, which rounds otherwise), so its numbers are eager's."""
-    groups = [g for opt in opts for g in opt.param_groups]
-    plain = [i for i, g in enumerate(groups) if g.get("capturable") is False]
-    skipped += [i for i in plain if zero_lr(groups[i])]
-    if skipped:  # (the call runs exactly as written: it syncs, and is not replayed)
-        yield
-        return
-    for i in plain:
-        groups[i]["capturable"] = True
-        forced.append(i)
+    Not an optimizer's step: it runs as written, so its numbers are eager's to the bit.
+    Compiled, torch's optimizers keep their step count a tensor and compute their bias
+    corrections on it in float32, which rounds otherwise (Adam's steps of lr turn that into
+    differences of 1e-5 where a gradient is near zero); as written they read the step count
+    as a number (from its shadow: no sync, see ``program``), and the numbers computed from it
+    flow into a replayed block."""
+    was: list[bool] = []
+
+    def pre(opt, args, kwargs):
+        was.append(torch.compiler._is_compiling_flag)
+        torch.compiler._is_compiling_flag = False
+
+    def post(opt, args, kwargs):
+        torch.compiler._is_compiling_flag = was.pop()
+
+    hooks = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
     try:
         with _compiling():
             yield
     finally:
-        for i in forced:
-            groups[i]["capturable"] = False
-
-
-def zero_lr(group: dict) -> bool:
-    """Whether a param group's learning rate may be zero: a Python zero, a host tensor
-    holding zero, or a worker tensor (its value is on the worker: reading it would be a
-    sync, so it may be)."""
-    lr = group.get("lr")
-    if isinstance(lr, torch.Tensor):
-        return hasattr(lr, "_gt_id") or lr.item() == 0  # (a host tensor: no sync)
-    return type(lr) in (float, int) and lr == 0
+        for h in hooks:
+            h.remove()
 
 
 @contextlib.contextmanager

@@ -1,0 +1,256 @@
+"""The values a recorded call read from shadows, and how a replay reads them again.
+
+A small tensor made in the capture keeps a shadow on the client (``client.shadows``): an
+optimizer's step count, a tensor learning rate. Its value read as a Python number (Adam's
+``step_t.item()`` for its bias corrections, ``alpha=-lr`` of a tensor ``lr``) costs no round
+trip, but it is a number a replay must know without running the Python.
+
+While a jitted call records, a :class:`ShadowLog` keeps, in order, each op run on shadows
+(``step_t += 1``, ``-lr``) and each value read. A float read becomes a ``Knob`` whose
+expression is ``("r", j)``: the numbers computed from it (``lr / (1 - beta1 ** step)``) flow
+into the block like an optimizer's settings (``jit.settings``). A replay runs the log again
+on copies of its inputs' shadows as they are now (``rerun``), so the j-th read gives this
+call's value; once its RUN is sent, the copies become the shadows (``commit``): the block
+did the same to the worker's values.
+
+A log that cannot be run again (a shadow refreshed from the worker, an op that could not
+follow its shadows, a read of an int or a bool, an input that cannot be found again) is
+``opaque``: a call whose values it read is not replayed.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from gt_core.client.jit.settings import Knob
+
+__all__ = ["ShadowLog", "Rerun", "differs", "reads_in"]
+
+
+class _Slot:
+    """A tensor argument of a logged step: the k-th value of the log."""
+
+    __slots__ = ("k",)
+
+    def __init__(self, k: int):
+        self.k = k
+
+
+class ShadowLog:
+    """What one recorded call did on shadows (see the module's docstring)."""
+
+    def __init__(self, cls):
+        self.cls = cls  # the proxy class
+        self.steps: list = []  # ("op" | "read", func, args, kwargs, out slots)
+        # slot -> a weak reference to the proxy it stood for (a strong one would keep the
+        # step's temporaries alive past its end: outputs of the block), and id(proxy) -> slot
+        self.proxies: list = []
+        self.at: dict[int, int] = {}
+        self.made: set[int] = set()  # slots an op of the log produced
+        self.first: dict[int, torch.Tensor] = {}  # slot -> its shadow when first seen
+        self.reads: list[float] = []  # each float read, in order
+        self.opaque: str | None = None  # why the log cannot be run again
+        self.last = None  # the newest read's Knob, until Proxy.item takes it
+        self.sources: list | None = None  # (slot, place or argument index) per input, once bound
+
+    # -- while the call records (client.record and client.shadows call these) ------------
+    def op(self, func, args, kwargs, out) -> None:
+        """``func`` ran on shadows and gave ``out`` (proxies with shadows)."""
+        a, kw = self._slots(args), {k: self._slots(v) for k, v in kwargs.items()}
+        outs = []
+        for p in _proxies(out, self.cls):
+            k = self._slot(p)
+            if k is None:
+                k = self._new(p)
+                self.made.add(k)
+            outs.append(k)
+        self.steps.append(("op", func, a, kw, outs))
+
+    def read(self, func, args, kwargs, value):
+        """``func`` read ``value`` from shadows: a float comes back as a Knob ``("r", j)``."""
+        a, kw = self._slots(args), {k: self._slots(v) for k, v in kwargs.items()}
+        self.steps.append(("read", func, a, kw, ()))
+        if type(value) is not float:
+            kind = type(value).__name__
+            self.opaque = (
+                f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} read from a tensor ({func})"
+            )
+            return value
+        self.reads.append(value)
+        self.last = Knob(value, ("r", len(self.reads) - 1))
+        return self.last
+
+    def took(self, value):
+        """What ``Proxy.item`` returns for ``value``: the Knob of the read that just gave it
+        (torch's item() passes the number through C++, which drops its kind)."""
+        last, self.last = self.last, None
+        return last if last is not None and float(last) == value else value
+
+    def lost(self, why: str) -> None:
+        """A shadow could not follow an op (it was refreshed from the worker, or dropped)."""
+        self.opaque = self.opaque or why
+
+    def _slot(self, p) -> int | None:
+        k = self.at.get(id(p))
+        return k if k is not None and self.proxies[k]() is p else None  # (an id reused)
+
+    def _new(self, p) -> int:
+        k = len(self.proxies)
+        self.proxies.append(weakref.ref(p))
+        self.at[id(p)] = k
+        with torch._C._DisableTorchDispatch():
+            self.first[k] = p._gt_v.clone() if p._gt_v is not None else None
+        return k
+
+    def _slots(self, a):
+        if isinstance(a, self.cls):
+            k = self._slot(a)
+            return _Slot(self._new(a) if k is None else k)
+        if type(a) in (list, tuple):
+            return type(a)(self._slots(x) for x in a)
+        return a
+
+    # -- after the call -----------------------------------------------------------------
+    def bind(self, before: list, leaves: list, puts: list) -> None:
+        """Say where each value the log did not make comes from: a place the step reaches
+        (``before``: (place, proxy) as the call began), an argument, or a tensor the call
+        made from host data (a constant: its value when first seen)."""
+        places = {id(p): place for place, p in before if p is not None}
+        args = {id(x): i for i, x in enumerate(leaves) if isinstance(x, self.cls)}
+        made_here = {id(p) for _, p, _, _ in puts}
+        self.sources = []
+        for k, ref in enumerate(self.proxies):
+            p = ref()
+            if k in self.made or id(p) in made_here:
+                continue
+            src = None if p is None else places.get(id(p), args.get(id(p)))
+            if src is None:
+                self.opaque = self.opaque or "a small tensor jit cannot find again"
+                break
+            self.sources.append((k, src))
+        # The log keeps no proxy alive past the call (nor a Knob: the last read's number).
+        self.proxies, self.at, self.last = [], {}, None
+
+    def inputs_at(self) -> list:
+        """The places (or argument indices) of the values the log reads as they were."""
+        return [src for _, src in self.sources or ()]
+
+
+class Rerun:
+    """The log run again for one call: its reads, and the inputs' new shadows."""
+
+    def __init__(self, log: ShadowLog, leaves):
+        self.log = log
+        self.reads: list[float] | None = None
+        self.targets: list = []  # (proxy, its new shadow value) to commit
+        vals: dict[int, torch.Tensor] = {}
+        with torch._C._DisableTorchDispatch():
+            for k, src in log.sources:
+                p = leaves[src] if type(src) is int else src.read()
+                shadow = getattr(p, "_gt_v", None)
+                if shadow is None:
+                    return  # (its shadow is gone: this call records instead)
+                vals[k] = shadow.clone()
+                self.targets.append((p, vals[k]))
+            for k, t in log.first.items():  # (tensors made from host data: constants)
+                if k not in log.made and k not in vals:
+                    vals[k] = t.clone()
+            reads = []
+            for kind, func, args, kwargs, outs in log.steps:
+                a = _values(args, vals)
+                kw = {n: _values(v, vals) for n, v in kwargs.items()}
+                res = func(*a, **kw)
+                if kind == "read":
+                    reads.append(float(res))
+                    continue
+                for k, r in zip(outs, _tensors(res), strict=False):
+                    vals.setdefault(k, r)
+        self.reads = reads
+
+    def commit(self) -> None:
+        """The RUN was sent: the inputs' shadows now hold what the block makes of them."""
+        with torch._C._DisableTorchDispatch():
+            for p, v in self.targets:
+                if p._gt_v is not None:
+                    p._gt_v.copy_(v)
+
+
+def _proxies(out, cls):
+    if isinstance(out, cls):
+        yield out
+    elif type(out) in (list, tuple):
+        for x in out:
+            yield from _proxies(x, cls)
+
+
+def _tensors(res):
+    if isinstance(res, torch.Tensor):
+        return [res]
+    if type(res) in (list, tuple):
+        return [t for x in res for t in _tensors(x)]
+    return []
+
+
+def _values(a, vals):
+    if type(a) is _Slot:
+        return vals[a.k]
+    if type(a) in (list, tuple):
+        return type(a)(_values(x, vals) for x in a)
+    return a
+
+
+def differs(a: ShadowLog | None, b: ShadowLog | None) -> str | None:
+    """What two recorded calls did otherwise on shadows (None: the same ops on the same
+    numbers, their reads aside: a replay runs b's log again; or neither read a value)."""
+    if not (a is not None and a.reads) and not (b is not None and b.reads):
+        return None  # (ops on shadows alone: the block does them, the shadows are let go)
+    sa = _shape(a.steps) if a is not None else []
+    sb = _shape(b.steps) if b is not None else []
+    if sa == sb:
+        return None
+    for x, y in zip(sa, sb, strict=False):
+        if x != y:
+            was, now = _numbers(x[2:]), _numbers(y[2:])
+            if x[:2] == y[:2] and len(was) == len(now):
+                changed = [(u, v) for u, v in zip(was, now, strict=True) if u != v]
+                if changed:
+                    u, v = changed[0]
+                    return f"{y[1]} on a small tensor takes another number each call: {u} -> {v}"
+            return f"{x[1]} on a small tensor, then {y[1]}"
+    return f"{len(sa)} -> {len(sb)} ops on small tensors"
+
+
+def _numbers(a) -> list:
+    if type(a) in (int, float):
+        return [a]
+    if type(a) in (list, tuple):
+        return [n for x in a for n in _numbers(x)]
+    return []
+
+
+def _shape(steps) -> list:
+    return [
+        (kind, str(func), _plain(args), sorted(_plain(kwargs).items()))
+        for kind, func, args, kwargs, _ in steps
+    ]
+
+
+def _plain(a):
+    if type(a) is _Slot:
+        return ("slot", a.k)
+    if type(a) in (list, tuple):
+        return tuple(_plain(x) for x in a)
+    if type(a) is dict:
+        return {k: _plain(v) for k, v in a.items()}
+    return a
+
+
+def reads_in(expr) -> set[int]:
+    """The reads (their index j) that an expression of ``jit.settings`` uses."""
+    if expr[0] == "r":
+        return {expr[1]}
+    if expr[0] in ("k", "c"):
+        return set()
+    return set().union(*(reads_in(e) for e in expr[1:]))
