@@ -157,17 +157,10 @@ class Rerun:
             for k, t in log.first.items():  # (tensors made from host data: constants)
                 if k not in log.made and k not in vals:
                     vals[k] = t.clone()
-            reads = []
-            for kind, func, args, kwargs, outs in log.steps:
-                a = _values(args, vals)
-                kw = {n: _values(v, vals) for n, v in kwargs.items()}
-                res = func(*a, **kw)
-                if kind == "read":
-                    reads.append(float(res))
-                    continue
-                for k, r in zip(outs, _tensors(res), strict=False):
-                    vals.setdefault(k, r)
-        self.reads = reads
+            try:
+                self.reads = _run(log.steps, vals)
+            except Exception:  # (shadows of another shape or dtype now: this call records)
+                self.reads, self.targets = None, []
 
     def commit(self) -> None:
         """The RUN was sent: the inputs' shadows now hold what the block makes of them."""
@@ -175,6 +168,18 @@ class Rerun:
             for p, v in self.targets:
                 if p._gt_v is not None:
                     p._gt_v.copy_(v)
+
+
+def _run(steps, vals: dict) -> list[float]:
+    reads = []
+    for kind, func, args, kwargs, outs in steps:
+        res = func(*_values(args, vals), **{n: _values(v, vals) for n, v in kwargs.items()})
+        if kind == "read":
+            reads.append(float(res))
+            continue
+        for k, r in zip(outs, _tensors(res), strict=False):
+            vals.setdefault(k, r)
+    return reads
 
 
 def _proxies(out, cls):
