@@ -230,16 +230,7 @@ BERT_DICT_BATCHES = LoopSpec(
     "lr_tensor",
     [
         pytest.param(False, id="AdamW()"),
-        pytest.param(
-            True,
-            id="AdamW(lr=torch.tensor(1e-3))",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="equal to eager, but refused: Adam as written divides the lr tensor by "
-                "its bias correction, a number read from its step count that changes each "
-                "call (jit.program reruns ops on small tensors with the numbers recorded)",
-            ),
-        ),
+        pytest.param(True, id="AdamW(lr=torch.tensor(1e-3))"),
     ],
 )
 def test_bert_fine_tuned_from_dict_batches_with_linear_warmup_equals_eager_and_replays(

@@ -147,6 +147,7 @@ class Entry:
         rec.syncs = s.counters["syncs"] - syncs
         rec.reads = s.counters["shadow_reads"] - reads
         log.bind(rec.before, leaves, rec.puts)
+        log.ledger = ledger
         rec.program = log
         rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
@@ -203,8 +204,9 @@ class Entry:
         """Why the block no longer holds the step's settings (None: it does)."""
         r = self.recipe
         self.rerun, reads = None, ()
+        now = groups(r.optimizers)
         if r.program is not None:  # (the values the step reads from shadows, read again)
-            rerun = Rerun(r.program, leaves)
+            rerun = Rerun(r.program, leaves, now)
             if rerun.reads is None:
                 return JitReason("value_changed", place="a small tensor the step reads", new=None)
             for j, was in r.compared_reads:
@@ -219,7 +221,6 @@ class Entry:
                 v = None
             if type(v) is not type(was) or v != was:
                 return JitReason("value_changed", place=place.describe(), old=was, new=v)
-        now = groups(r.optimizers)
         compared = knobs(r.optimizers, r.flowing)
         if r.knobs != compared:
             return _changed(r.knobs, compared)

@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from gt_core.client.jit.settings import Knob
+from gt_core.client.jit.settings import Knob, agree
 
 __all__ = ["ShadowLog", "Rerun", "differs", "reads_in"]
 
@@ -53,6 +53,10 @@ class ShadowLog:
         self.reads: list[float] = []  # each float read, in order
         self.opaque: str | None = None  # why the log cannot be run again
         self.last = None  # the newest read's Knob, until Proxy.item takes it
+        self.ledger: dict = {}  # the call's {number: [expression]} (jit.settings.wrapped)
+        # (step, path) -> the expressions a number an op of the log takes each call is computed
+        # by (a tensor lr divided by a bias correction): a rerun computes it anew (differs)
+        self.flowing: dict = {}
         self.sources: list | None = None  # (slot, place or argument index) per input, once bound
 
     # -- while the call records (client.record and client.shadows call these) ------------
@@ -141,7 +145,7 @@ class ShadowLog:
 class Rerun:
     """The log run again for one call: its reads, and the inputs' new shadows."""
 
-    def __init__(self, log: ShadowLog, leaves):
+    def __init__(self, log: ShadowLog, leaves, settings: list):
         self.log = log
         self.reads: list[float] | None = None
         self.targets: list = []  # (proxy, its new shadow value) to commit
@@ -158,7 +162,7 @@ class Rerun:
                 if k not in log.made and k not in vals:
                     vals[k] = t.clone()
             try:
-                self.reads = _run(log.steps, vals)
+                self.reads = _run(log, vals, settings)
             except Exception:  # (shadows of another shape or dtype now: this call records)
                 self.reads, self.targets = None, []
 
@@ -170,10 +174,17 @@ class Rerun:
                     p._gt_v.copy_(v)
 
 
-def _run(steps, vals: dict) -> list[float]:
-    reads = []
-    for kind, func, args, kwargs, outs in steps:
-        res = func(*_values(args, vals), **{n: _values(v, vals) for n, v in kwargs.items()})
+def _run(log: ShadowLog, vals: dict, settings: list) -> list[float]:
+    reads: list[float] = []
+    for i, (kind, func, args, kwargs, outs) in enumerate(log.steps):
+        a, kw = list(_values(args, vals)), {n: _values(v, vals) for n, v in kwargs.items()}
+        for (at, path), exprs in log.flowing.items():
+            if at == i:
+                v = agree(exprs, settings, reads)
+                if v is None:
+                    raise ValueError(f"settings parted for {func}")
+                _set(a, kw, path, v)
+        res = func(*a, **kw)
         if kind == "read":
             reads.append(float(res))
             continue
@@ -206,40 +217,68 @@ def _values(a, vals):
     return a
 
 
-def differs(a: ShadowLog | None, b: ShadowLog | None) -> str | None:
-    """What two recorded calls did otherwise on shadows (None: the same ops on the same
-    numbers, their reads aside: a replay runs b's log again; or neither read a value)."""
+def differs(a: ShadowLog | None, b: ShadowLog | None, a_settings, b_settings) -> str | None:
+    """What two recorded calls did otherwise on shadows (None: the same ops, their reads
+    aside, and each number that differs computed alike from each call's settings and reads,
+    kept in ``b.flowing``: a replay runs b's log again; or neither read a value)."""
     if not (a is not None and a.reads) and not (b is not None and b.reads):
         return None  # (ops on shadows alone: the block does them, the shadows are let go)
-    sa = _shape(a.steps) if a is not None else []
-    sb = _shape(b.steps) if b is not None else []
-    if sa == sb:
-        return None
-    for x, y in zip(sa, sb, strict=False):
-        if x != y:
-            was, now = _numbers(x[2:]), _numbers(y[2:])
-            if x[:2] == y[:2] and len(was) == len(now):
-                changed = [(u, v) for u, v in zip(was, now, strict=True) if u != v]
-                if changed:
-                    u, v = changed[0]
-                    return f"{y[1]} on a small tensor takes another number each call: {u} -> {v}"
+    sa = [_shape(st) for st in a.steps] if a is not None else []
+    sb = [_shape(st) for st in b.steps] if b is not None else []
+    if len(sa) != len(sb):
+        return f"{len(sa)} -> {len(sb)} ops on small tensors"
+    b.flowing = {}
+    made = 0  # reads before this step: an expression can use those only
+    for i, (x, y, st) in enumerate(zip(sa, sb, b.steps, strict=True)):
+        if x[:2] != y[:2] or _without_numbers(x) != _without_numbers(y):
             return f"{x[1]} on a small tensor, then {y[1]}"
-    return f"{len(sa)} -> {len(sb)} ops on small tensors"
+        for (path, u), (_, v) in zip(_floats_at(a.steps[i]), _floats_at(st), strict=True):
+            if u == v:
+                continue
+            found = tuple(
+                e
+                for e in b.ledger.get(v, ())
+                if max(reads_in(e), default=-1) < made
+                and agree((e,), a_settings, a.reads) == u
+                and agree((e,), b_settings, b.reads) == v
+            )
+            if not found:
+                return f"{y[1]} on a small tensor takes another number each call: {u} -> {v}"
+            b.flowing[(i, path)] = found
+        made += st[0] == "read"
+    return None
 
 
-def _numbers(a) -> list:
-    if type(a) in (int, float):
-        return [a]
-    if type(a) in (list, tuple):
-        return [n for x in a for n in _numbers(x)]
-    return []
+def _without_numbers(shape):
+    if type(shape) is float:
+        return float
+    if type(shape) in (list, tuple):
+        return tuple(_without_numbers(x) for x in shape)
+    return shape
 
 
-def _shape(steps) -> list:
-    return [
-        (kind, str(func), _plain(args), sorted(_plain(kwargs).items()))
-        for kind, func, args, kwargs, _ in steps
-    ]
+def _floats_at(step):
+    """(path, value) of each float among a step's arguments (a path as ``lift``'s)."""
+    _, _, args, kwargs, _ = step
+    out: list = []
+
+    def walk(a, path):
+        if type(a) is float:
+            out.append((path, a))
+        elif type(a) in (list, tuple):
+            for j, x in enumerate(a):
+                walk(x, (*path, j))
+
+    for j, a in enumerate(args):
+        walk(a, (j,))
+    for k, v in kwargs.items():
+        walk(v, (k,))
+    return out
+
+
+def _shape(step) -> tuple:
+    kind, func, args, kwargs, _ = step
+    return (kind, str(func), _plain(args), sorted(_plain(kwargs).items()))
 
 
 def _plain(a):
@@ -259,3 +298,18 @@ def reads_in(expr) -> set[int]:
     if expr[0] in ("k", "c"):
         return set()
     return set().union(*(reads_in(e) for e in expr[1:]))
+
+
+def _set(args: list, kwargs: dict, path, value) -> None:
+    """``value`` at ``path`` of a step's arguments (copied where nested)."""
+    head, rest = path[0], path[1:]
+    box, key = (args, head) if type(head) is int else (kwargs, head)
+    if not rest:
+        box[key] = value
+        return
+    inner = list(box[key])
+    box[key] = inner
+    for j in rest[:-1]:
+        inner[j] = list(inner[j])
+        inner = inner[j]
+    inner[rest[-1]] = value

@@ -149,7 +149,7 @@ def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
         for key in y
         if _number(y.get(key)) and x.get(key) != y.get(key)
     }
-    what = differs(a.program, b.program)
+    what = differs(a.program, b.program, a.settings, b.settings)
     if what is not None:
         return JitReason("value_read", n=b.reads, what=what)
     for (i, where, x, site), (_, _, y, _) in zip(a.floats(), b.floats(), strict=True):
