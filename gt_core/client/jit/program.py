@@ -67,8 +67,7 @@ class ShadowLog:
         for p in _proxies(out, self.cls):
             k = self._slot(p)
             if k is None:
-                k = self._new(p)
-                self.made.add(k)
+                k = self._new(p, made=True)
             outs.append(k)
         self.steps.append(("op", func, a, kw, outs))
 
@@ -100,12 +99,15 @@ class ShadowLog:
         k = self.at.get(id(p))
         return k if k is not None and self.proxies[k]() is p else None  # (an id reused)
 
-    def _new(self, p) -> int:
+    def _new(self, p, made: bool = False) -> int:
         k = len(self.proxies)
         self.proxies.append(weakref.ref(p))
         self.at[id(p)] = k
-        with torch._C._DisableTorchDispatch():
-            self.first[k] = p._gt_v.clone() if p._gt_v is not None else None
+        if made:  # (a rerun makes it anew)
+            self.made.add(k)
+        elif p._gt_v is not None:
+            with torch._C._DisableTorchDispatch():
+                self.first[k] = p._gt_v.clone()
         return k
 
     def _slots(self, a):
@@ -137,10 +139,6 @@ class ShadowLog:
         # The log keeps no proxy alive past the call (nor a Knob: the last read's number).
         self.proxies, self.at, self.last = [], {}, None
 
-    def inputs_at(self) -> list:
-        """The places (or argument indices) of the values the log reads as they were."""
-        return [src for _, src in self.sources or ()]
-
 
 class Rerun:
     """The log run again for one call: its reads, and the inputs' new shadows."""
@@ -159,7 +157,7 @@ class Rerun:
                 vals[k] = shadow.clone()
                 self.targets.append((p, vals[k]))
             for k, t in log.first.items():  # (tensors made from host data: constants)
-                if k not in log.made and k not in vals:
+                if k not in vals:
                     vals[k] = t.clone()
             try:
                 self.reads = _run(log, vals, settings)
