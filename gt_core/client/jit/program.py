@@ -54,8 +54,8 @@ class ShadowLog:
         self.opaque: str | None = None  # why the log cannot be run again
         self.last = None  # the newest read's Knob, until Proxy.item takes it
         self.ledger: dict = {}  # the call's {number: [expression]} (jit.settings.wrapped)
-        # (step, path) -> the expressions a number an op of the log takes each call is computed
-        # by (a tensor lr divided by a bias correction): a rerun computes it anew (differs)
+        # step -> [(path, expressions)]: how a number an op of the log takes each call is
+        # computed (a tensor lr divided by a bias correction): a rerun computes it anew (differs)
         self.flowing: dict = {}
         self.sources: list | None = None  # (slot, place or argument index) per input, once bound
 
@@ -176,12 +176,11 @@ def _run(log: ShadowLog, vals: dict, settings: list) -> list[float]:
     reads: list[float] = []
     for i, (kind, func, args, kwargs, outs) in enumerate(log.steps):
         a, kw = list(_values(args, vals)), {n: _values(v, vals) for n, v in kwargs.items()}
-        for (at, path), exprs in log.flowing.items():
-            if at == i:
-                v = agree(exprs, settings, reads)
-                if v is None:
-                    raise ValueError(f"settings parted for {func}")
-                _set(a, kw, path, v)
+        for path, exprs in log.flowing.get(i, ()):
+            v = agree(exprs, settings, reads)
+            if v is None:
+                raise ValueError(f"settings parted for {func}")
+            _set(a, kw, path, v)
         res = func(*a, **kw)
         if kind == "read":
             reads.append(float(res))
@@ -242,7 +241,7 @@ def differs(a: ShadowLog | None, b: ShadowLog | None, a_settings, b_settings) ->
             )
             if not found:
                 return f"{y[1]} on a small tensor takes another number each call: {u} -> {v}"
-            b.flowing[(i, path)] = found
+            b.flowing.setdefault(i, []).append((path, found))
         made += st[0] == "read"
     return None
 
