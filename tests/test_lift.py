@@ -141,7 +141,7 @@ def test_a_lifted_scalar_gives_the_eager_op_bit_for_bit(op, n, path, value, size
     gen = torch.Generator().manual_seed(seed)
     base = {name: _values(name, (size,), dtype, gen) for name in set(names.values())}
     args_v, kwargs_v = list(ins.args), dict(ins.kwargs)
-    lift._set(args_v, kwargs_v, path, value)
+    lift.set_at(args_v, kwargs_v, path, value)
 
     def real(a):
         if type(a) is Ref:
@@ -169,7 +169,7 @@ def test_a_lifted_scalar_gives_the_eager_op_bit_for_bit(op, n, path, value, size
     lowered_args = [node(a) for a in got_args]
     lowered_kwargs = dict(kwargs_v)
     s = g.placeholder("s")
-    lift._set(lowered_args, lowered_kwargs, path, lift.Lifted(s))
+    lift.set_at(lowered_args, lowered_kwargs, path, lift.Lifted(s))
     out = lift.lower(g, op, tuple(lowered_args), lowered_kwargs)
     g.output(out if out is not None else ())
     gm = fx.GraphModule(torch.nn.Module(), g)

@@ -18,7 +18,15 @@ import torch.fx as fx
 from gt_core.stream.canonical import Mismatch, Namer
 from gt_core.stream.instructions import OP, Ref
 
-__all__ = ["Scalar", "LiftNamer", "lift_positions", "float_positions", "lower", "has_scalars"]
+__all__ = [
+    "Scalar",
+    "LiftNamer",
+    "set_at",
+    "lift_positions",
+    "float_positions",
+    "lower",
+    "has_scalars",
+]
 
 _aten = torch.ops.aten
 _FLOATS = (torch.float32, torch.float64)
@@ -66,7 +74,7 @@ class LiftNamer(Namer):
                 value = _get(args, kwargs, path)
                 if type(value) is not float and type(value) is not int:
                     raise Mismatch(f"expected a number at {path}, got {value!r}")
-                _set(args, kwargs, path, Scalar(len(self.scalars)))
+                set_at(args, kwargs, path, Scalar(len(self.scalars)))
                 self.scalars.append(float(value))
                 self.dtypes.append(dtype)
             ins = ins._replace(args=tuple(args), kwargs=kwargs)
@@ -89,7 +97,8 @@ def _get(args, kwargs, path):
     return a
 
 
-def _set(args, kwargs, path, value) -> None:
+def set_at(args, kwargs, path, value) -> None:
+    """``value`` at ``path`` of an op's arguments (nested lists copied, not written)."""
     if len(path) == 1:
         if type(path[0]) is int:
             args[path[0]] = value

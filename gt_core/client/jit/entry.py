@@ -208,7 +208,10 @@ class Entry:
         if r.program is not None:  # (the values the step reads from shadows, read again)
             rerun = Rerun(r.program, leaves, now)
             if rerun.reads is None:
-                return JitReason("value_changed", place="a small tensor the step reads", new=None)
+                what = "not known here (its client copy was let go)"
+                return JitReason(
+                    "value_changed", place="a small tensor the step reads", old="known", new=what
+                )
             for j, was in r.compared_reads:
                 if rerun.reads[j] != was:
                     place = "a value the step reads from a small tensor"

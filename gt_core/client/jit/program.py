@@ -24,7 +24,8 @@ import weakref
 
 import torch
 
-from gt_core.client.jit.settings import Knob, agree
+from gt_core.client.jit.settings import Knob, agree, floats_in
+from gt_core.stream.lift import set_at
 
 __all__ = ["ShadowLog", "Rerun", "differs", "reads_in"]
 
@@ -144,7 +145,6 @@ class Rerun:
     """The log run again for one call: its reads, and the inputs' new shadows."""
 
     def __init__(self, log: ShadowLog, leaves, settings: list):
-        self.log = log
         self.reads: list[float] | None = None
         self.targets: list = []  # (proxy, its new shadow value) to commit
         vals: dict[int, torch.Tensor] = {}
@@ -180,7 +180,7 @@ def _run(log: ShadowLog, vals: dict, settings: list) -> list[float]:
             v = agree(exprs, settings, reads)
             if v is None:
                 raise ValueError(f"settings parted for {func}")
-            _set(a, kw, path, v)
+            set_at(a, kw, path, v)
         res = func(*a, **kw)
         if kind == "read":
             reads.append(float(res))
@@ -255,22 +255,8 @@ def _without_numbers(shape):
 
 
 def _floats_at(step):
-    """(path, value) of each float among a step's arguments (a path as ``lift``'s)."""
     _, _, args, kwargs, _ = step
-    out: list = []
-
-    def walk(a, path):
-        if type(a) is float:
-            out.append((path, a))
-        elif type(a) in (list, tuple):
-            for j, x in enumerate(a):
-                walk(x, (*path, j))
-
-    for j, a in enumerate(args):
-        walk(a, (j,))
-    for k, v in kwargs.items():
-        walk(v, (k,))
-    return out
+    return list(floats_in(args, kwargs))
 
 
 def _shape(step) -> tuple:
@@ -295,18 +281,3 @@ def reads_in(expr) -> set[int]:
     if expr[0] in ("k", "c"):
         return set()
     return set().union(*(reads_in(e) for e in expr[1:]))
-
-
-def _set(args: list, kwargs: dict, path, value) -> None:
-    """``value`` at ``path`` of a step's arguments (copied where nested)."""
-    head, rest = path[0], path[1:]
-    box, key = (args, head) if type(head) is int else (kwargs, head)
-    if not rest:
-        box[key] = value
-        return
-    inner = list(box[key])
-    box[key] = inner
-    for j in rest[:-1]:
-        inner[j] = list(inner[j])
-        inner = inner[j]
-    inner[rest[-1]] = value

@@ -22,7 +22,17 @@ import torch
 from gt_core.stream.instructions import FREE as _FREE
 from gt_core.stream.instructions import OP as _OP
 
-__all__ = ["Knob", "wrapped", "attribute", "evaluate", "agree", "groups", "settings_in", "knobs"]
+__all__ = [
+    "Knob",
+    "floats_in",
+    "wrapped",
+    "attribute",
+    "evaluate",
+    "agree",
+    "groups",
+    "settings_in",
+    "knobs",
+]
 
 _NOT_KNOBS = ("params", "capturable")  # (capturable: set while recording, see traced)
 
@@ -196,9 +206,14 @@ def settings_in(expr) -> set:
 
 
 def _floats(ins):
-    for i, a in enumerate(ins.args):
+    return floats_in(ins.args, ins.kwargs)
+
+
+def floats_in(args, kwargs):
+    """(path, value) of each float among an op's arguments (a path as ``lift``'s)."""
+    for i, a in enumerate(args):
         yield from _walk(a, (i,))
-    for k, v in ins.kwargs.items():
+    for k, v in kwargs.items():
         yield from _walk(v, (k,))
 
 
