@@ -123,6 +123,41 @@ def test_a_module_switched_to_eval_is_never_replayed_in_train_mode(inprocess):
     assert entry.replayed >= 4, _events()
 
 
+def test_grads_left_in_place_where_the_recorded_calls_found_none_accumulate_as_eager(inprocess):
+    """Recorded with .grad None (zero_grad(set_to_none) after each call), then the loop
+    stops zeroing: backward adds to the grads it finds. A replay of the recorded block would
+    overwrite them; the call runs and records instead, and every grad equals eager's."""
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            x, y = torch.randn(4, 8), torch.randn(4, 2)
+
+            def step(x, y):
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                return loss
+
+            fn = gt_core.jit(step) if on_worker else step
+            for i in range(12):
+                fn(x, y)
+                if i < 6:  # (from the seventh call on, the grads accumulate)
+                    opt.step()
+                    opt.zero_grad()
+            return [p.grad.detach().cpu().clone() for p in model.parameters()], fn
+
+    want, _ = run(False)
+    got, fn = run(True)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    causes = [(e.get("cause") or {}) for e in _events()]
+    assert any(c.get("kind") == "unfit" and ".grad" in c.get("place", "") for c in causes)
+    assert sum(e.replayed for e in fn.entries.values()) >= 5, _events()
+
+
 def test_audits_are_sampled_and_each_is_an_event(inprocess):
     gt_core.configure(jit_audit=8)
     with gt_core.capture():

@@ -235,10 +235,12 @@ class Entry:
         self.scalars_now = [values[i] for i in r.scalar_ix]
         return None
 
-    def unfit(self, src, p, k) -> None:
+    def unfit(self, src, p, k, what: str | None = None) -> None:
         """An input no longer fits the block: the call runs, recording starts over."""
         where = f"argument {src}" if type(src) is int else src.describe()
-        if k is None:
+        if what is not None:
+            got = what
+        elif k is None:
             got = "it now holds another object"
         else:
             got = "not a worker tensor" if not hasattr(p, "_gt_m") else f"metadata {p._gt_m}"

@@ -55,6 +55,18 @@ class Recipe:
         self.keys = [k for _, k in self.inputs]
         self.root_readers = [place.reader() for place, _ in self.roots]
         self.root_objs = [obj for _, obj in self.roots]
+        # The other tensor slots the step reaches, as the recorded call found them: empty
+        # (a .grad before backward) or a tensor of some metadata the Python could read (a
+        # shape). Another there at a replay is state the recorded Python did not see
+        # (backward adds to a .grad it finds), so the call runs instead.
+        read = {place.ident() for place, _ in self.inputs if type(place) is not int}
+        seen: dict = {}
+        for place, p in rec.before:
+            if place.ident() not in read:
+                seen.setdefault(place.ident(), (place, None if p is None else p._gt_k))
+        self.seen = list(seen.values())
+        self.seen_readers = [place.reader() for place, _ in self.seen]
+        self.seen_keys = [k for _, k in self.seen]
         # The optimizers the step can reach, and their settings now: the block holds them as
         # numbers, so a change (an LR scheduler's step) means recording again.
         self.optimizers = rec.optimizers

@@ -78,9 +78,12 @@ def _inputs_fast(entry, leaves) -> list | None:
         roots = [g(o, k) for g, o, k in r.root_readers]
         got = [leaves[k] if g is None else g(o, k) for g, o, k in r.readers]
         facts = list(map(_FACTS, got))  # (AttributeError: not a proxy)
+        seen = [_key(g(o, k)) for g, o, k in r.seen_readers]
     except Exception:
         return None
     if facts != entry.facts or not all(map(operator.is_, roots, r.root_objs)):
+        return None
+    if seen != r.seen_keys:
         return None
     return list(map(_ID, got))
 
@@ -91,6 +94,11 @@ def inputs(entry, leaves) -> list | None:
     for place, obj in r.roots:
         if place.read() is not obj:  # a global or closure name bound to another object
             entry.unfit(place, obj, None)
+            return None
+    for place, was in r.seen:  # (the other slots, as the recorded call found them)
+        now = place.read()
+        if _key(now) != was:
+            entry.unfit(place, now, was, what=_seen_now(now, was))
             return None
     kept = {id(p) for p, _ in entry.rerun.targets} if entry.rerun is not None else ()
     got = []
@@ -104,6 +112,19 @@ def inputs(entry, leaves) -> list | None:
         got.append(p)
     entry.facts = list(map(_FACTS, got))  # (the steady state, for _inputs_fast)
     return list(map(_ID, got))
+
+
+def _key(p):
+    """A slot's metadata key (None: empty, or not a worker tensor)."""
+    return getattr(p, "_gt_k", None)
+
+
+def _seen_now(now, was) -> str:
+    if was is None:
+        return "it holds a tensor; the recorded call found it empty"
+    if now is None:
+        return "it is empty; the recorded call found a tensor there"
+    return "it holds a tensor of other metadata than the recorded call found"
 
 
 def bound(entry) -> None:
