@@ -256,6 +256,21 @@ def test_adamw_decay_groups_with_a_cosine_lr_written_each_call_equal_eager_and_r
     assert r.jitted.replayed >= 0.9 * ADAMW_GROUPS_COSINE_BY_HAND.calls, r.jitted.reasons
 
 
+ACCUMULATED_OUTSIDE = LoopSpec(
+    optimizer="Adam", accum=3, accum_inside=False, clip=True, zero_grad="start", calls=12
+)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False], ids=["set_to_none", "zeroed"])
+def test_grads_accumulated_over_calls_replay_one_block_equal_to_eager(idioms_worker, set_to_none):
+    """The step's backward runs per micro-batch, the optimizer steps outside every third
+    call: after zero_grad(set_to_none=True) the first micro-batch finds no .grad, the others
+    add to one. One block serves both (the replay fills the empty grads with zeros)."""
+    spec = dataclasses.replace(ACCUMULATED_OUTSIDE, set_to_none=set_to_none)
+    r = _three_ways(spec)
+    assert r.share >= TARGET_SHARE, r.jitted.reasons
+
+
 LSTM_LM = LoopSpec(model="lstm", optimizer="SGD", opt_args=(("lr", 0.5),))
 
 

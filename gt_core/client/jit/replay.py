@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import operator
 
+import torch
 from torch.utils._pytree import tree_unflatten
 
 from gt_core.client.jit.recipe import OUT
@@ -102,16 +103,40 @@ def inputs(entry, leaves) -> list | None:
             return None
     kept = {id(p) for p, _ in entry.rerun.targets} if entry.rerun is not None else ()
     got = []
+    empty = []  # (index, place) of .grads to fill with zeros once the rest fit
     for src, k in r.inputs:
         p = leaves[src] if type(src) is int else src.read()
-        if type(p) is not Proxy or p._gt_s is not s or p._gt_k != k:
+        if p is None and _a_grad(src):
+            empty.append((len(got), src))
+        elif type(p) is not Proxy or p._gt_s is not s or p._gt_k != k:
             entry.unfit(src, p, k)
             return None
-        if p._gt_v is not None and id(p) not in kept:
+        elif p._gt_v is not None and id(p) not in kept:
             p._gt_v = None  # its shadow would not follow the block (jit.program's do)
         got.append(p)
+    for i, place in empty:
+        got[i] = zeros = torch.zeros_like(place.obj)
+        if zeros._gt_k != r.inputs[i][1]:
+            entry.unfit(place, zeros, r.inputs[i][1])
+            return None
+    for i, place in empty:  # (written once all fit: a call that runs instead finds them empty)
+        place.write(got[i])
     entry.facts = list(map(_FACTS, got))  # (the steady state, for _inputs_fast)
     return list(map(_ID, got))
+
+
+def _a_grad(src) -> bool:
+    """Whether input ``src`` is the .grad of a tensor that requires grad. The block adds to
+    it (backward accumulates); a replay that finds it empty (zero_grad(set_to_none=True)
+    since) fills it with zeros first, so one block serves the first micro-batch after
+    zero_grad and those that accumulate: 0 + g is g (a -0.0 becomes +0.0)."""
+    return (
+        type(src) is not int
+        and src.how == "attr"
+        and src.key == "grad"
+        and type(src.obj) is Proxy
+        and src.obj.requires_grad
+    )
 
 
 def _key(p):
