@@ -342,3 +342,38 @@ def test_a_tensor_learning_rate_that_may_be_zero_never_makes_capturable_adam_nan
     got, fn = run(True)
     assert all(torch.isfinite(p).all() for p in got)
     _close(got, want)
+
+
+def test_a_grad_filled_for_recording_that_gets_no_gradient_is_left_empty_as_eager(inprocess):
+    """Micro-batches accumulate over calls; one call's Python leaves a weight out. The grad
+    jit filled with zeros for that call's recording is emptied again, so the optimizer skips
+    the weight as eager's does (an update with a zero grad would still move it: momentum)."""
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            a, b = nn.Linear(4, 4), nn.Linear(4, 4)
+            opt = torch.optim.SGD([*a.parameters(), *b.parameters()], lr=0.1, momentum=0.9)
+            x, use_b = torch.randn(2, 4), [True]
+
+            def step(x):
+                y = a(x)
+                if use_b[0]:
+                    y = b(y)
+                y.square().mean().backward()
+
+            fn = gt_core.jit(step) if on_worker else step
+            for i in range(9):
+                use_b[0] = i % 3 != 2  # (b left out of every third micro-batch)
+                fn(x)
+                if i % 3 == 1:
+                    opt.step()
+                    opt.zero_grad()
+            grads = [p.grad is None for p in b.parameters()]
+            return _params(a) + _params(b), grads
+
+    (want, want_none), (got, got_none) = run(False), run(True)
+    assert got_none == want_none
+    for x, y in zip(got, want, strict=True):
+        assert torch.equal(x, y)

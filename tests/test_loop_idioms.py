@@ -261,12 +261,15 @@ ACCUMULATED_OUTSIDE = LoopSpec(
 )
 
 
+@pytest.mark.parametrize("accum", [2, 3])
 @pytest.mark.parametrize("set_to_none", [True, False], ids=["set_to_none", "zeroed"])
-def test_grads_accumulated_over_calls_replay_one_block_equal_to_eager(idioms_worker, set_to_none):
+def test_grads_accumulated_over_calls_replay_one_block_equal_to_eager(
+    idioms_worker, set_to_none, accum
+):
     """The step's backward runs per micro-batch, the optimizer steps outside every third
     call: after zero_grad(set_to_none=True) the first micro-batch finds no .grad, the others
     add to one. One block serves both (the replay fills the empty grads with zeros)."""
-    spec = dataclasses.replace(ACCUMULATED_OUTSIDE, set_to_none=set_to_none)
+    spec = dataclasses.replace(ACCUMULATED_OUTSIDE, set_to_none=set_to_none, accum=accum)
     r = _three_ways(spec)
     assert r.share >= TARGET_SHARE, r.jitted.reasons
 

@@ -122,6 +122,7 @@ class Entry:
         s = self.session
         args, kwargs = replay.unflatten(leaves, spec)
         roots = reach_roots(self.owner.fn, leaves)
+        filled = replay.fill_grads(self.recorded[-1]) if self.recorded else []
         with LOCK:
             s.flush()
             reached = walk(roots)  # (after the flush: the slots as they are now)
@@ -142,6 +143,7 @@ class Entry:
         now = [(p, obj if p is None else p.read()) for p, obj in roots]  # (rebound too)
         after = walk(now)
         rec = Recording(leaves, roots, reached, after.slots, result, tee[:-1], puts)
+        replay.unfill_grads(filled, rec.instrs)
         pairs = zip(roots, now, strict=True)
         rec.rebound = {p.ident() for (p, was), (_, obj) in pairs if p and obj is not was}
         rec.syncs = s.counters["syncs"] - syncs

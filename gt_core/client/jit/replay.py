@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_unflatten
 from gt_core.client.jit.recipe import OUT
 from gt_core.client.proxy import Proxy
 from gt_core.client.session import LOCK
-from gt_core.stream.instructions import FREE, RUN, Free, Run
+from gt_core.stream.instructions import FREE, OP, RUN, Free, Ref, Run
 
 __all__ = ["run", "inputs", "bound", "unflatten", "UNFIT", "IN_FLIGHT"]
 
@@ -137,6 +137,39 @@ def _a_grad(src) -> bool:
         and type(src.obj) is Proxy
         and src.obj.requires_grad
     )
+
+
+def fill_grads(last) -> list:
+    """Before a call is recorded: the .grads the ``last`` recorded call found filled and
+    this one finds empty, filled with zeros ([(place, zeros)]), so that calls alternating
+    between a first micro-batch and accumulating ones record one block (see _a_grad)."""
+    filled = []
+    for place, p in last.before:
+        if p is not None and _a_grad(place) and place.read() is None:
+            filled.append((place, torch.zeros_like(place.obj)))
+            place.write(filled[-1][1])
+    return filled
+
+
+def unfill_grads(filled: list, instrs) -> None:
+    """After the recorded call: a filled .grad no op of the call used (its tensor got no
+    gradient this time) is emptied again, as eager left it."""
+    if not filled:
+        return
+    used = {
+        a.id for ins in instrs if ins.code == OP for a in _refs((*ins.args, *ins.kwargs.values()))
+    }
+    for place, zeros in filled:
+        if place.read() is zeros and zeros._gt_id not in used:
+            place.write(None)
+
+
+def _refs(args):
+    for a in args:
+        if type(a) is Ref:
+            yield a
+        elif type(a) in (list, tuple):
+            yield from _refs(a)
 
 
 def _key(p):
