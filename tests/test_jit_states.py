@@ -3,6 +3,7 @@ foresaw; each against eager PyTorch as the oracle."""
 
 import contextlib
 import math
+import warnings
 
 import pytest
 import torch
@@ -234,18 +235,21 @@ def test_two_groups_whose_lr_parts_after_recording_are_recorded_again(inprocess)
     assert entry.replayed >= 12
 
 
+@pytest.mark.parametrize("lr", [1e-2, "tensor"], ids=["lr=1e-2", "lr=torch.tensor(1e-2)"])
 @pytest.mark.parametrize("schedule", ["StepLR", "OneCycleLR", "LambdaLR-warmup"])
-def test_a_scheduler_stepped_inside_the_step_is_stepped_by_each_replay(inprocess, schedule):
+def test_a_scheduler_stepped_inside_the_step_is_stepped_by_each_replay(inprocess, schedule, lr):
     """The scheduler's step is known Python: a replay steps it after its RUN, as the call
     would have, so the next call's settings are eager's (a replay that skipped it ran every
-    later call on a stale learning rate, without a word)."""
+    later call on a stale learning rate, without a word). With a tensor learning rate the
+    scheduler's own ops (it fills the tensor, keeps clones) run outside the block too."""
+    make_lr = (lambda: torch.tensor(1e-2)) if lr == "tensor" else (lambda: lr)
 
     def run(on_worker):
         ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
         with ctx:
             torch.manual_seed(0)
             model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            opt = torch.optim.AdamW(model.parameters(), lr=make_lr())
             sched = {
                 "StepLR": lambda: torch.optim.lr_scheduler.StepLR(opt, 3, gamma=0.5),
                 "OneCycleLR": lambda: torch.optim.lr_scheduler.OneCycleLR(opt, 0.05, 30),
@@ -274,6 +278,41 @@ def test_a_scheduler_stepped_inside_the_step_is_stepped_by_each_replay(inprocess
     assert epoch == want_epoch == 24
     (entry,) = fn.entries.values()
     assert entry.replayed >= 12, _events()
+
+
+def test_work_after_the_schedulers_step_in_the_step_is_never_dropped(inprocess):
+    """The scheduler stepped before the optimizer (torch warns of that order): the
+    optimizer's step comes after the block would end, so the step is not replayed; its
+    Python runs, and the numbers are eager's."""
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model = nn.Linear(8, 4)
+            opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.1), momentum=0.9)
+            sched = torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
+            x, y = torch.randn(16, 8), torch.randn(16, 4)
+
+            def step(x, y):
+                nn.functional.mse_loss(model(x), y).backward()
+                sched.step()
+                opt.step()
+                opt.zero_grad()
+
+            fn = gt_core.jit(step) if on_worker else step
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # (the order's warning)
+                for _ in range(10):
+                    fn(x, y)
+            return _params(model)
+
+    want = run(False)
+    got = run(True)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    kinds = [e["cause"]["kind"] for e in _events() if e.get("cause")]
+    assert "after_scheduler" in kinds, kinds
 
 
 def test_a_recurrent_hidden_state_rebound_in_a_global_tuple_is_replayed(inprocess):

@@ -144,6 +144,12 @@ REASONS: dict[str, tuple[str, str]] = {
         "pass that tensor as an argument, or keep it on a module, an optimizer or a dict the "
         "step's closure or globals reach." + _KEEPS_RUNNING,
     ),
+    "after_scheduler": (
+        "the step works after stepping its LR scheduler ({what}): a replay steps the scheduler "
+        "after the block, so that work would not be done",
+        "step the LR scheduler last in the step (after optimizer.step() and zero_grad()), or "
+        "in the loop around it." + _KEEPS_RUNNING,
+    ),
     "kept_alive": (
         "{n} tensor(s) the step makes stay alive where jit cannot put them again (e.g. appended "
         "to a list, or kept by an autograd graph)",

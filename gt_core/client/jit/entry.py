@@ -25,6 +25,7 @@ from gt_core.client.jit.program import Rerun, ShadowLog
 from gt_core.client.jit.reach import reach_roots, walk
 from gt_core.client.jit.recipe import Recipe
 from gt_core.client.jit.recording import Recording, Refused, differ, guards, mutated
+from gt_core.client.jit.schedulers import End, outside
 from gt_core.client.jit.settings import agree, attribute, groups, knobs, settings_in, wrapped
 from gt_core.client.jit.traced import as_traced
 from gt_core.client.proxy import Proxy
@@ -132,22 +133,21 @@ class Entry:
             s.emit(Mark(MARK, self.name, "enter"))
             s.tee, s.tee_puts = tee, puts = [], []
             s.shadow_log = log = ShadowLog(Proxy)
+        end = End(s, self.name)  # (the exit, or the step of an LR scheduler: see there)
         try:
-            with as_traced(), wrapped(opts, ledger):
+            with as_traced(), wrapped(opts, ledger), outside(reached.schedulers, end):
                 result = self.owner.fn(*args, **kwargs)
         finally:
-            with LOCK:
-                s.emit(Mark(MARK, self.name, "exit"))  # the frees of the call's locals come first
-                s.tee, s.tee_puts, s.shadow_log = None, None, None
-                s.flush()
+            end.close()
         now = [(p, obj if p is None else p.read()) for p, obj in roots]  # (rebound too)
         after = walk(now)
         rec = Recording(leaves, roots, reached, after.slots, result, tee[:-1], puts)
         replay.unfill_grads(filled, rec.instrs)
         pairs = zip(roots, now, strict=True)
         rec.rebound = {p.ident() for (p, was), (_, obj) in pairs if p and obj is not was}
-        rec.syncs = s.counters["syncs"] - syncs
-        rec.reads = s.counters["shadow_reads"] - reads
+        rec.syncs = end.counted["syncs"] - syncs
+        rec.reads = end.counted["shadow_reads"] - reads
+        rec.after_scheduler, rec.late_frees = end.after(), end.late_frees()
         log.bind(rec.before, leaves, rec.puts)
         log.ledger = ledger
         rec.program = log

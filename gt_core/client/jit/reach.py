@@ -144,6 +144,7 @@ class Reached(NamedTuple):
     slots: list  # [(place, proxy or None)]
     optimizers: list  # the optimizers, once each, in the order found
     scalars: list  # [(place, Python number or bool)]: what a replay may have to compare
+    schedulers: list  # the LR schedulers, once each
 
 
 def walk(roots) -> Reached:
@@ -151,7 +152,7 @@ def walk(roots) -> Reached:
     modules, optimizers, LR schedulers, dicts, lists, tuples and plain objects' attributes.
     Everything jit needs of the state (tensors read and written, settings compared or
     flowing) comes from here, so no setting is reachable for one purpose and not another."""
-    out = Reached([], [], [])
+    out = Reached([], [], [], [])
     seen: set[int] = set()
     for place, obj in roots:
         if isinstance(obj, Proxy):
@@ -190,6 +191,7 @@ def _visit(obj, found: Reached, seen, depth, numbers: bool = True, place=None) -
         for st in obj.state.values():
             _visit(st, found, seen, depth + 1)
     elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        found.schedulers.append(obj)
         found.scalars.append((Place("attr", obj, "last_epoch"), obj.last_epoch))
         _visit(obj.optimizer, found, seen, depth + 1)
     elif isinstance(obj, dict):

@@ -35,16 +35,7 @@ class Recipe:
         self.n_produced = len(occ.produced)
         self._find_inputs(occ, rec)
         self.input_ids = list(occ.inputs)  # (the value ids the recorded call's block read)
-        freed = {ins.vid for ins in rec.instrs if ins.code == FREE}
-        alive = [k for k, vid in enumerate(occ.produced) if vid not in freed]
-        index = {occ.produced[k]: j for j, k in enumerate(alive)}
-        metas: dict[int, tuple] = {}  # value id -> metadata, of each output put somewhere
-        self._place_outputs(rec, index, metas)
-        self._result(rec, index, metas)
-        missing = [occ.produced[k] for k in alive if occ.produced[k] not in metas]
-        if missing:
-            raise Refused(JitReason("kept_alive", n=len(missing)))
-        self.outputs = [(k, metas[occ.produced[k]]) for k in alive]
+        self._outputs(occ, rec)
         self._rebound(rec)
         # What a replayed call reads, flat: (getter, container, key) per input (the getter
         # None for an argument: leaves[key]), each one's metadata key, and the roots the same
@@ -55,18 +46,7 @@ class Recipe:
         self.keys = [k for _, k in self.inputs]
         self.root_readers = [place.reader() for place, _ in self.roots]
         self.root_objs = [obj for _, obj in self.roots]
-        # The other tensor slots the step reaches, as the recorded call found them: empty
-        # (a .grad before backward) or a tensor of some metadata the Python could read (a
-        # shape). Another there at a replay is state the recorded Python did not see
-        # (backward adds to a .grad it finds), so the call runs instead.
-        read = {place.ident() for place, _ in self.inputs if type(place) is not int}
-        seen: dict = {}
-        for place, p in rec.before:
-            if place.ident() not in read:
-                seen.setdefault(place.ident(), (place, None if p is None else p._gt_k))
-        self.seen = list(seen.values())
-        self.seen_readers = [place.reader() for place, _ in self.seen]
-        self.seen_keys = [k for _, k in self.seen]
+        self._seen(rec)
         # The optimizers the step can reach, and their settings now: the block holds them as
         # numbers, so a change (an LR scheduler's step) means recording again.
         self.optimizers = rec.optimizers
@@ -91,6 +71,38 @@ class Recipe:
         used = {j for es in self.distinct for e in es for j in reads_in(e)}
         reads = log.reads if self.program is not None else []
         self.compared_reads = [(j, v) for j, v in enumerate(reads) if j not in used]
+
+    def _outputs(self, occ: Candidate, rec: Recording) -> None:
+        """``outputs``: (index among the produced values, metadata) of each the block leaves
+        alive, put where the recorded call put it (``placed``, ``result``)."""
+        freed = {ins.vid for ins in rec.instrs if ins.code == FREE}
+        alive = [k for k, vid in enumerate(occ.produced) if vid not in freed]
+        index = {occ.produced[k]: j for j, k in enumerate(alive)}
+        metas: dict[int, tuple] = {}  # value id -> metadata, of each output put somewhere
+        self._place_outputs(rec, index, metas)
+        self._result(rec, index, metas)
+        # Outputs the call freed as it returned, after the block ended at an LR scheduler's
+        # step (jit.schedulers): a replay frees them after its RUN (their metadata None).
+        late = {occ.produced[k] for k in alive} & rec.late_frees
+        missing = [vid for k in alive if (vid := occ.produced[k]) not in metas and vid not in late]
+        if missing:
+            raise Refused(JitReason("kept_alive", n=len(missing)))
+        self.outputs = [(k, metas.get(occ.produced[k])) for k in alive]
+        self.let_go = [k for k, meta in self.outputs if meta is None]
+
+    def _seen(self, rec: Recording) -> None:
+        """``seen``: the other tensor slots the step reaches, as the recorded call found them:
+        empty (a .grad before backward) or a tensor of some metadata the Python could read (a
+        shape). Another there at a replay is state the recorded Python did not see (backward
+        adds to a .grad it finds), so the call runs instead."""
+        read = {place.ident() for place, _ in self.inputs if type(place) is not int}
+        seen: dict = {}
+        for place, p in rec.before:
+            if place.ident() not in read:
+                seen.setdefault(place.ident(), (place, None if p is None else p._gt_k))
+        self.seen = list(seen.values())
+        self.seen_readers = [place.reader() for place, _ in self.seen]
+        self.seen_keys = [k for _, k in self.seen]
 
     def _rebound(self, rec: Recording) -> None:
         """Each name the step binds anew must be one a replay binds too: to an output (a

@@ -62,8 +62,14 @@ class Recording:
         self.not_repeated: list[str] = []  # changes a replay will not make (mutated)
         self.schedulers: list = []  # (LR scheduler, steps) it stepped inside (mutated)
         self.rebound: set = set()  # the roots' places it bound to other objects (idents)
+        # An LR scheduler's step ended the block (jit.schedulers): the work the call did
+        # after it, in words (None: none), and the values it freed on its way out.
+        self.after_scheduler: str | None = None
+        self.late_frees: set = set()
 
     def unreplayable(self) -> JitReason | None:
+        if self.after_scheduler is not None:
+            return JitReason("after_scheduler", what=self.after_scheduler)
         if self.syncs:
             return JitReason("sync", n=self.syncs, line=_line(self.sync_at))
         if self.reads and (self.program is None or self.program.opaque):

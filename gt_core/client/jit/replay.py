@@ -52,12 +52,14 @@ def run(entry, leaves):
         while freed:  # straight out: the RUN after them ends any occurrence they start
             out(Free(FREE, freed.popleft()))
         out(Run(RUN, r.sig, ids, produced, entry.scalars_now))
+        for k in r.let_go:  # (what the call freed on its way out, after the block)
+            out(Free(FREE, produced[k]))
         s.send_now()
         if entry.rerun is not None:  # (the block did to the worker's values what it did)
             entry.rerun.commit()
         entry.replayed += 1
         entry.since_prepared += 1
-        outs = [Proxy(s, produced[k], meta) for k, meta in r.outputs]
+        outs = [None if m is None else Proxy(s, produced[k], m) for k, m in r.outputs]
         for place in r.cleared:
             place.write(None)
         for place, j in r.placed:
