@@ -207,11 +207,14 @@ def guards(a: Recording, b: Recording) -> list:
     every module's ``training`` flag, and each Python number the step reaches that held one
     value on both recorded calls equal to a number an op was passed (a frozen number may
     have come from there: ``x * cfg["scale"]``). Each is read, never matched: a replay after
-    a change records instead."""
+    a change records instead. Not an LR scheduler's count of steps: the loop steps it, and
+    what it computes reaches the step as the optimizers' settings (compared or flowing)."""
     passed = {v for ins in b.instrs if ins.code == OP for v in _numbers(ins.args, ins.kwargs)}
     before = {place.ident(): v for place, v in a.scalars}
     out = []
     for place, v in b.scalars:
+        if isinstance(place.obj, torch.optim.lr_scheduler.LRScheduler):
+            continue  # (known Python: what it does reaches the step as settings, see mutated)
         training = place.key == "training" and isinstance(place.obj, torch.nn.Module)
         same = type(before.get(place.ident())) is type(v) and before[place.ident()] == v
         if training or (same and v in passed):
