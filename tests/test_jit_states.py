@@ -416,3 +416,20 @@ def test_a_grad_filled_for_recording_that_gets_no_gradient_is_left_empty_as_eage
     assert got_none == want_none
     for x, y in zip(got, want, strict=True):
         assert torch.equal(x, y)
+
+
+def test_a_setting_that_steers_python_or_leaves_its_knob_is_marked_steered():
+    """A comparison, a truth value, a rounding or a math function of a setting is followed no
+    further: the setting is steered (it never flows by its origin alone)."""
+    from gt_core.client.jit.settings import Knob, steered, wrapped
+
+    opt = torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1, weight_decay=0.0, momentum=0.9)
+    marks: set = set()
+    with wrapped([opt], {}, marks):
+        g = opt.param_groups[0]
+        lr, wd, mom = g["lr"], g["weight_decay"], g["momentum"]
+        assert type(-lr * 2) is Knob and not marks  # (arithmetic is followed)
+        assert not wd != 0
+        math.sqrt(mom)
+    assert steered(marks)[0] == {(0, "weight_decay"), (0, "momentum")}
+    assert type(opt.param_groups[0]["lr"]) is float  # (put back)

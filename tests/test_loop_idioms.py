@@ -355,3 +355,46 @@ def test_adam_family_under_jit_gives_eagers_numbers_to_the_bit_and_replays(idiom
     r = _three_ways(spec)
     assert r.jit.off == 0.0, r.jit
     assert r.jitted.replayed >= spec.calls - WARMUP - 1, r.jitted.reasons
+
+
+TENSOR_LR_SCHEDULED_INSIDE = [
+    LoopSpec(
+        seed=2,
+        model="embedding",
+        norm="BatchNorm1d",
+        optimizer="Adagrad",
+        lr_tensor=True,
+        schedule="CosineAnnealingLR",
+        sched_args=(("T_max", 12),),
+        sched_inside=True,
+        location="opt-dict",
+        data="numpy-rows",
+        returns="item",
+    ),
+    LoopSpec(
+        seed=3,
+        model="lstm",
+        optimizer="Adadelta",
+        lr_tensor=True,
+        schedule="OneCycleLR",
+        sched_args=(("max_lr", 10.0), ("total_steps", 12), ("cycle_momentum", False)),
+        sched_inside=True,
+        location="module",
+        clip=True,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "spec", TENSOR_LR_SCHEDULED_INSIDE, ids=["adagrad-cosine", "adadelta-1cycle"]
+)
+def test_a_tensor_learning_rate_its_scheduler_steps_inside_the_step_replays_as_eager(
+    idioms_worker, spec
+):
+    """``lr=torch.tensor(...)`` and the scheduler stepped inside the step: the scheduler's
+    ops on the tensor run outside the block (as each replay steps it), and the step count
+    Adagrad reads flows through the numbers computed from it; every call after the warm-up
+    replays, and the numbers are eager's."""
+    r = _three_ways(spec)
+    assert r.jit.off == 0.0, r.jit
+    assert r.share >= TARGET_SHARE, r.jitted.reasons

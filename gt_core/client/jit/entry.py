@@ -26,7 +26,15 @@ from gt_core.client.jit.reach import reach_roots, walk
 from gt_core.client.jit.recipe import Recipe
 from gt_core.client.jit.recording import Recording, Refused, differ, guards, mutated
 from gt_core.client.jit.schedulers import End, outside
-from gt_core.client.jit.settings import agree, attribute, groups, knobs, settings_in, wrapped
+from gt_core.client.jit.settings import (
+    agree,
+    attribute,
+    groups,
+    knobs,
+    settings_in,
+    steered,
+    wrapped,
+)
 from gt_core.client.jit.traced import as_traced
 from gt_core.client.proxy import Proxy
 from gt_core.client.session import LOCK
@@ -128,14 +136,14 @@ class Entry:
             s.flush()
             reached = walk(roots)  # (after the flush: the slots as they are now)
             opts = reached.optimizers
-            settings, ledger = [dict(g) for g in groups(opts)], {}
+            settings, ledger, steer = [dict(g) for g in groups(opts)], {}, set()
             syncs, reads = s.counters["syncs"], s.counters["shadow_reads"]
             s.emit(Mark(MARK, self.name, "enter"))
             s.tee, s.tee_puts = tee, puts = [], []
             s.shadow_log = log = ShadowLog(Proxy)
         end = End(s, self.name)  # (the exit, or the step of an LR scheduler: see there)
         try:
-            with as_traced(), wrapped(opts, ledger), outside(reached.schedulers, end):
+            with as_traced(), wrapped(opts, ledger, steer), outside(reached.schedulers, end):
                 result = self.owner.fn(*args, **kwargs)
         finally:
             end.close()
@@ -149,7 +157,8 @@ class Entry:
         rec.reads = end.counted["shadow_reads"] - reads
         rec.after_scheduler, rec.late_frees = end.after(), end.late_frees()
         log.bind(rec.before, leaves, rec.puts)
-        log.ledger = ledger
+        log.ledger, log.steered = ledger, steered(steer)
+        rec.steered = log.steered
         rec.program = log
         rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)

@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from gt_core.client.jit.settings import Knob, agree, floats_in
+from gt_core.client.jit.settings import Knob, agree, floats_in, reads_in
 from gt_core.stream.lift import set_at
 
 __all__ = ["ShadowLog", "Rerun", "differs", "reads_in"]
@@ -55,6 +55,7 @@ class ShadowLog:
         self.opaque: str | None = None  # why the log cannot be run again
         self.last = None  # the newest read's Knob, until Proxy.item takes it
         self.ledger: dict = {}  # the call's {number: [expression]} (jit.settings.wrapped)
+        self.steered: tuple[set, set] = (set(), set())  # (jit.settings.steered)
         # step -> [(path, expressions)]: how a number an op of the log takes each call is
         # computed (a tensor lr divided by a bias correction): a rerun computes it anew (differs)
         self.flowing: dict = {}
@@ -230,8 +231,6 @@ def differs(a: ShadowLog | None, b: ShadowLog | None, a_settings, b_settings) ->
         if x[:2] != y[:2] or _without_numbers(x) != _without_numbers(y):
             return f"{x[1]} on a small tensor, then {y[1]}"
         for (path, u), (_, v) in zip(_floats_at(a.steps[i]), _floats_at(st), strict=True):
-            if u == v:
-                continue
             found = tuple(
                 e
                 for e in b.ledger.get(v, ())
@@ -239,7 +238,11 @@ def differs(a: ShadowLog | None, b: ShadowLog | None, a_settings, b_settings) ->
                 and agree((e,), a_settings, a.reads) == u
                 and agree((e,), b_settings, b.reads) == v
             )
+            if u == v and found:  # (by origin: a read steered nowhere, recomputed anew)
+                found = tuple(e for e in found if not reads_in(e) & b.steered[1])
             if not found:
+                if u == v:
+                    continue  # (a number of the log's own: kept as recorded)
                 return f"{y[1]} on a small tensor takes another number each call: {u} -> {v}"
             b.flowing.setdefault(i, []).append((path, found))
         made += st[0] == "read"
@@ -272,12 +275,3 @@ def _plain(a):
     if type(a) is dict:
         return {k: _plain(v) for k, v in a.items()}
     return a
-
-
-def reads_in(expr) -> set[int]:
-    """The reads (their index j) that an expression of ``jit.settings`` uses."""
-    if expr[0] == "r":
-        return {expr[1]}
-    if expr[0] in ("k", "c"):
-        return set()
-    return set().union(*(reads_in(e) for e in expr[1:]))

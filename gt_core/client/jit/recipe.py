@@ -65,10 +65,15 @@ class Recipe:
         # (as the recorded call began: a scheduler it stepped has changed them since)
         self.knobs = knobs(self.optimizers, self.flowing, rec.settings)
         # The values the call read from shadows (jit.program): a replay reads them again by
-        # running the call's log; those no flowing number is computed from are compared.
+        # running the call's log; those no flowing number is computed from (in the block or
+        # in the log's own ops), and those that steered Python, are compared.
         log = rec.program
         self.program = log if log is not None and log.reads else None
         used = {j for es in self.distinct for e in es for j in reads_in(e)}
+        if self.program is not None:
+            logged = [es for sites in log.flowing.values() for _, es in sites]
+            used |= {j for es in logged for e in es for j in reads_in(e)}
+            used -= log.steered[1]
         reads = log.reads if self.program is not None else []
         self.compared_reads = [(j, v) for j, v in enumerate(reads) if j not in used]
 

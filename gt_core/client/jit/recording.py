@@ -58,6 +58,8 @@ class Recording:
         self.knob_floats: dict = {}
         self.flowing: dict = {}
         self.changed: set = set()  # settings (group, key) that differ from the call before
+        # (settings, reads) whose Knobs steered Python or left it (jit.settings.steered)
+        self.steered: tuple[set, set] = (set(), set())
         self.mutated: JitReason | None = None  # a Python value the call changed (mutated)
         self.not_repeated: list[str] = []  # changes a replay will not make (mutated)
         self.schedulers: list = []  # (LR scheduler, steps) it stepped inside (mutated)

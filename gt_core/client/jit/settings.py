@@ -14,8 +14,10 @@ and is no such expression refuses replay, as before.
 from __future__ import annotations
 
 import contextlib
+import math
 import operator
 import threading
+import types
 
 import torch
 
@@ -32,6 +34,8 @@ __all__ = [
     "groups",
     "settings_in",
     "knobs",
+    "steered",
+    "reads_in",
 ]
 
 _NOT_KNOBS = ("params", "capturable")  # (capturable: set while recording, see traced)
@@ -87,16 +91,87 @@ for _name in ("add", "sub", "mul", "truediv", "pow"):
     setattr(Knob, f"__r{_name}__", _binary(_name, True))
 
 
+def _escaping(name: str):
+    """A float method whose result is no Knob: a comparison, a truth value, an int, a
+    rounding. What the step does with it is not followed (a branch: ``if weight_decay !=
+    0``), so the settings and reads it came from are ``steered``: they never flow by their
+    origin alone (see ``steered``), only where they changed between the recorded calls."""
+    fn = getattr(float, name)
+
+    def method(self, *args):
+        steered = getattr(_here, "steered", None)
+        if steered is not None:
+            steered.add(self.expr)
+        return fn(self, *args)
+
+    return method
+
+
+for _name in (
+    "eq", "ne", "lt", "le", "gt", "ge", "bool", "int", "round", "trunc", "floor", "ceil",
+    "abs", "pos", "mod", "rmod", "floordiv", "rfloordiv", "divmod", "rdivmod",
+):  # fmt: skip
+    setattr(Knob, f"__{_name}__", _escaping(f"__{_name}__"))
+Knob.__hash__ = float.__hash__  # (with __eq__ defined here, as a float's)
+
+
+@contextlib.contextmanager
+def _watch_math():
+    """``math``'s functions see a Knob as the float it is (C reads its value): while a call
+    records, one given a Knob marks it steered (``math.sqrt(1 - beta2)`` is not followed)."""
+    names = [n for n in dir(math) if isinstance(getattr(math, n), types.BuiltinFunctionType)]
+    saved = {n: getattr(math, n) for n in names}
+    for n, fn in saved.items():
+        setattr(math, n, _watched(fn))
+    try:
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(math, n, fn)
+
+
+def _watched(fn):
+    def call(*args, **kwargs):
+        steered = getattr(_here, "steered", None)
+        if steered is not None:
+            steered.update(a.expr for a in (*args, *kwargs.values()) if type(a) is Knob)
+        return fn(*args, **kwargs)
+
+    return call
+
+
+def steered(exprs) -> tuple[set, set]:
+    """The settings ``(group, key)`` and the reads ``j`` of ``exprs`` (Knobs' expressions
+    that steered Python or left the Knobs: ``_escaping``)."""
+    settings, reads = set(), set()
+    for e in exprs:
+        settings |= settings_in(e)
+        reads |= reads_in(e)
+    return settings, reads
+
+
+def reads_in(expr) -> set[int]:
+    """The reads (their index j) that an expression uses."""
+    if expr[0] == "r":
+        return {expr[1]}
+    if expr[0] in ("k", "c"):
+        return set()
+    return set().union(*(reads_in(e) for e in expr[1:]))
+
+
 def groups(opts) -> list:
     """The param groups of ``opts``, in the order expressions number them."""
     return [g for opt in opts for g in opt.param_groups]
 
 
 @contextlib.contextmanager
-def wrapped(opts, ledger: dict):
+def wrapped(opts, ledger: dict, steered_: set | None = None):
     """The float settings of ``opts`` as Knobs while the step records (``ledger`` collects
-    the numbers computed from them); each is put back after, unless the step replaced it."""
+    the numbers computed from them, ``steered_`` the expressions that left them: see
+    ``_escaping``); each is put back after, unless the step replaced it."""
     _here.ledger = ledger  # (first: the settings themselves are numbers ops are passed)
+    _here.steered = steered_
+    watched = _watch_math() if steered_ is not None else contextlib.nullcontext()
     put = []
     for gi, group in enumerate(groups(opts)):
         for key, v in list(group.items()):
@@ -108,9 +183,10 @@ def wrapped(opts, ledger: dict):
                 continue
             put.append((group, key, v, group[key]))
     try:
-        yield
+        with watched:
+            yield
     finally:
-        _here.ledger = None
+        _here.ledger, _here.steered = None, None
         for group, key, v, knob in put:
             now = group.get(key)
             if now is knob:
