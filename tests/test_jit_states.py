@@ -433,3 +433,100 @@ def test_a_setting_that_steers_python_or_leaves_its_knob_is_marked_steered():
         math.sqrt(mom)
     assert steered(marks)[0] == {(0, "weight_decay"), (0, "momentum")}
     assert type(opt.param_groups[0]["lr"]) is float  # (put back)
+
+
+def _sgd_loop(on_worker, change, forward=None, calls=16, **opt_args):
+    """SGD on a small model for ``calls`` calls; ``change(i, opt)`` before each call writes
+    the settings the loop changes (outside the step, as a scheduler stepped per epoch)."""
+    ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+    with ctx:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+        opt = torch.optim.SGD(model.parameters(), **opt_args)
+        x, y = torch.randn(16, 8), torch.randn(16, 4)
+
+        def step(x, y):
+            loss = nn.functional.mse_loss(model(x), y)
+            if forward is not None:
+                loss = forward(loss, opt)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss
+
+        fn = gt_core.jit(step) if on_worker else step
+        for i in range(calls):
+            change(i, opt)
+            fn(x, y)
+        return _params(model), fn
+
+
+def _set(key, when, value):
+    def change(i, opt):
+        if i == when:
+            for g in opt.param_groups:
+                g[key] = value
+
+    return change
+
+
+def test_a_learning_rate_changed_after_recording_flows_by_origin_without_recording_again(
+    inprocess,
+):
+    """lr constant while the step records, then halved (a StepLR stepped per epoch): the
+    numbers the optimizer computed from it were lifted by their origin, so the replay sends
+    them anew; no call records again, and every parameter is eager's."""
+    change = _set("lr", 8, 0.05)
+    want, _ = _sgd_loop(False, change, lr=0.1, momentum=0.9)
+    got, fn = _sgd_loop(True, change, lr=0.1, momentum=0.9)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    (entry,) = fn.entries.values()
+    assert entry.replayed >= 16 - 4, _events()
+    assert not [e for e in _events() if e.get("trigger") == "setting-changed"]
+
+
+def test_a_weight_decay_of_zero_turned_on_later_records_again(inprocess):
+    """SGD skips its weight decay where it is 0 (``if weight_decay != 0``): no number of the
+    block comes from it, so it is compared, and turned on later the call records again (the
+    block has no op to send it to)."""
+    change = _set("weight_decay", 8, 1e-2)
+    want, _ = _sgd_loop(False, change, lr=0.1, weight_decay=0.0)
+    got, _ = _sgd_loop(True, change, lr=0.1, weight_decay=0.0)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    causes = [e["cause"] for e in _events() if e.get("cause")]
+    assert any(c["kind"] == "setting_changed" and "weight_decay" in c["arg"] for c in causes)
+
+
+def test_a_setting_the_forward_computes_with_is_compared_where_the_block_holds_it(inprocess):
+    """The step scales its loss by the learning rate it reads: that number, outside the
+    optimizer's step, is frozen in the block, so lr stays compared and a change records
+    again (sent anew in the optimizer's numbers only, the loss would keep the old lr)."""
+    change = _set("lr", 8, 0.05)
+
+    def forward(loss, opt):
+        return loss * opt.param_groups[0]["lr"]
+
+    want, _ = _sgd_loop(False, change, forward, lr=0.1, momentum=0.9)
+    got, _ = _sgd_loop(True, change, forward, lr=0.1, momentum=0.9)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    assert any(e.get("trigger") == "setting-changed" for e in _events())
+
+
+def test_a_setting_the_steps_python_branches_on_is_compared_not_sent(inprocess):
+    """The step branches on its optimizer's momentum (which the optimizer's numbers also
+    take): the comparison steers Python, so momentum is compared before each replay; sent
+    into the block by its origin alone, the lowered momentum would keep the old branch."""
+    change = _set("momentum", 8, 0.3)
+
+    def forward(loss, opt):
+        return loss * 2 if opt.param_groups[0]["momentum"] > 0.5 else loss
+
+    want, _ = _sgd_loop(False, change, forward, lr=0.1, momentum=0.9)
+    got, _ = _sgd_loop(True, change, forward, lr=0.1, momentum=0.9)
+    for a, b in zip(got, want, strict=True):
+        assert torch.equal(a, b)
+    causes = [e["cause"] for e in _events() if e.get("cause")]
+    assert any(c["kind"] == "setting_changed" and "momentum" in c["arg"] for c in causes)

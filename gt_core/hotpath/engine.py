@@ -192,7 +192,7 @@ class Engine:
 
     def _barrier(self, ins) -> None:
         if ins.code == MARK:
-            self.signals.mark(ins.name, ins.phase)
+            self.signals.mark(ins.name, ins.phase, ins.force)
         elif ins.code == SYNC and self.options.compile_all:
             self.signals.compile_segment()
         if self.matcher.idle:

@@ -58,7 +58,7 @@ class Signals:
             return block.sig, block.plan
         return None
 
-    def mark(self, name: str, phase: str) -> None:
+    def mark(self, name: str, phase: str, force: tuple = ()) -> None:
         """A signal's "enter" or "exit" mark, just recorded in the history."""
         jit = name.startswith(JIT_SIGNAL)
         if not jit:  # (a jit call's marks are its own events, published by the client)
@@ -79,7 +79,7 @@ class Signals:
         if not seg or any(self.history[i].code not in between for i in range(seg[0], seg[-1] + 1)):
             return
         instrs = [self.history[i] for i in seg]
-        lift = self._jit_lift(name, instrs) if jit else None
+        lift = self._jit_lift(name, instrs, force) if jit else None
         try:
             canon, namer = self.registry.canonicalize(instrs, lift)
         except Mismatch:
@@ -112,10 +112,11 @@ class Signals:
             )
         self.seen[name] = canon.id
 
-    def _jit_lift(self, name: str, instrs: list) -> dict | None:
+    def _jit_lift(self, name: str, instrs: list, force: tuple = ()) -> dict | None:
         """The floats to lift into inputs of a jit call's block: those that differ from the
         call's previous recording, everything else alike (a learning rate a scheduler
-        changes every step). None where nothing differs, or more than floats do."""
+        changes every step), and those at ``force`` (liftable ones: numbers the client
+        sends each call). None where nothing is lifted, or more than floats differ."""
         ops, meta_of = self.registry.ex.ops, self.history.meta_of
         every = {}
         for pos, ins in enumerate(instrs):
@@ -138,15 +139,14 @@ class Signals:
             for k, (a, b) in enumerate(zip(last[1], namer.scalars, strict=True))
             if a != b and (a == a or b == b)  # (NaN on both calls: alike)
         }
-        if not changed:
-            return None
+        forced = set(force)
         lift, k = {}, 0  # (the namer numbers the floats in this order)
         for pos, paths in every.items():
             for path, dtype in paths.items():
-                if k in changed:
+                if k in changed or (pos, path) in forced:
                     lift.setdefault(pos, {})[path] = dtype
                 k += 1
-        return lift
+        return lift or None
 
     def compile_segment(self) -> None:
         """compile_all: the instructions since the previous sync point become a block at once."""

@@ -93,11 +93,15 @@ class DefOp(NamedTuple):
 
 
 class Mark(NamedTuple):
-    """A block boundary set by the user: signal ``name``, ``phase`` "enter" or "exit"."""
+    """A block boundary set by the user: signal ``name``, ``phase`` "enter" or "exit".
+    ``force`` (a jit call's exit): (position among the segment's OP and FREE instructions,
+    argument path) of floats to lift into inputs of its block even where two calls passed
+    the same number: numbers the client computes anew for each call (see jit.settings)."""
 
     code: int
     name: str
     phase: str
+    force: tuple = ()
 
 
 class Sync(NamedTuple):

@@ -10,23 +10,30 @@ the block's outputs where the recorded call left them (its result, ``.grad``, op
 state). The worker runs the block compiled (eagerly until its compile is done).
 
 Recorded calls run library code as torch.compile traces it: ``torch.compiler.is_compiling()``
-is true (optimizers compute Adam's bias corrections as tensor ops; ``transformers`` skips
-its data-dependent checks), and the step's optimizers are ``capturable`` while it records
-(restored after; never a param group whose lr is zero, where torch's capturable Adam makes
-NaN): the block then reads the step count, not a new Python number per call.
+is true (``transformers`` skips its data-dependent checks), but not inside an optimizer's
+step: optimizers run as written, so their numbers are eager's to the bit (``traced``).
 
 Contract (what a replayed call does not repeat)
-  * Tensors flow, and so do the float settings of the optimizers the step reaches (``lr``,
-    betas, weight decay) that changed between the two recorded calls: the numbers the step
-    computed from them by arithmetic become inputs of the block, and a replayed call sends
-    them computed from the settings as they are now (``settings``; a per-step LR schedule
-    replays). A number is tied to every setting expression that gave it on both recorded
-    calls (two param groups with one lr), and sent only while they all agree. Other Python values the step reads are frozen as the recorded calls had them;
-    where they differ between recorded calls, replay is refused with the op and the values,
-    and the function keeps running (compiled as any hot path). The settings that do not
-    flow are compared before every replay: after a change (a StepLR's step) the function
-    records one call again, compared with the last one recorded, so a frozen setting is
-    never replayed stale and the changed one flows from then on.
+  * Tensors flow. So do the numbers an optimizer's step computes from its float settings
+    (``lr``, betas, weight decay) and from values it reads from small tensors (Adam's step
+    count, a tensor lr): they become inputs of the block, and a replayed call sends them
+    computed from the settings as they are now (``settings``; a schedule replays from the
+    first recipe, per step or per epoch). A number is tied to every expression that gave it
+    on both recorded calls (two param groups with one lr), and sent only while they agree.
+    A setting is compared before every replay instead, and a change records again, where
+    the step's Python branches on it or takes it out of arithmetic (``if weight_decay !=
+    0``, ``math.sqrt``), or a number of it is held in the block (an op outside the
+    optimizer's step passed its value, a tensor made from it). Other Python numbers the step
+    passes to ops are frozen as the recorded calls had them; where they differ between
+    recorded calls, replay is refused with the op and the values, and the function keeps
+    running (compiled as any hot path).
+  * An LR scheduler the step steps ends the recorded block: its Python (and its ops on a
+    tensor lr) runs after the block, as each replay steps it after its RUN. Work after it
+    in the step refuses replay (``schedulers``).
+  * Every tensor slot the step reaches is as the recorded call found it (empty, or a
+    tensor of its metadata), else the call runs its Python; but a ``.grad`` the block adds
+    to, found empty (``zero_grad(set_to_none=True)`` before the first micro-batch), is
+    filled with zeros first, so accumulating over calls replays one block.
   * Tensors the step makes from host data (``torch.tensor([...])``, a cache's empty
     tensors) are frozen into the block when equal on the recorded calls, and listed with
     the line that made them; one that differs is data: replay is refused naming that line.
@@ -49,8 +56,11 @@ differed.
 The package, one concept a module: ``function`` (the decorator and its call keys), ``entry``
 (a key's state machine: the table is ``gt_core.observe.jit_states``), ``reach`` (the one walk
 over the state a step reaches), ``settings`` (optimizer settings that flow or are compared),
-``traced`` (how a call records), ``recipe`` (recorded calls and what a replay reads and
-writes), ``audit`` (a recorded call compared with the replay it stands for).
+``program`` (values read from small tensors, read again by a replay), ``traced`` (how a
+call records), ``schedulers`` (an LR scheduler's step, outside the block), ``recording``
+(one recorded call, and what two say together), ``recipe`` (what a replay reads and
+writes), ``replay`` (one replayed call), ``audit`` (a recorded call compared with the
+replay it stands for).
 """
 
 from gt_core.client.jit.function import Jit, jit

@@ -20,6 +20,8 @@ import collections
 import statistics
 import time
 
+from torch.utils._pytree import tree_flatten
+
 from gt_core.client.jit import audit, replay
 from gt_core.client.jit.program import Rerun, ShadowLog
 from gt_core.client.jit.reach import reach_roots, walk
@@ -27,8 +29,10 @@ from gt_core.client.jit.recipe import Recipe
 from gt_core.client.jit.recording import Recording, Refused, differ, guards, mutated
 from gt_core.client.jit.schedulers import End, outside
 from gt_core.client.jit.settings import (
+    Knob,
     agree,
     attribute,
+    by_origin,
     groups,
     knobs,
     settings_in,
@@ -142,8 +146,11 @@ class Entry:
             s.tee, s.tee_puts = tee, puts = [], []
             s.shadow_log = log = ShadowLog(Proxy)
         end = End(s, self.name)  # (the exit, or the step of an LR scheduler: see there)
+        spans: list = []  # (the optimizers' steps among the recorded instructions)
+        end.by_origin = lambda: by_origin(tee, ledger, spans, steer)
         try:
-            with as_traced(), wrapped(opts, ledger, steer), outside(reached.schedulers, end):
+            traced = as_traced(spans, lambda: len(tee))
+            with traced, wrapped(opts, ledger, steer), outside(reached.schedulers, end):
                 result = self.owner.fn(*args, **kwargs)
         finally:
             end.close()
@@ -157,8 +164,9 @@ class Entry:
         rec.reads = end.counted["shadow_reads"] - reads
         rec.after_scheduler, rec.late_frees = end.after(), end.late_frees()
         log.bind(rec.before, leaves, rec.puts)
+        _steer_kept(steer, result, puts, ledger)
         log.ledger, log.steered = ledger, steered(steer)
-        rec.steered = log.steered
+        rec.steered, rec.forced = log.steered, end.origin
         rec.program = log
         rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
@@ -266,6 +274,19 @@ class Entry:
             "audited": self.audited,
             "client_ms": statistics.median(self.client_ms) if self.client_ms else None,
         }
+
+
+def _steer_kept(steer: set, result, puts: list, ledger: dict) -> None:
+    """Numbers computed from settings that a replay would keep as recorded, not sent anew:
+    one the step returns (a Knob), one a tensor made from host data holds (a small
+    ``torch.tensor(lr)``). Their settings and reads are steered (see settings.steered)."""
+    for x in tree_flatten(result)[0]:
+        if type(x) is Knob:
+            steer.add(x.expr)
+    for _, _, host, _ in puts:
+        if host is not None and host.numel() <= 64 and host.is_floating_point():
+            for v in host.flatten().tolist():
+                steer.update(ledger.get(v, ()))
 
 
 def _changed(was: list, now: list) -> JitReason:

@@ -59,9 +59,10 @@ class Recipe:
         self.distinct = list(dict.fromkeys(scalars))
         at = {e: k for k, e in enumerate(self.distinct)}
         self.scalar_ix = [at[e] for e in scalars]
-        self.flowing = frozenset(
+        changed = {
             s for es in self.distinct for e in es for s in settings_in(e) if s in rec.changed
-        )
+        }
+        self.flowing = frozenset(changed | _by_origin(rec, set(self.scalar_sites)))
         # (as the recorded call began: a scheduler it stepped has changed them since)
         self.knobs = knobs(self.optimizers, self.flowing, rec.settings)
         # The values the call read from shadows (jit.program): a replay reads them again by
@@ -207,6 +208,21 @@ def _scalar_exprs(plan, rec: Recording) -> tuple[list, list]:
                         JitReason("python_number", op=f"entry {j}'s op", arg=f"argument {path}")
                     )
     return out, sites
+
+
+def _by_origin(rec: Recording, lifted: set) -> set:
+    """The settings that flow by their origin (jit.settings.by_origin) though they did not
+    change: each number computed from one is lifted into the block (at ``lifted``), and none
+    steered Python or left its Knob. One number of it the block holds as recorded (an op
+    outside the optimizer's step passed its value, or a site that could not be lifted) keeps
+    the setting compared."""
+    out = {
+        s for site, es in rec.forced.items() if site in lifted for e in es for s in settings_in(e)
+    }
+    for site, es in rec.knob_floats.items():
+        if site not in lifted:
+            out -= {s for e in es for s in settings_in(e)}
+    return out - rec.steered[0]
 
 
 def _scalar_paths(e):

@@ -58,8 +58,10 @@ class Recording:
         self.knob_floats: dict = {}
         self.flowing: dict = {}
         self.changed: set = set()  # settings (group, key) that differ from the call before
-        # (settings, reads) whose Knobs steered Python or left it (jit.settings.steered)
+        # (settings, reads) whose Knobs steered Python or left it (jit.settings.steered);
+        # {site: expressions} of the numbers sent anew each call (jit.settings.by_origin)
         self.steered: tuple[set, set] = (set(), set())
+        self.forced: dict = {}
         self.mutated: JitReason | None = None  # a Python value the call changed (mutated)
         self.not_repeated: list[str] = []  # changes a replay will not make (mutated)
         self.schedulers: list = []  # (LR scheduler, steps) it stepped inside (mutated)
@@ -163,6 +165,7 @@ def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
     for (i, where, x, site), (_, _, y, _) in zip(a.floats(), b.floats(), strict=True):
         if x != y and not _flows(a, b, site, x, y):
             return JitReason("python_number", op=str(ops.get(i, i)), arg=where, old=x, new=y)
+    _by_origin(a, b)
     for (_, _, x, _), (_, _, y, where) in zip(a.puts, b.puts, strict=True):
         if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
             return JitReason("host_data_changes", line=_line(where), old=_brief(x), new=_brief(y))
@@ -255,6 +258,25 @@ def _flows(a: Recording, b: Recording, site, x: float, y: float) -> bool:
     if found:
         b.flowing[site] = found
     return bool(found)
+
+
+def _by_origin(a: Recording, b: Recording) -> None:
+    """The numbers ``b`` passed inside its optimizers' steps that flow by their origin
+    (``b.forced``) though both calls passed the same: kept in ``b.flowing`` with the
+    expressions that gave them on both calls."""
+    values = {site: v for _, _, v, site in a.floats()}
+    for _, _, y, site in b.floats():
+        exprs = b.forced.get(site)
+        if not exprs or site in b.flowing or site not in values:
+            continue
+        found = tuple(
+            e
+            for e in exprs
+            if agree((e,), a.settings, _reads(a)) == values[site]
+            and agree((e,), b.settings, _reads(b)) == y
+        )
+        if found:
+            b.flowing[site] = found
 
 
 def _reads(rec: Recording) -> list:

@@ -36,6 +36,10 @@ class End:
         self.tail_puts: list = []
         self.tail_reads = 0  # values read there
         self.depth = 0  # schedulers' steps running (a chained one steps others)
+        # () -> {site: expressions} of the numbers sent anew each call (settings.by_origin),
+        # asked as the block ends: the exit mark names their sites for the worker to lift
+        self.by_origin = None
+        self.origin: dict = {}
         self._since: dict | None = None
 
     def close(self) -> None:
@@ -45,7 +49,9 @@ class End:
         with LOCK:
             if not self.closed:
                 self.closed = True
-                s.emit(Mark(MARK, self.name, "exit"))  # the frees of the call's locals first
+                self.origin = self.by_origin() if self.by_origin is not None else {}
+                force = tuple(sorted(self.origin, key=repr))
+                s.emit(Mark(MARK, self.name, "exit", force))  # (the call's frees come first)
                 s.shadow_log = None
                 self.counted = dict(s.counters)
             elif self._since is not None:

@@ -36,6 +36,7 @@ __all__ = [
     "knobs",
     "steered",
     "reads_in",
+    "by_origin",
 ]
 
 _NOT_KNOBS = ("params", "capturable")  # (capturable: set while recording, see traced)
@@ -208,6 +209,35 @@ def attribute(instrs, ledger: dict) -> dict:
         if ins.code == _OP:
             for path, v in _floats(ins):
                 exprs = ledger.get(v)
+                if exprs:
+                    out[(j, path)] = exprs
+        if ins.code in (_OP, _FREE):
+            j += 1
+    return out
+
+
+def by_origin(instrs, ledger: dict, spans: list, steer: set) -> dict:
+    """{site: expressions} of each float an op inside an optimizer's step (``spans`` of
+    ``instrs``: see traced) was passed that the arithmetic of settings and reads computed,
+    from settings and reads no Knob steered (``steer``). Such a number is sent anew with each
+    replay even where the recorded calls passed the same one: a setting a scheduler changes
+    later flows from the first recipe. (Inside the optimizer's step only: its numbers are
+    its settings' arithmetic, where a model's own constant, a dropout's p of 0.1, could have
+    a learning rate's value.)"""
+    out: dict = {}
+    if not ledger or not spans:
+        return out
+    inside = {i for start, end in spans for i in range(start, len(instrs) if end is None else end)}
+    no_settings, no_reads = steered(steer)
+    j = 0
+    for i, ins in enumerate(instrs):
+        if ins.code == _OP and i in inside:
+            for path, v in _floats(ins):
+                exprs = tuple(
+                    e
+                    for e in ledger.get(v, ())
+                    if not settings_in(e) & no_settings and not reads_in(e) & no_reads
+                )
                 if exprs:
                     out[(j, path)] = exprs
         if ins.code in (_OP, _FREE):

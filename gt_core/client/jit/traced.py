@@ -19,7 +19,7 @@ __all__ = ["as_traced"]
 
 
 @contextlib.contextmanager
-def as_traced():
+def as_traced(spans: list | None = None, at=None):
     """A recorded call runs library code as torch.compile traces it: the paths behind
     ``torch.compiler.is_compiling()`` (``transformers`` skips data-dependent checks there).
 
@@ -28,15 +28,22 @@ def as_traced():
     corrections on it in float32, which rounds otherwise (Adam's steps of lr turn that into
     differences of 1e-5 where a gradient is near zero); as written they read the step count
     as a number (from its shadow: no sync, see ``program``), and the numbers computed from it
-    flow into a replayed block."""
+    flow into a replayed block.
+
+    ``spans`` collects [start, end) of each optimizer step, as ``at()`` tells positions (the
+    recorded instructions so far): the numbers ops there are passed are the optimizer's."""
     was: list[bool] = []
 
     def pre(opt, args, kwargs):
         was.append(torch.compiler._is_compiling_flag)
         torch.compiler._is_compiling_flag = False
+        if spans is not None:
+            spans.append([at(), None])
 
     def post(opt, args, kwargs):
         torch.compiler._is_compiling_flag = was.pop()
+        if spans is not None and spans and spans[-1][1] is None:
+            spans[-1][1] = at()
 
     hooks = [register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post)]
     try:
