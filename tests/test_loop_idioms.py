@@ -186,6 +186,7 @@ def test_a_thousand_generated_loops(idioms_worker, capsys):
     with capsys.disabled():
         print("\n" + text)
     assert not [r for r in results if r.bad], text
+    assert sum(r.share >= TARGET_SHARE for r in results) >= TARGET_LOOPS * len(results), text
 
 
 # -- regressions: loops found wrong, each as the user wrote it -------------------------------
