@@ -1,0 +1,102 @@
+"""The benchmark harness (benchmarks/harness.py): rounds interleaved, ratios per round, no
+baseline timed beside gt, and one real run of every way in processes of their own."""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
+import harness  # noqa: E402
+from harness import Figures, Run, Unfair, measure, plan  # noqa: E402
+
+
+def test_each_round_turns_the_order_and_times_the_baselines_at_one_thread_and_all_cores():
+    rounds = plan(("eager", "compile", "jit"), 3, cores=2)
+    assert [[w for w, _ in r] for r in rounds] == [
+        ["eager", "eager", "compile", "compile", "jit"],
+        ["compile", "compile", "jit", "eager", "eager"],
+        ["jit", "eager", "eager", "compile", "compile"],
+    ]
+    assert {(w, t) for w, t in rounds[0]} == {
+        ("eager", 1), ("eager", 2), ("compile", 1), ("compile", 2), ("jit", 2),
+    }  # fmt: skip
+
+
+def _fake(ms: dict):
+    """A run that takes ``ms[(way, threads)][round]`` ms a step, counting its rounds."""
+    seen: dict = {}
+
+    def run(r: Run) -> Figures:
+        k = (r.way, r.threads)
+        i = seen[k] = seen.get(k, -1) + 1
+        v = ms[k][i]
+        return Figures(settled_ms=v, first_s=v / 10, cpu_s=1.0, loss=0.5)
+
+    return run
+
+
+def test_a_ratio_is_taken_per_round_against_that_rounds_best_eager():
+    """Round 1 is slow for everyone (the machine was busy): per-round ratios see through it."""
+    ms = {
+        ("eager", 1): [4.0, 8.0, 4.0],
+        ("eager", 2): [5.0, 10.0, 3.0],
+        ("jit", 2): [2.0, 4.0, 1.5],
+    }
+    rows = measure("w", ("eager", "jit"), 3, run=_fake(ms), alive=list, cores=2)
+    jit = rows[("jit", 2)].summary()
+    assert rows[("jit", 2)].settled_ratio == [2.0, 2.0, 2.0]
+    assert jit["settled_x_eager"] == {"median": 2.0, "low": 2.0, "high": 2.0, "rounds": 3}
+    assert rows[("eager", 2)].settled_ratio == [0.8, 0.8, 1.0]
+    assert jit["settled_ms"] == 2.0
+
+
+def test_no_baseline_is_timed_while_a_process_of_gt_is_alive():
+    ms = {("eager", 1): [1.0], ("jit", 1): [1.0]}
+    alive = iter([[], [4242]])  # (gt's worker of the jit run, still there at round 2)
+    with pytest.raises(Unfair, match="4242"):
+        measure("w", ("jit", "eager"), 2, run=_fake({**ms, ("jit", 1): [1.0, 1.0]}),
+                alive=lambda: next(alive), cores=1)  # fmt: skip
+
+
+def test_the_first_steps_and_the_settled_chunks_are_timed_apart():
+    """The clock is injected: 5 s pass over the first calls (a compile), then 0.1 s a call."""
+    calls = []
+
+    class Loss:
+        def item(self):
+            return 0.25
+
+    def fn():
+        calls.append(1)
+        return Loss()
+
+    now = [0.0]
+
+    def clock():
+        return now[0]
+
+    def step():
+        now[0] += 5.0 / 3 if len(calls) <= 3 else 0.1
+        return fn()
+
+    r = Run("w", "eager", 1, steps=20, first=3)
+    got = harness._timed(step, (), r, settle=lambda: None, clock=clock)
+    assert got.first_s == pytest.approx(5.0)
+    assert got.settled_ms == pytest.approx(100.0)
+    assert len(calls) == 3 + harness.SETTLE + 20 and got.loss == 0.25
+
+
+def test_a_real_run_of_eager_and_jit_each_in_a_process_of_its_own_leaves_no_gt_alive():
+    """Two rounds of the MLP, eager (1 thread and all) and jit (backend eager): each way a
+    process of its own; the loop is the same, so the last losses agree; nothing of gt is left."""
+    rows = measure("mlp", ("eager", "jit"), 2, steps=10, first=5, backend="eager")
+    ways = {way for way, _ in rows}
+    assert ways == {"eager", "jit"}
+    losses = [r.runs[-1].loss for r in rows.values()]
+    assert max(losses) - min(losses) < 1e-4, losses
+    for row in rows.values():
+        assert len(row.runs) == 2 and all(f.settled_ms > 0 and f.cpu_s > 0 for f in row.runs)
+    assert harness.gt_processes() == []
+    text = harness.table("mlp", rows)
+    assert "jit" in text and "x eager" in text
