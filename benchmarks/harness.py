@@ -205,22 +205,11 @@ def workload_step(name: str):
 
         z = zoo.build(name.removeprefix("zoo:"))
         return z.step, z.batch
-    if name == "mlp":
-        import torch
-        from torch import nn
+    if name == "mlp":  # (the MLP 784-256-10 with SGD momentum at batch 128)
+        from gt_core.workloads import step_fn
 
-        torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 10))
-        opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-
-        def step(x, y):
-            loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
-            return loss
-
-        return step, (torch.randn(128, 784), torch.randint(0, 10, (128,)))
+        step, x, y = step_fn(128, "mlp", args=True)
+        return step, (x, y)
     raise ValueError(f"harness: unknown workload {name!r}: expected mlp or zoo:NAME")
 
 

@@ -9,6 +9,7 @@ import dataclasses
 import os
 import pathlib
 import re
+import sys
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from traitlets import TraitError
 import gt_core
 from gt_core.client import capture as _capture
 from gt_core.options import ENV, Options, from_env, load_signals, parse
+from gt_core.options_help import HELP
 from gt_jupyter.magics import GT
 
 FIELDS = [f for f in dataclasses.fields(Options) if f.name != "signals"]
@@ -132,15 +134,20 @@ def test_a_threshold_too_big_for_the_window_blames_the_threshold():
 
 
 # -- GT_* variables --------------------------------------------------------------------------
-def test_every_option_has_an_env_variable_and_a_trait_and_a_readme_row():
+def test_every_option_has_an_env_variable_and_a_trait_and_a_row_in_the_docs():
     assert sorted(ENV.values()) == sorted(f.name for f in FIELDS)
     traits = GT.option_traits()
     assert sorted(traits.values()) == sorted(f.name for f in FIELDS)
     for trait, option in traits.items():
         assert getattr(GT(), trait) == getattr(Options(), option), trait
-    table = [line for line in README.read_text().splitlines() if line.startswith("| `GT_")]
+    # (the docs' configuration page is made from Options and options_help.HELP)
+    sys.path.insert(0, str(README.parent))
+    from mkdocs_hooks import options_table
+
+    table = [line for line in options_table().splitlines() if line.startswith("| `GT_")]
     listed = {v for line in table for v in re.findall(r"`(GT_\w+)`", line.split("|")[1])}
     assert listed == set(ENV)
+    assert set(HELP) == set(ENV.values())
 
 
 def test_no_gt_variable_is_read_outside_the_options():
