@@ -1,7 +1,7 @@
 """A benchmark harness fair by construction: each way in a process of its own, in rounds.
 
     python benchmarks/harness.py WORKLOAD [WORKLOAD ...] [--ways eager,compile,gt,jit]
-        [--rounds 5] [--steps 40] [--first 20] [--backend inductor] [--json PATH]
+        [--rounds 5] [--steps 40] [--first 200] [--backend inductor] [--json PATH]
 
 WORKLOAD: ``mlp``, or ``zoo:NAME`` for a ``transformers`` model of ``gt_core.zoo`` (a tiny
 random config, its training step with SGD momentum on a fixed batch).
@@ -59,7 +59,7 @@ class Run:
     way: str
     threads: int
     steps: int = 40
-    first: int = 20
+    first: int = 200
     backend: str = "inductor"
 
 
@@ -313,7 +313,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--ways", default=",".join(WAYS))
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--first", type=int, default=20)
+    ap.add_argument("--first", type=int, default=200)
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
