@@ -152,6 +152,9 @@ class Entry:
             traced = as_traced(spans, lambda: len(tee))
             with traced, wrapped(opts, ledger, steer), outside(reached.schedulers, end):
                 result = self.owner.fn(*args, **kwargs)
+        except BaseException:
+            replay.unfill_grads(filled, tee)  # (the call raised: its grads as eager left them)
+            raise
         finally:
             end.close()
         now = [(p, obj if p is None else p.read()) for p, obj in roots]  # (rebound too)
