@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import getpass
 import json
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -270,8 +272,9 @@ def machine() -> dict:
     """Where and when: the date, the machine, torch, and whether inductor's cache was warm."""
     import torch
 
+    # (inductor's default, as torch makes it: the temp dir and the user's name)
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
-        "/tmp", f"torchinductor_{os.environ.get('USER', 'root')}"
+        tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"
     )
     warm = os.path.isdir(cache) and any(os.scandir(cache))
     return {

@@ -2,6 +2,7 @@
 foresaw; each against eager PyTorch as the oracle."""
 
 import contextlib
+import copy
 import math
 import warnings
 
@@ -530,3 +531,84 @@ def test_a_setting_the_steps_python_branches_on_is_compared_not_sent(inprocess):
         assert torch.equal(a, b)
     causes = [e["cause"] for e in _events() if e.get("cause")]
     assert any(c["kind"] == "setting_changed" and "momentum" in c["arg"] for c in causes)
+
+
+# -- the state a loop changes between calls: each change against eager -----------------------
+def _checkpoint(i, model, opt, kept):
+    if i == 2:
+        kept["m"], kept["o"] = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    if i == 8:  # (resumed from the checkpoint, as after a restart)
+        model.load_state_dict(kept["m"])
+        opt.load_state_dict(kept["o"])
+
+
+def _stop_zeroing(i, model, opt, kept):
+    if i < 6:
+        opt.zero_grad()
+
+
+def _eval_then_train(i, model, opt, kept):
+    model.train(not 5 <= i < 8)
+
+
+def _weights_written(i, model, opt, kept):
+    if i == 6:
+        with torch.no_grad():
+            model[0].weight.mul_(0.5)
+
+
+def _optimizer_state_cleared(i, model, opt, kept):
+    if i == 7:
+        opt.state.clear()  # (momentum buffers gone: made anew at the next step)
+
+
+def _parameter_rebound(i, model, opt, kept):
+    if i == 6:  # (the optimizer keeps stepping the old one: eager's semantics, odd as they are)
+        model[2].bias = nn.Parameter(torch.zeros(4))
+
+
+BETWEEN_CALLS = {
+    "checkpoint-restored": _checkpoint,
+    "stop-zeroing": _stop_zeroing,
+    "eval-then-train": _eval_then_train,
+    "weights-written-in-place": _weights_written,
+    "optimizer-state-cleared": _optimizer_state_cleared,
+    "parameter-rebound": _parameter_rebound,
+}
+
+
+@pytest.mark.parametrize("change", list(BETWEEN_CALLS))
+def test_state_the_loop_changes_between_calls_is_never_replayed_stale(inprocess, change):
+    """The family of the grads left in place: the loop changes what the step reaches between
+    calls (a checkpoint restored, zeroing stopped, eval mode, weights written, optimizer state
+    cleared, a parameter rebound). Each way ends with eager's parameters and grads."""
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.25), nn.Linear(16, 4))
+            opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+            x, y = torch.randn(16, 8), torch.randn(16, 4)
+
+            def step(x, y):
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                return loss
+
+            fn = gt_core.jit(step) if on_worker else step
+            kept: dict = {}
+            losses = []
+            for i in range(14):
+                BETWEEN_CALLS[change](i, model, opt, kept)
+                losses.append(fn(x, y).item())
+            grads = [None if p.grad is None else p.grad.detach().cpu() for p in model.parameters()]
+            return _params(model), grads, losses
+
+    want, got = run(False), run(True)
+    for a, b in zip(got[0] + got[1], want[0] + want[1], strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.equal(a, b)
+    assert got[2] == want[2]

@@ -279,6 +279,9 @@ class Entry:
         }
 
 
+_SMALL_HOST = 64  # host tensors searched for a setting's number (a torch.tensor(lr), a few betas)
+
+
 def _steer_kept(steer: set, result, puts: list, ledger: dict) -> None:
     """Numbers computed from settings that a replay would keep as recorded, not sent anew:
     one the step returns (a Knob), one a tensor made from host data holds (a small
@@ -287,7 +290,7 @@ def _steer_kept(steer: set, result, puts: list, ledger: dict) -> None:
         if type(x) is Knob:
             steer.add(x.expr)
     for _, _, host, _ in puts:
-        if host is not None and host.numel() <= 64 and host.is_floating_point():
+        if host is not None and host.numel() <= _SMALL_HOST and host.is_floating_point():
             for v in host.flatten().tolist():
                 steer.update(ledger.get(v, ()))
 

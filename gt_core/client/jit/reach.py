@@ -145,6 +145,7 @@ class Reached(NamedTuple):
     optimizers: list  # the optimizers, once each, in the order found
     scalars: list  # [(place, Python number or bool)]: what a replay may have to compare
     schedulers: list  # the LR schedulers, once each
+    holders: list  # [(place, container)]: where each container of the slots was found
 
 
 def walk(roots) -> Reached:
@@ -152,7 +153,7 @@ def walk(roots) -> Reached:
     modules, optimizers, LR schedulers, dicts, lists, tuples and plain objects' attributes.
     Everything jit needs of the state (tensors read and written, settings compared or
     flowing) comes from here, so no setting is reachable for one purpose and not another."""
-    out = Reached([], [], [], [])
+    out = Reached([], [], [], [], [])
     seen: set[int] = set()
     for place, obj in roots:
         if isinstance(obj, Proxy):
@@ -183,12 +184,16 @@ def _visit(obj, found: Reached, seen, depth, numbers: bool = True, place=None) -
         _visit_module(obj, found, seen, depth)
     elif isinstance(obj, torch.optim.Optimizer):
         found.optimizers.append(obj)
-        for group in obj.param_groups:
+        found.holders.append((Place("attr", obj, "param_groups"), obj.param_groups))
+        found.holders.append((Place("attr", obj, "state"), obj.state))
+        for i, group in enumerate(obj.param_groups):
+            found.holders.append((Place("item", obj.param_groups, i), group))
             _visit(group, found, seen, depth + 1, numbers=False)
             for p in group["params"]:
                 if isinstance(p, Proxy):
                     _slot(Place("attr", p, "grad"), p.grad, found.slots)
-        for st in obj.state.values():
+        for key, st in list(obj.state.items()):
+            found.holders.append((Place("item", obj.state, key), st))
             _visit(st, found, seen, depth + 1)
     elif isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
         found.schedulers.append(obj)
@@ -210,6 +215,7 @@ def _visit_module(obj, found: Reached, seen, depth) -> None:
     out = found.slots
     for m in obj.modules():
         found.scalars.append((Place("attr", m, "training"), m.training))
+        found.holders.extend((Place("item", m._modules, k), c) for k, c in m._modules.items())
         for d in (m._parameters, m._buffers):
             for name, t in d.items():
                 _slot(Place("item", d, name), t, out)
@@ -228,7 +234,12 @@ def _visit_value(v, place: Place, found: Reached, seen, depth, numbers: bool) ->
     elif numbers and type(v) in _NUMBERS:
         found.scalars.append((place, v))
     elif _holder(v):
+        n = len(found.slots)
         _visit(v, found, seen, depth + 1, place=place)
+        # (a container on the way to a tensor: a replay checks it is there; not a tuple, whose
+        # tensors are places through its own, and which a step makes anew: an LSTM's state)
+        if len(found.slots) > n and not isinstance(v, tuple):
+            found.holders.append((place, v))
 
 
 def _visit_sequence(obj, found: Reached, seen, depth, place) -> None:

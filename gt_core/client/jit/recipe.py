@@ -109,6 +109,23 @@ class Recipe:
         self.seen = list(seen.values())
         self.seen_readers = [place.reader() for place, _ in self.seen]
         self.seen_keys = [k for _, k in self.seen]
+        # A slot that held an input's tensor holds that same tensor (an optimizer's param
+        # and the module's: a parameter rebound on the module alone parts them), and each
+        # container on the way to a slot is still where the walk found it (an optimizer's
+        # state cleared or loaded, a submodule replaced: the places above would be stale).
+        at = {vid: i for i, vid in enumerate(self.input_ids)}
+        written = {place.ident() for place, _ in self.placed} | read
+        self.aliases = [
+            (place.reader(), at[p._gt_id], place)
+            for place, p in rec.before
+            if p is not None and p._gt_id in at and place.ident() not in written
+        ]
+        holders: dict = {}
+        for place, obj in rec.holders:
+            holders.setdefault(place.ident(), (place, obj))
+        self.holders = list(holders.values())
+        self.holder_readers = [place.reader() for place, _ in self.holders]
+        self.holder_objs = [obj for _, obj in self.holders]
 
     def _rebound(self, rec: Recording) -> None:
         """Each name the step binds anew must be one a replay binds too: to an output (a

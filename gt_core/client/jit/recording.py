@@ -40,6 +40,7 @@ class Recording:
         self.roots = [(place, obj) for place, obj in roots if place is not None]
         self.before, self.after = reached.slots, after
         self.optimizers = reached.optimizers  # (found by the same walk as the tensors)
+        self.holders = reached.holders  # (where the walk found each container of a slot)
         self.scalars = reached.scalars  # the Python numbers it could read, as it began
         self.result_leaves, self.result_spec = tree_flatten(result)
         self.instrs = instrs

@@ -82,11 +82,13 @@ def _inputs_fast(entry, leaves) -> list | None:
         got = [leaves[k] if g is None else g(o, k) for g, o, k in r.readers]
         facts = list(map(_FACTS, got))  # (AttributeError: not a proxy)
         seen = [_key(g(o, k)) for g, o, k in r.seen_readers]
+        held = [g(o, k) for g, o, k in r.holder_readers]
+        aliased = all(g(o, k) is got[i] for (g, o, k), i, _ in r.aliases)
     except Exception:
         return None
     if facts != entry.facts or not all(map(operator.is_, roots, r.root_objs)):
         return None
-    if seen != r.seen_keys:
+    if seen != r.seen_keys or not aliased or not all(map(operator.is_, held, r.holder_objs)):
         return None
     return list(map(_ID, got))
 
@@ -97,6 +99,10 @@ def inputs(entry, leaves) -> list | None:
     for place, obj in r.roots:
         if place.read() is not obj:  # a global or closure name bound to another object
             entry.unfit(place, obj, None)
+            return None
+    for place, obj in r.holders:  # (each container where the walk found it)
+        if place.read() is not obj:
+            entry.unfit(place, place.read(), None, what="it holds another object than its state")
             return None
     for place, was in r.seen:  # (the other slots, as the recorded call found them)
         now = place.read()
@@ -120,6 +126,15 @@ def inputs(entry, leaves) -> list | None:
         got[i] = zeros = torch.zeros_like(place.obj)
         if zeros._gt_k != r.inputs[i][1]:
             entry.unfit(place, zeros, r.inputs[i][1])
+            return None
+    for _, i, place in r.aliases:  # (one tensor in two places, as recorded)
+        if place.read() is not got[i]:
+            entry.unfit(
+                place,
+                place.read(),
+                None,
+                what="it holds another tensor than the one the block reads for it",
+            )
             return None
     for i, place in empty:  # (written once all fit: a call that runs instead finds them empty)
         place.write(got[i])
