@@ -31,7 +31,9 @@ Contract (what a replayed call does not repeat)
     tensor lr) runs after the block, as each replay steps it after its RUN. Work after it
     in the step refuses replay (``schedulers``).
   * Every tensor slot the step reaches is as the recorded call found it (empty, or a
-    tensor of its metadata), else the call runs its Python; but a ``.grad`` the block adds
+    tensor of its metadata; one tensor in two places in both), and so is every container
+    on the way (an optimizer's state, a submodule), else the call runs its Python (a
+    checkpoint loaded, a parameter rebound); but a ``.grad`` the block adds
     to, found empty (``zero_grad(set_to_none=True)`` before the first micro-batch), is
     filled with zeros first, so accumulating over calls replays one block.
   * Tensors the step makes from host data (``torch.tensor([...])``, a cache's empty
