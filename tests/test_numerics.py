@@ -192,6 +192,16 @@ def test_copies_alias_as_the_inputs_do_and_restore_writes_back():
     assert wide[0].dtype == torch.float64 and wide[1].data_ptr() == wide[0].data_ptr() + 16
 
 
+def test_empty_inputs_of_several_dtypes_share_nothing():
+    """Empty tensors all sit at address 0: autocast's empty bfloat16 and float32 inputs of a
+    Llama step were taken for one storage read as two dtypes, and the checked run raised."""
+    half, full = torch.empty(0, dtype=torch.bfloat16), torch.empty(0)
+    for upcast in (False, True):
+        got = numerics.Copies([half, full], upcast=upcast).tensors
+        assert [t.numel() for t in got] == [0, 0]
+        assert got[1].dtype == (torch.float64 if upcast else torch.float32)
+
+
 # -- inputs that share memory -------------------------------------------------------------
 def _param_and_its_transpose():
     """A step's pattern: a block reads W.t() (saved for the backward) and writes W in place."""

@@ -61,8 +61,10 @@ class Verdict(NamedTuple):
 class Copies:
     """Copies of a block's inputs that alias each other as the inputs do: every distinct
     storage copied once, each input a view of its storage's copy (in float64 with
-    ``upcast``: floating storages converted). ``restore()`` writes the copies' values back
-    into the inputs' storages (not after ``upcast``)."""
+    ``upcast``: floating storages converted). An empty storage shares nothing: empty
+    tensors all have address 0 (autocast's empty bfloat16 and float32 inputs are two).
+    ``restore()`` writes the copies' values back into the inputs' storages (not after
+    ``upcast``)."""
 
     def __init__(self, inputs: list, upcast: bool = False):
         storages: dict = {}
@@ -75,7 +77,7 @@ class Copies:
             if spec is not None:
                 x = x._local_tensor
             st = x.untyped_storage()
-            key = (st.data_ptr(), x.device, st.nbytes())
+            key = (st.data_ptr(), x.device, st.nbytes()) if st.nbytes() else len(self.tensors)
             if key not in storages:
                 storages[key] = (st, _whole(st, x.dtype, upcast))
             base = storages[key][1]
