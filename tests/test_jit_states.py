@@ -281,17 +281,20 @@ def test_a_scheduler_stepped_inside_the_step_is_stepped_by_each_replay(inprocess
     assert entry.replayed >= 12, _events()
 
 
-def test_work_after_the_schedulers_step_in_the_step_is_never_dropped(inprocess):
+@pytest.mark.parametrize("lr", [0.1, "tensor"], ids=["lr=0.1", "lr=torch.tensor(0.1)"])
+def test_work_after_the_schedulers_step_in_the_step_is_never_dropped(inprocess, lr):
     """The scheduler stepped before the optimizer (torch warns of that order): the
-    optimizer's step comes after the block would end, so the step is not replayed; its
-    Python runs, and the numbers are eager's."""
+    optimizer's step reads the settings the scheduler changed (with a tensor lr, it comes
+    after the block would end), so the step is not replayed; its Python runs, and the
+    numbers are eager's."""
 
     def run(on_worker):
         ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
         with ctx:
             torch.manual_seed(0)
             model = nn.Linear(8, 4)
-            opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.1), momentum=0.9)
+            rate = torch.tensor(0.1) if lr == "tensor" else lr
+            opt = torch.optim.SGD(model.parameters(), lr=rate, momentum=0.9)
             sched = torch.optim.lr_scheduler.StepLR(opt, 2, gamma=0.5)
             x, y = torch.randn(16, 8), torch.randn(16, 4)
 
@@ -314,6 +317,58 @@ def test_work_after_the_schedulers_step_in_the_step_is_never_dropped(inprocess):
         assert torch.equal(a, b)
     kinds = [e["cause"]["kind"] for e in _events() if e.get("cause")]
     assert "after_scheduler" in kinds, kinds
+
+
+_AFTER_SCHEDULER = {  # work after a float-lr scheduler's step that reads nothing it changed
+    "trainer-order": lambda model, opt, loss: (model.zero_grad(), loss.detach())[1],
+    "zero-grad-then-clone": lambda model, opt, loss: (opt.zero_grad(), loss.clone() * 2)[1],
+    "grad-norm-logged": lambda model, opt, loss: torch.stack(
+        [p.detach().norm() for p in model.parameters()]
+    ).sum(),
+}
+
+
+@pytest.mark.parametrize("after", list(_AFTER_SCHEDULER))
+@pytest.mark.parametrize("schedule", ["linear-warmup", "OneCycleLR"])
+def test_work_after_a_pure_schedulers_step_stays_in_the_block_equal_to_eager(
+    inprocess, after, schedule
+):
+    """transformers' Trainer steps optimizer, scheduler, then ``model.zero_grad()`` and
+    returns ``loss.detach()``: with float settings the scheduler's step is Python alone, so
+    the work after it is in the block (it reads nothing the scheduler changed) and the
+    step replays; each replay steps the scheduler after its RUN."""
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            lrs = torch.optim.lr_scheduler
+            sched = (
+                lrs.LambdaLR(opt, lambda i: min(1.0, (i + 1) / 5))
+                if schedule == "linear-warmup"
+                else lrs.OneCycleLR(opt, 0.05, 40)
+            )
+            x, y = torch.randn(16, 8), torch.randn(16, 4)
+
+            def step(x, y):
+                loss = nn.functional.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                sched.step()
+                return _AFTER_SCHEDULER[after](model, opt, loss)
+
+            fn = gt_core.jit(step) if on_worker else step
+            outs = [fn(x, y).item() for _ in range(20)]
+            return _params(model), outs, fn, sched.last_epoch
+
+    want, want_outs, _, want_epoch = run(False)
+    got, outs, fn, epoch = run(True)
+    _close(got, want, tol=0)
+    assert outs == want_outs and epoch == want_epoch == 20
+    (entry,) = fn.entries.values()
+    assert entry.refused is None and entry.replayed >= 12, _events()
 
 
 def test_a_recurrent_hidden_state_rebound_in_a_global_tuple_is_replayed(inprocess):
@@ -612,3 +667,73 @@ def test_state_the_loop_changes_between_calls_is_never_replayed_stale(inprocess,
         if a is not None:
             assert torch.equal(a, b)
     assert got[2] == want[2]
+
+
+# -- arguments sliced from one tensor: views at moving offsets ----------------------------------
+def _sliced(on_worker, returns_view, starts):
+    """A step fed ``data[s : s + 8]`` for each ``s`` in ``starts`` (the BPTT and manual-batch
+    idioms); with ``returns_view`` the step returns its argument's first row as well."""
+    ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+    with ctx:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        data = torch.randn(64, 4)
+
+        def step(xb):
+            loss = model(xb).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return (loss, xb[0]) if returns_view else loss
+
+        fn = gt_core.jit(step) if on_worker else step
+        outs = [fn(data[s : s + 8]) for s in starts]
+        if returns_view:
+            outs = [(loss.item(), row.storage_offset(), row.cpu()) for loss, row in outs]
+        else:
+            outs = [loss.item() for loss in outs]
+        return outs, _params(model), fn
+
+
+def test_batches_sliced_from_one_tensor_replay_as_one_key_equal_to_eager(inprocess):
+    """Views of one tensor at successive offsets are one call key (the block reads them
+    wherever they begin): a BPTT loop replays instead of recording every call anew."""
+    starts = range(0, 56, 4)
+    want, want_params, _ = _sliced(False, False, starts)
+    got, params, fn = _sliced(True, False, starts)
+    assert got == want
+    _close(params, want_params, tol=0)
+    (entry,) = fn.entries.values()
+    assert entry.refused is None and entry.replayed >= len(starts) - 4
+
+
+def test_a_view_of_the_argument_returned_at_moving_offsets_is_refused_not_misplaced(inprocess):
+    """A returned view of the argument follows its offset: replayed, it would sit where the
+    recorded call's did. Refused with that reason; every call as eager, offsets too."""
+    starts = range(0, 40, 4)
+    want, want_params, _ = _sliced(False, True, starts)
+    got, params, fn = _sliced(True, True, starts)
+    for (la, oa, ra), (lb, ob, rb) in zip(got, want, strict=True):
+        assert la == lb and oa == ob and torch.equal(ra, rb)
+    _close(params, want_params, tol=0)
+    (entry,) = fn.entries.values()
+    assert entry.replayed == 0 and entry.reason.kind == "follows_offset"
+    r = entry.reason  # (each row 4 elements: successive batches 16 apart)
+    assert r.new - r.old == 16 and f"a result at offset {r.old} -> {r.new}" in r.text()
+
+
+def test_an_argument_recorded_at_one_offset_is_recorded_again_at_another(inprocess):
+    """Both recorded calls at one offset: the block is known there alone (a returned view
+    would sit there), so a call at another offset records again rather than replay; that
+    recording, at another offset than the one before it, shows the view follows it."""
+    starts = [0, 0, 0, 0, 0, 8, 8, 8, 16, 0]
+    want, want_params, _ = _sliced(False, True, starts)
+    got, params, fn = _sliced(True, True, starts)
+    for (la, oa, ra), (lb, ob, rb) in zip(got, want, strict=True):
+        assert la == lb and oa == ob and torch.equal(ra, rb)
+    _close(params, want_params, tol=0)
+    (entry,) = fn.entries.values()
+    assert entry.replayed >= 1 and entry.reason.kind == "follows_offset"
+    moved = [e["reason"] for e in _events() if e["trigger"] == "unfit"]
+    assert moved and "(at storage offset 32, recorded at 0)" in moved[0]

@@ -147,8 +147,8 @@ REASONS: dict[str, tuple[str, str]] = {
     "after_scheduler": (
         "the step works after stepping its LR scheduler ({what}): a replay steps the scheduler "
         "after the block, so that work would not be done",
-        "step the LR scheduler last in the step (after optimizer.step() and zero_grad()), or "
-        "in the loop around it." + _KEEPS_RUNNING,
+        "step the LR scheduler after the optimizer's step (as transformers' Trainer does), "
+        "or in the loop around it; with a tensor learning rate, last in the step." + _KEEPS_RUNNING,
     ),
     "kept_alive": (
         "{n} tensor(s) the step makes stay alive where jit cannot put them again (e.g. appended "
@@ -164,6 +164,13 @@ REASONS: dict[str, tuple[str, str]] = {
     "moves_tensor": (
         "the step moves a tensor it did not make into {place}: replay cannot",
         "assign a tensor the step computes there, or make that assignment outside the step."
+        + _KEEPS_RUNNING,
+    ),
+    "follows_offset": (
+        "the step returns or keeps a view of an argument, and the argument begins elsewhere "
+        "in its storage each call (a result at offset {old} -> {new}): a replay would put the "
+        "view where the recorded call found it",
+        "return or keep a copy of it (x[i].clone()), or pass the step whole tensors."
         + _KEEPS_RUNNING,
     ),
     "plan_mismatch": (

@@ -27,9 +27,16 @@ Contract (what a replayed call does not repeat)
     passes to ops are frozen as the recorded calls had them; where they differ between
     recorded calls, replay is refused with the op and the values, and the function keeps
     running (compiled as any hot path).
-  * An LR scheduler the step steps ends the recorded block: its Python (and its ops on a
-    tensor lr) runs after the block, as each replay steps it after its RUN. Work after it
-    in the step refuses replay (``schedulers``).
+  * An LR scheduler the step steps is stepped by each replay after its RUN. With float
+    settings its step is Python alone and the block goes on past it (``model.zero_grad()``
+    and ``return loss.detach()`` after it, as transformers' Trainer orders its step, are in
+    the block); an optimizer's step or a setting's number after it refuses replay. With a
+    tensor lr its step (and its ops on the tensor) ends the block, and any work after it
+    refuses replay (``schedulers``).
+  * A call key holds each tensor argument's metadata wherever its storage begins: batches
+    sliced from one tensor (``data[i : i + n]``) are one key. Where both recorded calls had
+    an argument at one offset the block is replayed there alone; where they differed and a
+    result followed the offset (a view of the argument returned or kept), replay is refused.
   * Every tensor slot the step reaches is as the recorded call found it (empty, or a
     tensor of its metadata; one tensor in two places in both), and so is every container
     on the way (an optimizer's state, a submodule), else the call runs its Python (a

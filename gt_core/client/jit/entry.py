@@ -26,7 +26,7 @@ from gt_core.client.jit import audit, replay
 from gt_core.client.jit.program import Rerun, ShadowLog
 from gt_core.client.jit.reach import reach_roots, walk
 from gt_core.client.jit.recipe import Recipe
-from gt_core.client.jit.recording import Recording, Refused, differ, guards, mutated
+from gt_core.client.jit.recording import Recording, Refused, differ, guards, mutated, offsets
 from gt_core.client.jit.schedulers import End, outside
 from gt_core.client.jit.settings import (
     Knob,
@@ -173,6 +173,9 @@ class Entry:
         rec.program = log
         rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
+        rec.after_scheduler = rec.after_scheduler or end.read_after(
+            spans, rec.knob_floats, rec.instrs
+        )
         mutated(rec, [dict(g) for g in groups(opts)], reached, after)
         return result, rec
 
@@ -198,6 +201,10 @@ class Entry:
             return
         if a.shape() != b.shape():
             return  # other work each call so far: recording goes on
+        at, why = offsets(a, b)
+        if why is not None:
+            self.move(Trigger.REFUSED, why)
+            return
         got = self.session.request(JitPlan(self.name))  # once per key
         if got is None:
             return  # the worker saw two blocks (other input metadata): recording goes on
@@ -209,6 +216,7 @@ class Entry:
             self.move(Trigger.REFUSED, exc.reason)
             return
         recipe.guards = [(*place.reader(), v, place) for place, v in guards(a, b)]
+        recipe.arg_offsets = at
         self.since_prepared = 0
         self.move(
             Trigger.PREPARED,

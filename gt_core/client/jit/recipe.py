@@ -51,6 +51,9 @@ class Recipe:
         # numbers, so a change (an LR scheduler's step) means recording again.
         self.optimizers = rec.optimizers
         self.guards: list = []  # (getter, obj, key, value, place): compared (see guards)
+        # {argument: storage offset} each replay's arguments must begin at (None: anywhere;
+        # recording.offsets)
+        self.arg_offsets: dict | None = None
         self.schedulers = rec.schedulers  # (LR scheduler, steps) a replay steps after its RUN
         # The block's lifted numbers, each the expressions of those settings that gave it
         # (jit.settings); the settings that changed between the recorded calls flow, the

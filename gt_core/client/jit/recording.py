@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_flatten
 
 from gt_core.client.jit.program import differs
 from gt_core.client.jit.settings import agree
+from gt_core.client.meta import where_free_id
 from gt_core.client.proxy import Proxy
 from gt_core.client.uploads import CONSTANT_NUMEL
 from gt_core.observe.jit_states import JitReason
@@ -36,7 +37,11 @@ class Recording:
 
     def __init__(self, leaves, roots, reached, after, result, instrs, puts=()):
         self.arg_ids = {x._gt_id: i for i, x in enumerate(leaves) if type(x) is Proxy}
-        self.arg_keys = {i: x._gt_k for i, x in enumerate(leaves) if type(x) is Proxy}
+        # (an argument's key wherever its storage begins, and where it begins: see offsets)
+        self.arg_keys = {
+            i: where_free_id(x._gt_m) for i, x in enumerate(leaves) if type(x) is Proxy
+        }
+        self.arg_offsets = {i: x._gt_m[3] for i, x in enumerate(leaves) if type(x) is Proxy}
         self.roots = [(place, obj) for place, obj in roots if place is not None]
         self.before, self.after = reached.slots, after
         self.optimizers = reached.optimizers  # (found by the same walk as the tensors)
@@ -139,6 +144,11 @@ class Recording:
                 j += 1
         return out
 
+    def left_metas(self) -> list:
+        """The metadata of the tensors the call returned and left in the state it reaches."""
+        out = [x._gt_m for x in self.result_leaves if type(x) is Proxy]
+        return out + [p._gt_m for _, p in self.after if type(p) is Proxy]
+
     def frozen(self, ops: dict) -> list[dict]:
         """The Python numbers a replay keeps as recorded: {op, arg, value, count} each."""
         counts = collections.Counter(
@@ -174,6 +184,20 @@ def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
         if type(x) is not Proxy and x != y:
             return JitReason("python_result", old=x, new=y)
     return None
+
+
+def offsets(a: Recording, b: Recording) -> tuple[dict | None, JitReason | None]:
+    """Where the arguments' storages must begin for a replay: ``b``'s offsets where both
+    calls had them alike (the block is known at those alone), None where they differed and
+    what the calls left has the same metadata (the offsets reach no result); or a reason
+    where they differed and a result followed them (a view of an argument returned)."""
+    if a.arg_offsets == b.arg_offsets:
+        return dict(b.arg_offsets), None
+    was, now = a.left_metas(), b.left_metas()
+    if was == now:
+        return None, None
+    old, new = next((x, y) for x, y in zip(was, now, strict=False) if x != y)
+    return None, JitReason("follows_offset", old=old.offset, new=new.offset)
 
 
 def mutated(rec: Recording, settings_after: list, before, after) -> None:

@@ -13,6 +13,7 @@ import torch
 from torch.utils._pytree import tree_unflatten
 
 from gt_core.client.jit.recipe import OUT
+from gt_core.client.meta import where_free_id
 from gt_core.client.proxy import Proxy
 from gt_core.client.session import LOCK
 from gt_core.stream.instructions import FREE, OP, RUN, Free, Ref, Run
@@ -93,6 +94,11 @@ def _inputs_fast(entry, leaves) -> list | None:
     return list(map(_ID, got))
 
 
+def _key_of(src, p) -> int:
+    """An input's metadata key as the recipe holds it (an argument's wherever it begins)."""
+    return where_free_id(p._gt_m) if type(src) is int and p._gt_m[3] else p._gt_k
+
+
 def inputs(entry, leaves) -> list | None:
     """The inputs' ids, each checked (None: one no longer fits; the function runs)."""
     s, r = entry.session, entry.recipe
@@ -116,8 +122,12 @@ def inputs(entry, leaves) -> list | None:
         p = leaves[src] if type(src) is int else src.read()
         if p is None and _a_grad(src):
             empty.append((len(got), src))
-        elif type(p) is not Proxy or p._gt_s is not s or p._gt_k != k:
+        elif type(p) is not Proxy or p._gt_s is not s or _key_of(src, p) != k:
             entry.unfit(src, p, k)
+            return None
+        elif type(src) is int and r.arg_offsets is not None and p._gt_m[3] != r.arg_offsets[src]:
+            was = r.arg_offsets[src]
+            entry.unfit(src, p, k, what=f"at storage offset {p._gt_m[3]}, recorded at {was}")
             return None
         elif p._gt_v is not None and id(p) not in kept:
             p._gt_v = None  # its shadow would not follow the block (jit.program's do)
