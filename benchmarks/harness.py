@@ -3,8 +3,10 @@
     python benchmarks/harness.py WORKLOAD [WORKLOAD ...] [--ways eager,compile,gt,jit]
         [--rounds 5] [--steps 40] [--first 200] [--backend inductor] [--json PATH]
 
-WORKLOAD: ``mlp``, or ``zoo:NAME`` for a ``transformers`` model of ``gt_core.zoo`` (a tiny
-random config, its training step with SGD momentum on a fixed batch).
+WORKLOAD: ``mlp``; ``zoo:NAME`` for a ``transformers`` model of ``gt_core.zoo`` (a tiny
+random config, its training step with SGD momentum on a fixed batch); ``corpus:NAME`` for a
+real loop of ``benchmarks/corpus.py`` (its DataLoader, schedule and the rest of its idioms:
+each step a new batch); ``corpus`` for all of them.
 
 How it keeps the figures fair:
   * every run of a way is a fresh Python process, and the rounds interleave the ways (the
@@ -200,19 +202,34 @@ def _wait_gone(token: str, timeout: float = 30.0) -> None:
 
 # -- one run, in the child ----------------------------------------------------------------
 def workload_step(name: str):
-    """(step, batch) of workload ``name``: ``step(*batch)`` runs one training step and
-    returns its loss."""
+    """(step, iterate) of workload ``name``: ``iterate(fn)`` runs one iteration of its loop
+    with ``fn`` as its step (``step`` itself, jitted or compiled) and returns the loss."""
     if name.startswith("zoo:"):
         from gt_core import zoo
 
         z = zoo.build(name.removeprefix("zoo:"))
-        return z.step, z.batch
+        return z.step, lambda fn: fn(*z.batch)
+    if name.startswith("corpus:"):
+        import corpus
+
+        loop = corpus.build(name.removeprefix("corpus:"))
+        return loop.step, loop.one
     if name == "mlp":  # (the MLP 784-256-10 with SGD momentum at batch 128)
         from gt_core.workloads import step_fn
 
         step, x, y = step_fn(128, "mlp", args=True)
-        return step, (x, y)
-    raise ValueError(f"harness: unknown workload {name!r}: expected mlp or zoo:NAME")
+        return step, lambda fn: fn(x, y)
+    raise ValueError(f"harness: unknown workload {name!r}: expected mlp, zoo:NAME or corpus:NAME")
+
+
+def workloads(names: list[str]) -> list[str]:
+    """The names given, ``corpus`` standing for every loop of the corpus."""
+    import corpus
+
+    out = []
+    for n in names:
+        out += [f"corpus:{c}" for c in corpus.names()] if n == "corpus" else [n]
+    return out
 
 
 def child(r: Run) -> Figures:
@@ -224,32 +241,33 @@ def child(r: Run) -> Figures:
         import gt_core
 
         with gt_core.capture(backend=r.backend, auto_compile=True, background=True):
-            step, batch = workload_step(r.workload)
+            step, iterate = workload_step(r.workload)
             fn = gt_core.jit(step) if r.way == "jit" else step
-            return _timed(fn, batch, r, settle=lambda: gt_core.wait(compiles=True, timeout=600))
-    step, batch = workload_step(r.workload)
+            call = lambda: iterate(fn)  # noqa: E731
+            return _timed(call, r, settle=lambda: gt_core.wait(compiles=True, timeout=600))
+    step, iterate = workload_step(r.workload)
     fn = torch.compile(step, backend=r.backend) if r.way == "compile" else step
-    return _timed(fn, batch, r, settle=lambda: None)
+    return _timed(lambda: iterate(fn), r, settle=lambda: None)
 
 
-def _timed(fn, batch, r: Run, settle, clock=time.perf_counter) -> Figures:
-    """The first ``r.first`` calls of the fresh loop (compile included) to a sync; then
-    settled: ``settle()``, SETTLE untimed calls, and ``r.steps`` calls in chunks of CHUNK,
-    each chunk ending in a sync; the median chunk per call."""
+def _timed(call, r: Run, settle, clock=time.perf_counter) -> Figures:
+    """The first ``r.first`` iterations of the fresh loop (compile included) to a sync; then
+    settled: ``settle()``, SETTLE untimed iterations, and ``r.steps`` iterations in chunks
+    of CHUNK, each chunk ending in a sync; the median chunk per iteration."""
     t0, c0 = clock(), _cpu()
     for _ in range(r.first):
-        loss = fn(*batch)
+        loss = call()
     loss.item()
     first = clock() - t0
     settle()
     for _ in range(SETTLE):
-        loss = fn(*batch)
+        loss = call()
     loss.item()
     chunks = []
     for _ in range(max(1, r.steps // CHUNK)):
         t = clock()
         for _ in range(CHUNK):
-            loss = fn(*batch)
+            loss = call()
         value = loss.item()
         chunks.append((clock() - t) / CHUNK * 1e3)
     return Figures(statistics.median(chunks), first, _cpu() - c0, value)
@@ -327,7 +345,7 @@ def main(argv=None) -> dict:
     where = machine()
     print(", ".join(f"{k} {v}" for k, v in where.items() if v is not None))
     out = {"where": where, "workloads": {}}
-    for w in a.workloads:
+    for w in workloads(a.workloads):
         rows = measure(
             w, tuple(a.ways.split(",")), a.rounds, steps=a.steps, first=a.first, backend=a.backend
         )

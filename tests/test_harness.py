@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 import harness  # noqa: E402
@@ -91,10 +92,31 @@ def test_the_first_steps_and_the_settled_chunks_are_timed_apart():
         return fn()
 
     r = Run("w", "eager", 1, steps=20, first=3)
-    got = harness._timed(step, (), r, settle=lambda: None, clock=clock)
+    got = harness._timed(step, r, settle=lambda: None, clock=clock)
     assert got.first_s == pytest.approx(5.0)
     assert got.settled_ms == pytest.approx(100.0)
     assert len(calls) == 3 + harness.SETTLE + 20 and got.loss == 0.25
+
+
+def test_corpus_stands_for_every_real_loop_and_each_iterates_its_own_data():
+    """``corpus`` names every loop of benchmarks/corpus.py; a loop's iteration draws the
+    next batch of its DataLoader (two iterations, two batches) and returns the loss."""
+    import corpus
+
+    names = harness.workloads(["mlp", "corpus"])
+    assert names == ["mlp", *(f"corpus:{n}" for n in corpus.names())]
+    seen = []
+    step, iterate = harness.workload_step("corpus:encoder-clip-value")
+
+    def spy(batch):
+        seen.append(batch[0].clone())
+        return step(batch)
+
+    losses = [iterate(spy).item() for _ in range(2)]
+    assert len(seen) == 2 and not torch.equal(seen[0], seen[1])
+    assert all(x == x and x > 0 for x in losses)
+    with pytest.raises(ValueError, match="corpus:NAME"):
+        harness.workload_step("nope")
 
 
 def test_a_real_run_of_eager_and_jit_each_in_a_process_of_its_own_leaves_no_gt_alive():
