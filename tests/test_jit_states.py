@@ -737,3 +737,54 @@ def test_an_argument_recorded_at_one_offset_is_recorded_again_at_another(inproce
     assert entry.replayed >= 1 and entry.reason.kind == "follows_offset"
     moved = [e["reason"] for e in _events() if e["trigger"] == "unfit"]
     assert moved and "(at storage offset 32, recorded at 0)" in moved[0]
+
+
+# -- settings of an optimizer the loop steps outside the step ------------------------------------
+@pytest.mark.parametrize("uses", [None, "lr", "beta1"], ids=["ignores", "scales-by-lr", "branches"])
+def test_an_optimizer_stepped_outside_the_step_has_only_what_the_step_used_compared(
+    inprocess, uses
+):
+    """Micro-batches accumulated over calls, the optimizer and a OneCycleLR (lr and betas
+    change every step) stepped by the loop: a step that never reads them is not recorded
+    again when they change. One that scales its loss by the lr has it flow into the block;
+    one that branches on beta1 has it compared, and records again when it changes."""
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4))
+            opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+            sched = torch.optim.lr_scheduler.OneCycleLR(opt, 0.05, 20)
+            x, y = torch.randn(16, 8), torch.randn(16, 4)
+
+            def step(x, y):
+                loss = nn.functional.mse_loss(model(x), y) / 2
+                if uses == "lr":
+                    loss = loss * opt.param_groups[0]["lr"]
+                if uses == "beta1" and opt.param_groups[0]["betas"][0] < 0.9:
+                    loss = loss * 2
+                loss.backward()
+                return loss.detach()
+
+            fn = gt_core.jit(step) if on_worker else step
+            losses = []
+            for i in range(24):
+                losses.append(fn(x, y).item())
+                if i % 2 == 1:
+                    opt.step()
+                    sched.step()
+                    opt.zero_grad()
+            return _params(model), losses, fn
+
+    want, want_losses, _ = run(False)
+    got, losses, fn = run(True)
+    _close(got, want, tol=0)
+    assert losses == want_losses
+    (entry,) = fn.entries.values()
+    changed = [e["reason"] for e in _events() if e["trigger"] == "setting-changed"]
+    if uses == "beta1":
+        assert changed and all("group 0 betas" in c for c in changed), changed
+    else:
+        assert not changed and entry.refused is None and entry.replayed >= 18, _events()
+        assert (0, "lr") in entry.recipe.flowing if uses == "lr" else not entry.recipe.flowing

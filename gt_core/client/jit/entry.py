@@ -147,9 +147,10 @@ class Entry:
             s.shadow_log = log = ShadowLog(Proxy)
         end = End(s, self.name)  # (the exit, or the step of an LR scheduler: see there)
         spans: list = []  # (the optimizers' steps among the recorded instructions)
+        stepped: set = set()  # (the ids of the optimizers that stepped)
         end.by_origin = lambda: by_origin(tee, ledger, spans, steer)
         try:
-            traced = as_traced(spans, lambda: len(tee))
+            traced = as_traced(spans, lambda: len(tee), stepped)
             with traced, wrapped(opts, ledger, steer), outside(reached.schedulers, end):
                 result = self.owner.fn(*args, **kwargs)
         except BaseException:
@@ -173,6 +174,7 @@ class Entry:
         rec.program = log
         rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
+        rec.stepped = stepped
         rec.after_scheduler = rec.after_scheduler or end.read_after(
             spans, rec.knob_floats, rec.instrs
         )
@@ -211,7 +213,7 @@ class Entry:
         self.sig, plan = got
         self.facts = None
         try:
-            recipe = Recipe(plan, b)
+            recipe = Recipe(plan, b, before=a)
         except Refused as exc:
             self.move(Trigger.REFUSED, exc.reason)
             return
@@ -254,7 +256,7 @@ class Entry:
                 v = None
             if type(v) is not type(was) or v != was:
                 return JitReason("value_changed", place=place.describe(), old=was, new=v)
-        compared = knobs(r.optimizers, r.flowing)
+        compared = knobs(r.optimizers, r.flowing, only=r.only)
         if r.knobs != compared:
             return _changed(r.knobs, compared)
         values = [agree(es, now, reads) for es in r.distinct]

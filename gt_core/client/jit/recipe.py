@@ -10,7 +10,7 @@ from __future__ import annotations
 from gt_core.client.jit.program import reads_in
 from gt_core.client.jit.reach import Place, id_before
 from gt_core.client.jit.recording import Recording, Refused
-from gt_core.client.jit.settings import knobs, settings_in
+from gt_core.client.jit.settings import knobs, settings_in, touched
 from gt_core.client.plan_match import Candidate
 from gt_core.client.proxy import Proxy
 from gt_core.observe.jit_states import JitReason
@@ -23,9 +23,11 @@ OUT = "gt-jit-output"  # a result leaf that is the block's output (OUT, its inde
 
 
 class Recipe:
-    """What a replayed call does: where each input is read, where each output goes."""
+    """What a replayed call does: where each input is read, where each output goes; made
+    from recorded call ``rec`` (and ``before``, the one before it: the settings either
+    touched are compared)."""
 
-    def __init__(self, plan, rec: Recording):
+    def __init__(self, plan, rec: Recording, before: Recording | None = None):
         occ = _matched(plan, rec)
         self.plan, self.rec = plan, rec  # (what an audited call is compared with)
         self.sig = plan.sig
@@ -67,7 +69,8 @@ class Recipe:
         }
         self.flowing = frozenset(changed | _by_origin(rec, set(self.scalar_sites)))
         # (as the recorded call began: a scheduler it stepped has changed them since)
-        self.knobs = knobs(self.optimizers, self.flowing, rec.settings)
+        self.only = touched(self.optimizers, (rec,) if before is None else (before, rec))
+        self.knobs = knobs(self.optimizers, self.flowing, rec.settings, self.only)
         # The values the call read from shadows (jit.program): a replay reads them again by
         # running the call's log; those no flowing number is computed from (in the block or
         # in the log's own ops), and those that steered Python, are compared.

@@ -62,6 +62,7 @@ class Recording:
         # where settings had equal values: each must give the same number at a replay).
         self.settings: list = []
         self.knob_floats: dict = {}
+        self.stepped: set = set()  # the ids of the optimizers whose step ran in the call
         self.flowing: dict = {}
         self.changed: set = set()  # settings (group, key) that differ from the call before
         # (settings, reads) whose Knobs steered Python or left it (jit.settings.steered);
@@ -144,10 +145,14 @@ class Recording:
                 j += 1
         return out
 
-    def left_metas(self) -> list:
-        """The metadata of the tensors the call returned and left in the state it reaches."""
-        out = [x._gt_m for x in self.result_leaves if type(x) is Proxy]
-        return out + [p._gt_m for _, p in self.after if type(p) is Proxy]
+    def left_offsets(self) -> dict:
+        """{where: storage offset} of the tensors the call returned and left in the state it
+        reaches."""
+        out = {
+            ("result", i): x._gt_m[3] for i, x in enumerate(self.result_leaves) if type(x) is Proxy
+        }
+        out.update((place.ident(), p._gt_m[3]) for place, p in self.after if type(p) is Proxy)
+        return out
 
     def frozen(self, ops: dict) -> list[dict]:
         """The Python numbers a replay keeps as recorded: {op, arg, value, count} each."""
@@ -189,15 +194,15 @@ def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
 def offsets(a: Recording, b: Recording) -> tuple[dict | None, JitReason | None]:
     """Where the arguments' storages must begin for a replay: ``b``'s offsets where both
     calls had them alike (the block is known at those alone), None where they differed and
-    what the calls left has the same metadata (the offsets reach no result); or a reason
-    where they differed and a result followed them (a view of an argument returned)."""
+    what the calls left begins where it did (the offsets reach no result); or a reason where
+    they differed and a result followed them (a view of an argument returned)."""
     if a.arg_offsets == b.arg_offsets:
         return dict(b.arg_offsets), None
-    was, now = a.left_metas(), b.left_metas()
-    if was == now:
-        return None, None
-    old, new = next((x, y) for x, y in zip(was, now, strict=False) if x != y)
-    return None, JitReason("follows_offset", old=old.offset, new=new.offset)
+    was, now = a.left_offsets(), b.left_offsets()
+    for where, offset in now.items():
+        if where in was and was[where] != offset:
+            return None, JitReason("follows_offset", old=was[where], new=offset)
+    return None, None
 
 
 def mutated(rec: Recording, settings_after: list, before, after) -> None:

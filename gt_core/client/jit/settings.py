@@ -35,6 +35,7 @@ __all__ = [
     "settings_in",
     "knobs",
     "steered",
+    "touched",
     "reads_in",
     "by_origin",
 ]
@@ -280,20 +281,42 @@ def agree(exprs, groups_: list, reads=()):
     return value
 
 
-def knobs(opts, flowing=frozenset(), settings: list | None = None) -> list:
+def knobs(opts, flowing=frozenset(), settings: list | None = None, only=None) -> list:
     """The Python settings of ``opts``' param groups (lr, betas, weight decay...), but those
     ``flowing`` into the block as inputs ((group index, key)): what a replay compares. A
     host tensor setting (``lr=torch.tensor(0.01)`` made outside the capture) by its value:
     a scheduler fills it in place, and the same tensor object would compare equal.
-    ``settings``: param groups as a recorded call began with them (default: as they are)."""
+    ``settings``: param groups as a recorded call began with them (default: as they are);
+    ``only``: the (group index, key) that matter (None: all; see ``touched``)."""
     return [
         tuple(
             (k, _value(v))
             for k, v in group.items()
-            if k not in _NOT_KNOBS and (i, k) not in flowing
+            if k not in _NOT_KNOBS
+            and (i, k) not in flowing
+            and (only is None or i in only[0] or (i, k) in only[1])
         )
         for i, group in enumerate(groups(opts) if settings is None else settings)
     ]
+
+
+def touched(opts, recs) -> tuple | None:
+    """The settings recorded calls ``recs`` could have used, as ``knobs``' ``only``: every
+    setting of an optimizer whose step ran in one of them, and of the others those a number
+    passed to an op came from or that steered Python (a comparison, a conversion, a host
+    tensor made of it: see ``steered``). None where every optimizer stepped. A setting no
+    call touched cannot be in the block: an optimizer the loop steps outside the step (the
+    micro-batches' step accumulating) changes its lr without recording the step again."""
+    ran = set().union(*(r.stepped for r in recs))
+    owner = [id(opt) for opt in opts for _ in opt.param_groups]
+    if all(o in ran for o in owner):
+        return None
+    whole = {i for i, o in enumerate(owner) if o in ran}
+    used = set()
+    for r in recs:
+        used |= {s for es in r.knob_floats.values() for e in es for s in settings_in(e)}
+        used |= set(r.steered[0])
+    return whole, used
 
 
 def _value(v):

@@ -19,7 +19,7 @@ __all__ = ["as_traced"]
 
 
 @contextlib.contextmanager
-def as_traced(spans: list | None = None, at=None):
+def as_traced(spans: list | None = None, at=None, stepped: set | None = None):
     """A recorded call runs library code as torch.compile traces it: the paths behind
     ``torch.compiler.is_compiling()`` (``transformers`` skips data-dependent checks there).
 
@@ -31,7 +31,8 @@ def as_traced(spans: list | None = None, at=None):
     flow into a replayed block.
 
     ``spans`` collects [start, end) of each optimizer step, as ``at()`` tells positions (the
-    recorded instructions so far): the numbers ops there are passed are the optimizer's."""
+    recorded instructions so far): the numbers ops there are passed are the optimizer's;
+    ``stepped`` the ids of the optimizers that stepped."""
     was: list[bool] = []
 
     def pre(opt, args, kwargs):
@@ -39,6 +40,8 @@ def as_traced(spans: list | None = None, at=None):
         torch.compiler._is_compiling_flag = False
         if spans is not None:
             spans.append([at(), None])
+        if stepped is not None:
+            stepped.add(id(opt))
 
     def post(opt, args, kwargs):
         torch.compiler._is_compiling_flag = was.pop()
