@@ -164,6 +164,12 @@ class _Writer:
                     c('g["weight_decay"] = wd')
 
     def loss_lines(self, names: dict, x: str, y: str, batch: str | None) -> list[str]:
+        lines = self._loss_lines(names, x, y, batch)
+        if not self.spec.autocast:
+            return lines
+        return ['with torch.autocast("cpu", dtype=torch.bfloat16):', *("    " + a for a in lines)]
+
+    def _loss_lines(self, names: dict, x: str, y: str, batch: str | None) -> list[str]:
         s, m = self.spec, names["model"]
         if s.model in ("bert", "gpt2"):
             if batch is not None:
@@ -225,9 +231,12 @@ class _Writer:
                 c("loss.backward()")
             if opt_inside:
                 self.opt_step_lines(names)
+                stepped = s.sched_inside and s.schedule not in MANUAL
+                if stepped and s.sched_first:
+                    c(*self.each(names, "sched", "{}.step()"))
                 if s.zero_grad == "end":
                     self.zero_lines(names)
-                if s.sched_inside and s.schedule not in MANUAL:
+                if stepped and not s.sched_first:
                     c(*self.each(names, "sched", "{}.step()"))
             if s.returns != "none":
                 c("return loss")
@@ -247,8 +256,13 @@ class _Writer:
             if counted:
                 c("i = 0")
             epochs = s.calls // BATCHES_PER_EPOCH
-            header = [f"for epoch in range({epochs}):", f"for {call_args} in loader:"]
+            each = f"for {call_args} in loader:"
+            if s.data == "slices":
+                each = f"for j in range(0, len(X_all), {BATCH}):"
+            header = [f"for epoch in range({epochs}):", each]
         with c.block(header[0]), c.block(header[1] if len(header) > 1 else None):
+            if s.data == "slices":  # (views of one tensor at successive offsets)
+                c(f"x, y = X_all[j : j + {BATCH}], Y_all[j : j + {BATCH}]")
             if s.schedule in MANUAL and not s.sched_inside:
                 self.write_settings(names, "i" if s.accum_inside else f"i // {s.accum}")
             c(
@@ -396,6 +410,8 @@ class _Writer:
         else:  # embedding, bert
             c(f"X = rng.integers(0, {VOCAB}, ({n}, {SEQ}))")
             c(f"Y = rng.integers(0, {CLASSES}, {n})")
+        if s.data == "slices":
+            return  # (sliced in the loop: see loop)
         if s.data == "loader":
             c("dataset = TensorDataset(torch.from_numpy(X), torch.from_numpy(Y))")
         elif s.data == "numpy-rows":
@@ -522,6 +538,8 @@ class _Writer:
             else:
                 c(f"x = torch.randint(0, {VOCAB}, ({BATCH}, {SEQ}))")
                 c(f"y = torch.randint(0, {CLASSES}, ({BATCH},))")
+        if s.data == "slices":
+            c("X_all, Y_all = torch.from_numpy(X), torch.from_numpy(Y)")
         if s.model == "lstm" and loc not in ("module",):
             c(f"hidden = {self.zeros_hidden()}")
         if s.schedule in MANUAL and s.sched_inside and loc not in ("trainer", "module"):

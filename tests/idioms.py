@@ -89,12 +89,14 @@ class LoopSpec:
     sched_args: tuple = ()
     sched_inside: bool = False  # the scheduler (or the hand-written lr) inside the step
     location: str = "closure"  # closure | globals | trainer | module | opt-dict | opt-list
-    data: str = "fixed"  # fixed | loader | loader-dict | numpy-rows
+    data: str = "fixed"  # fixed | loader | loader-dict | numpy-rows | slices (X[j : j + B])
     shuffle: str = "no"  # no | generator | global (the loader draws its seed from torch's)
     accum: int = 1  # micro-batches per optimizer step
     accum_inside: bool = True  # the micro-batch loop inside the step (else: one a call)
     clip: bool = False
+    autocast: bool = False  # the forward under torch.autocast("cpu", dtype=torch.bfloat16)
     zero_grad: str = "end"  # start | end (of the step)
+    sched_first: bool = False  # a scheduler inside steps before zero_grad (the Trainer's order)
     set_to_none: bool = True
     returns: str = "tensor"  # none | tensor (collected, read at the end) | item (each call)
     calls: int = 12  # calls of the step
@@ -184,7 +186,7 @@ def loops(draw) -> LoopSpec:
     layered = model in ("mlp", "embedding", "conv1d")
     norms = [None, "BatchNorm1d"] if model == "conv1d" else [None, "LayerNorm", "BatchNorm1d"]
     optimizer, opt_args = draw(st.sampled_from(_OPTIMIZERS))
-    data = draw(st.sampled_from(["fixed", "loader", "loader-dict", "numpy-rows"]))
+    data = draw(st.sampled_from(["fixed", "loader", "loader-dict", "numpy-rows", "slices"]))
     accum = draw(st.sampled_from([1, 1, 1, 2, 3]))
     # a micro-batch loop inside the step splits tensors; an LSTM's hidden state keeps its batch
     accum_inside = accum > 1 and model != "lstm" and data != "loader-dict" and draw(st.booleans())
@@ -209,11 +211,16 @@ def loops(draw) -> LoopSpec:
             st.sampled_from(["closure", "globals", "trainer", "module", "opt-dict", "opt-list"])
         ),
         data=data,
-        shuffle="no" if data == "fixed" else draw(st.sampled_from(["no", "generator", "global"])),
+        shuffle="no"
+        if data in ("fixed", "slices")
+        else draw(st.sampled_from(["no", "generator", "global"])),
         accum=accum,
         accum_inside=accum_inside or accum == 1,
         clip=draw(st.booleans()),
+        # (CPU autocast has no bfloat16 LSTM: torch.nn.LSTM refuses the mixed dtypes)
+        autocast=model != "lstm" and draw(st.sampled_from([False, False, True])),
         zero_grad=draw(st.sampled_from(["end", "start"])),
+        sched_first=sched_inside and draw(st.booleans()),
         set_to_none=draw(st.booleans()),
         returns=draw(st.sampled_from(["tensor", "item", "none"])),
         calls=calls,
@@ -296,7 +303,9 @@ _SIMPLEST = (
     ("dropout", False),
     ("depth", 1),
     ("clip", False),
+    ("autocast", False),
     ("zero_grad", "end"),
+    ("sched_first", False),
     ("set_to_none", True),
     ("returns", "tensor"),
     ("calls", 8),
@@ -354,7 +363,11 @@ def _valid(spec: LoopSpec) -> bool:
         return False
     if spec.lr_tensor and spec.schedule in MANUAL:
         return False
-    if spec.data == "fixed" and spec.shuffle != "no":
+    if spec.data in ("fixed", "slices") and spec.shuffle != "no":
+        return False
+    if spec.sched_first and not spec.sched_inside:
+        return False
+    if spec.autocast and spec.model == "lstm":
         return False
     if spec.calls % spec.accum or (spec.data != "fixed" and spec.calls % BATCHES_PER_EPOCH):
         return False
