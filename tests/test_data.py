@@ -480,6 +480,26 @@ def test_a_dataloader_step_uploads_its_batch_once(process):
         assert s.counters["bytes_up"] - bytes_before == 6 * 16 * (784 * 4 + 8)
 
 
+@pytest.mark.parametrize("n", [64, 5000])
+def test_a_shuffling_loaders_new_epoch_waits_for_no_worker(inprocess, n):
+    """A RandomSampler with a generator draws ``randperm(n)`` here (the generator is the
+    kernel's) and reads it back with ``.tolist()`` every epoch: the drawn indices keep their
+    value here, so a new epoch asks the worker nothing (each one waited for every step in
+    flight before it). The batches are eager's."""
+    x, y = torch.randn(n, 4), torch.arange(n)
+    want = [b.clone() for _, b in DataLoader(
+        TensorDataset(x, y), batch_size=n // 4, shuffle=True,
+        generator=torch.Generator().manual_seed(1))]  # fmt: skip
+    with gt_core.capture() as s:
+        g = torch.Generator().manual_seed(1)
+        loader = DataLoader(TensorDataset(x, y), batch_size=n // 4, shuffle=True, generator=g)
+        before = s.counters["fetches"]
+        got = [b for _ in range(3) for _, b in loader]
+        assert s.counters["fetches"] == before
+        got = [b.cpu() for b in got[:4]]
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def _mlp_epochs(loader, on_worker: bool, unpack=tuple, epochs: int = 3) -> list:
     """An MLP 784-64-10 from seed 0 trained with SGD momentum for ``epochs`` over ``loader``
     (``unpack(batch)``: its inputs and targets); its parameters, as host tensors."""

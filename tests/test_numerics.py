@@ -55,6 +55,37 @@ def gt_raises_after_writing(gm, example_inputs):
     return run
 
 
+class _KeepsFloat32(torch.utils._python_dispatch.TorchDispatchMode):
+    """Casts to bfloat16 kept in float32, as inductor elides a downcast-upcast pair between
+    two fused ops (its results nearer the float64 truth than eager's)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        def wide(a):
+            if isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16:
+                return a.float()
+            return torch.float32 if a is torch.bfloat16 else a
+
+        args = torch.utils._pytree.tree_map(wide, args)
+        kwargs = torch.utils._pytree.tree_map(wide, kwargs or {})
+        return func(*args, **kwargs)
+
+
+@torch._dynamo.register_backend
+def gt_keeps_precision(gm, example_inputs):
+    """A compiler more precise than eager in bfloat16: each output cast back to eager's dtype."""
+
+    def run(*args):
+        with _KeepsFloat32():
+            outs = gm.forward(*args)
+        want = [n.meta.get("val") for n in gm.graph.find_nodes(op="output")[0].args[0]]
+        return [
+            o.to(w.dtype) if isinstance(o, torch.Tensor) and isinstance(w, torch.Tensor) else o
+            for o, w in zip(outs, want, strict=True)
+        ]
+
+    return run
+
+
 def _data():
     torch.manual_seed(3)
     return torch.randn(8, 32), torch.randn(8, 4)
@@ -120,6 +151,30 @@ def test_dropout_blocks_check_with_the_same_random_numbers(checked):
     gt_core.configure(backend="aot_eager")
     _dropout_loop_equals_eager(0.5, 10)
     assert _path()["checked"]["ok"] is True
+
+
+def test_a_block_under_bfloat16_autocast_more_precise_than_eager_is_kept(checked):
+    """The oracle is float64 throughout, autocast's casts included: a compiled block that
+    keeps float32 where eager rounds to bfloat16 is nearer the truth, not wrong (inductor's
+    fused bfloat16 blocks all failed the check, the oracle rounding as eager rounds)."""
+    gt_core.configure(backend="gt_keeps_precision")
+
+    def run(on_worker):
+        def loss_fn(out, y):
+            return F.mse_loss(out.float(), y)
+
+        def model():
+            return torch.nn.Sequential(
+                torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 4)
+            )
+
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return train(model, SGD, _data, loss_fn, 10, on_worker)
+
+    run(True)
+    p = _path()
+    assert p["checked"]["ok"] is True, p["checked"]
+    assert p["status"] == "compiled" and p["compiled_runs"] >= 3
 
 
 def _dropout_loop_equals_eager(p: float, steps: int) -> None:

@@ -28,6 +28,7 @@ __all__ = ["takes_generator", "has_generator", "run_here"]
 aten = torch.ops.aten
 
 _takes: dict = {}  # op -> whether its schema has a Generator argument
+_INDEX_SHADOW = 1 << 20  # elements: an integer draw up to this size keeps its shadow
 
 
 def takes_generator(func) -> bool:
@@ -138,10 +139,17 @@ def _plain_tensors(cls, xs):
 
 
 def _away(cls, r, proxy_of, session):
-    """The op's result as the caller sees it: worker tensors in place of plain ones."""
+    """The op's result as the caller sees it: worker tensors in place of plain ones. A new
+    integer result (a sampler's ``randperm``, a ``randint``) keeps its value here as its
+    shadow: read back at once (``.tolist()``), it needs no round trip to the worker."""
     if isinstance(r, torch.Tensor):
         p = proxy_of.get(id(r))
-        return p if p is not None else upload(cls, session, r, cache=False)
+        if p is not None:
+            return p
+        p = upload(cls, session, r, cache=False)
+        if not (r.is_floating_point() or r.is_complex()) and r.numel() <= _INDEX_SHADOW:
+            p._gt_v = r
+        return p
     if type(r) in (list, tuple):
         return type(r)(_away(cls, x, proxy_of, session) for x in r)
     return r

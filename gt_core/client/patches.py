@@ -304,9 +304,27 @@ def _batches_go_up_together(next_batch):
     return run
 
 
+def _seeded_on_host(init):
+    """A DataLoader iterator's ``__init__`` that draws its base seed on the host where the
+    loader has a generator of its own: the draw (``random_(generator=...).item()``, once an
+    epoch) is eager's on the user's generator either way, and run here it waits for no step
+    in flight on the worker. (A loader drawing from the global generator keeps its draw on
+    the worker, whose generator is eager's.)"""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    def run(self, loader, *args, **kwargs):
+        if getattr(loader, "generator", None) is None:
+            return init(self, loader, *args, **kwargs)
+        with _disable_current_modes():
+            return init(self, loader, *args, **kwargs)
+
+    return run
+
+
 def patch_loader(on: bool, session_here=None) -> None:
-    """While ``on``: batches made on the host as without gt (see _fetch_plainly), and each
-    batch's host tensors uploaded together (see _batches_go_up_together).
+    """While ``on``: batches made on the host as without gt (see _fetch_plainly), each
+    batch's host tensors uploaded together (see _batches_go_up_together), and a seeded
+    loader's epochs begun on the host (see _seeded_on_host).
     ``session_here()``: the calling thread's capture's session, or None."""
     from torch.utils.data import dataloader
     from torch.utils.data._utils import fetch
@@ -320,3 +338,5 @@ def patch_loader(on: bool, session_here=None) -> None:
     it = dataloader._BaseDataLoaderIter
     original = _saved.setdefault("next_batch", it.__next__)
     it.__next__ = _batches_go_up_together(original) if on else original
+    original = _saved.setdefault("loader_iter", it.__init__)
+    it.__init__ = _seeded_on_host(original) if on else original

@@ -77,9 +77,14 @@ class Proxy(torch.Tensor):
 
     # -- sync points that do not pass through the dispatcher ------------------------------
     def cpu(self, memory_format=torch.preserve_format) -> torch.Tensor:  # noqa: ARG002
-        """The value as a plain CPU tensor (waits for the worker)."""
+        """The value as a plain CPU tensor: a copy of its shadow where it has one (as
+        ``item()`` answers; a DataLoader's ``randperm(n).tolist()`` every epoch), else
+        fetched from the worker (which waits for it)."""
         s = self._gt_s
         s.check()
+        if self._gt_v is not None:
+            with torch._C._DisableTorchDispatch():
+                return mark_fetched(self._gt_v.clone())
         return mark_fetched(s.fetch(self._gt_id))
 
     def numpy(self, *, force: bool = False):  # noqa: ARG002

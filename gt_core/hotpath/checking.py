@@ -91,7 +91,9 @@ def _oracle(ex, eager, inputs, occ: Occurrence, rng) -> list | None:
     numerics.set_rng_state(ex.device, rng)
     try:
         wide = numerics.Copies(inputs, upcast=True)
-        return [*eager(*wide.tensors, *occ.scalars), *wide.tensors]
+        with numerics.Wide():
+            out = eager(*wide.tensors, *occ.scalars)
+        return [*out, *wide.tensors]
     except Exception:
         return None
 

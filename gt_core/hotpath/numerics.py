@@ -16,6 +16,11 @@ further from the oracle than ``MULTIPLIER`` times eager's own distance to it, pl
 of ``FLOOR`` (relative to the oracle's largest magnitude, and one unit in the last place of
 1.0 absolute). Where float64 cannot run the graph (an op that needs one dtype), the compiled
 value is compared with eager's directly, with ``TOLERANCE``.
+
+The oracle is float64 throughout (``Wide``): a lower floating dtype an op of the graph asks
+for (autocast's bfloat16 casts, a float32 factory) is float64 there. Kept, those casts would
+round the oracle as eager rounds, and a compiler that keeps more precision than eager between
+two fused ops (inductor elides a downcast-upcast pair) would look wrong by bfloat16's rounding.
 """
 
 from __future__ import annotations
@@ -23,12 +28,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = [
     "TOLERANCE",
     "MULTIPLIER",
     "Verdict",
     "Copies",
+    "Wide",
     "compare",
     "rng_state",
     "set_rng_state",
@@ -90,6 +97,24 @@ class Copies:
     def restore(self) -> None:
         for real, copy in self._storages:
             real.copy_(copy)
+
+
+class Wide(TorchDispatchMode):
+    """While the oracle runs: an op asked for a floating dtype narrower than float64 (a
+    complex one narrower than complex128) makes float64 (complex128) instead. A view of
+    another dtype's bits (``view.dtype``) is kept: it reinterprets, it does not round."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        d = kwargs.get("dtype")
+        if isinstance(d, torch.dtype) and func not in _BITS:
+            wide = torch.complex128 if d.is_complex else torch.float64
+            if (d.is_floating_point or d.is_complex) and d != wide:
+                kwargs = {**kwargs, "dtype": wide}
+        return func(*args, **kwargs)
+
+
+_BITS = (torch.ops.aten.view.dtype,)
 
 
 def _rewrap(local: torch.Tensor, spec):
