@@ -55,6 +55,11 @@ class Unfair(RuntimeError):
     """A baseline would be timed beside a process of gt (which holds a core)."""
 
 
+class Failed(RuntimeError):
+    """A run of a way raised (torch.compile of a step it cannot trace, say): the way's
+    figure is its error, and the other ways go on."""
+
+
 @dataclass(frozen=True)
 class Run:
     """One run of one way: what the child process is told."""
@@ -86,8 +91,11 @@ class Row:
     runs: list[Figures] = field(default_factory=list)
     settled_ratio: list[float] = field(default_factory=list)  # best eager / this, per round
     first_ratio: list[float] = field(default_factory=list)
+    failed: str | None = None  # why a run of this way failed (its last line): not timed since
 
     def summary(self) -> dict:
+        if not self.runs:
+            return {"way": self.way, "threads": self.threads, "failed": self.failed}
         return {
             "way": self.way,
             "threads": self.threads,
@@ -97,6 +105,7 @@ class Row:
             "settled_x_eager": _spread(self.settled_ratio),
             "first_x_eager": _spread(self.first_ratio),
             "loss": self.runs[-1].loss,
+            "failed": self.failed,
         }
 
 
@@ -130,6 +139,9 @@ def measure(workload: str, ways=WAYS, rounds: int = 5, run=None, alive=None, cor
     for order in plan(tuple(ways), rounds, cores):
         got = {}
         for way, threads in order:
+            row = rows.setdefault((way, threads), Row(way, threads))
+            if row.failed is not None:
+                continue  # (a way that failed once is not run again: its error is the figure)
             if way in BASELINES:
                 left = alive()
                 if left:
@@ -137,12 +149,15 @@ def measure(workload: str, ways=WAYS, rounds: int = 5, run=None, alive=None, cor
                         f"harness: {way} would be timed while {len(left)} process(es) of gt "
                         f"are alive ({', '.join(map(str, left[:3]))}); end them first"
                     )
-            got[(way, threads)] = run(Run(workload, way, threads, **kw))
+            try:
+                got[(way, threads)] = run(Run(workload, way, threads, **kw))
+            except Failed as exc:
+                row.failed = str(exc)
         base = [f for (way, _), f in got.items() if way == "eager"]
         best_settled = min(f.settled_ms for f in base) if base else None
         best_first = min(f.first_s for f in base) if base else None
         for key, f in got.items():
-            row = rows.setdefault(key, Row(*key))
+            row = rows[key]
             row.runs.append(f)
             if best_settled is not None:
                 row.settled_ratio.append(best_settled / f.settled_ms)
@@ -174,7 +189,8 @@ def run_child(r: Run, timeout: float = 900) -> Figures:
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     _wait_gone(token)
     if done.returncode != 0:
-        raise RuntimeError(f"harness: {r.way} of {r.workload} failed:\n{done.stderr[-2000:]}")
+        last = [line for line in done.stderr.strip().splitlines() if line.strip()][-1:]
+        raise Failed(f"{r.way} raised: {last[0].strip()[:160] if last else done.returncode}")
     return Figures(**json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -315,6 +331,9 @@ def table(workload: str, rows: dict) -> str:
         f"{'first s':>9}{'x eager (low-high)':>22}{'cpu s':>8}",
     ]
     for (way, threads), row in sorted(rows.items(), key=lambda kv: WAYS.index(kv[0][0])):
+        if not row.runs:
+            lines.append(f"  {way + f' {threads}t':<16}failed: {row.failed}")
+            continue
         s = row.summary()
         a, b = s["settled_x_eager"], s["first_x_eager"]
         lines.append(

@@ -62,6 +62,27 @@ def test_a_ratio_is_taken_per_round_against_that_rounds_best_eager():
     assert jit["settled_ms"] == 2.0
 
 
+def test_a_way_that_fails_is_its_error_and_the_other_ways_go_on():
+    """torch.compile cannot run a step (a DCGAN's backward through a graph break raised):
+    that way's row is the error, not run again, and every other way is still timed."""
+    ms = {("eager", 1): [2.0, 2.0], ("jit", 1): [1.0, 1.0]}
+    ran = []
+
+    def run(r: Run) -> Figures:
+        ran.append(r.way)
+        if r.way == "compile":
+            raise harness.Failed("compile raised: RuntimeError: Trying to backward twice")
+        return Figures(ms[(r.way, 1)][0], 0.1, 1.0, 0.5)
+
+    rows = measure("w", ("eager", "compile", "jit"), 2, run=run, alive=list, cores=1)
+    assert ran.count("compile") == 1 and ran.count("jit") == 2
+    assert rows[("compile", 1)].summary() == {
+        "way": "compile", "threads": 1, "failed": "compile raised: RuntimeError: Trying to backward twice"
+    }  # fmt: skip
+    assert rows[("jit", 1)].settled_ratio == [2.0, 2.0]
+    assert "compile 1t      failed: compile raised" in harness.table("w", rows)
+
+
 def test_no_baseline_is_timed_while_a_process_of_gt_is_alive():
     ms = {("eager", 1): [1.0], ("jit", 1): [1.0]}
     alive = iter([[], [4242]])  # (gt's worker of the jit run, still there at round 2)
