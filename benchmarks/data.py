@@ -13,7 +13,7 @@ Transfers, through a worker process:
   .cpu() ms     fetching a worker tensor of that size (a sync and the copies)
   down GB/s     size / .cpu() ms
 
-Then the loop of ``gt_core.workloads.fed``: MLP 784→256→10, cross-entropy, SGD momentum, a
+Then the loop of ``gt_bench.workloads.fed``: MLP 784→256→10, cross-entropy, SGD momentum, a
 shuffled DataLoader batch every step from host data, run five ways from the same seed on the
 same batches: eager; plain gt (the loop inside a capture); gt resident (the same, its data
 copied in the capture first, so that it lives on the worker and each batch is made there, as
@@ -41,7 +41,7 @@ import psutil
 import torch
 
 import gt_core
-from gt_core.workloads import fed
+from gt_bench.workloads import fed
 
 SIZES = {"4 KB": 4 << 10, "200 KB": 200 << 10, "4 MB": 4 << 20, "64 MB": 64 << 20}
 VARIANTS = ("eager", "gt", "gt resident", "jit", "torch.compile")

@@ -31,7 +31,7 @@ import torch
 
 import gt_core
 from gt_core.observe.ranks import rows
-from gt_core.workloads import step_fn
+from gt_bench.workloads import step_fn
 
 
 def _eager(batch: int, steps: int) -> float:

@@ -9,7 +9,7 @@ compared with eager's on one process. The loss's placement is printed beside it.
 2.13 (CPU) ``mse_loss``, ``smooth_l1_loss`` and ``huber_loss`` with ``reduction='mean'`` give
 gradients exactly 2x eager's: DTensor has no sharding rule for their backward ops, derives one
 from the decomposition, and runs the op on each slice, dividing by the slice's element count.
-This is why gt runs such ops replicated (gt_core.remote.shard).
+This is why gt runs such ops replicated (gt_core.worker_process.shard).
 """
 
 from __future__ import annotations

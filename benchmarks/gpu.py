@@ -4,7 +4,7 @@
                              [--modes reduce-overhead,default]
 
 Needs a CUDA device (it says so and exits 2 without one). The MLP (784→256→10) and the
-transformer block of gt_core/workloads.py, SGD with momentum, small batches: each step is a few
+transformer block of gt_bench/workloads.py, SGD with momentum, small batches: each step is a few
 dozen tiny kernels, so eager is bound by launches and Python, which is what CUDA graphs remove.
 Per workload, batch and mode, medians in the steady state, side by side in one run:
 
@@ -31,7 +31,7 @@ import time
 import torch
 
 import gt_core
-from gt_core.workloads import step_fn
+from gt_bench.workloads import step_fn
 
 
 def timed_steps(step, steps: int) -> tuple[float, float]:

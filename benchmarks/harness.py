@@ -3,9 +3,9 @@
     python benchmarks/harness.py WORKLOAD [WORKLOAD ...] [--ways eager,compile,gt,jit]
         [--rounds 5] [--steps 40] [--first 200] [--backend inductor] [--json PATH]
 
-WORKLOAD: ``mlp``; ``zoo:NAME`` for a ``transformers`` model of ``gt_core.zoo`` (a tiny
+WORKLOAD: ``mlp``; ``zoo:NAME`` for a ``transformers`` model of ``gt_bench.zoo`` (a tiny
 random config, its training step with SGD momentum on a fixed batch); ``corpus:NAME`` for a
-real loop of ``benchmarks/corpus.py`` (its DataLoader, schedule and the rest of its idioms:
+real loop of ``gt_bench/corpus`` (its DataLoader, schedule and the rest of its idioms:
 each step a new batch); ``corpus`` for all of them.
 
 How it keeps the figures fair:
@@ -221,17 +221,17 @@ def workload_step(name: str):
     """(step, iterate) of workload ``name``: ``iterate(fn)`` runs one iteration of its loop
     with ``fn`` as its step (``step`` itself, jitted or compiled) and returns the loss."""
     if name.startswith("zoo:"):
-        from gt_core import zoo
+        from gt_bench import zoo
 
         z = zoo.build(name.removeprefix("zoo:"))
         return z.step, lambda fn: fn(*z.batch)
     if name.startswith("corpus:"):
-        import corpus
+        from gt_bench import corpus
 
         loop = corpus.build(name.removeprefix("corpus:"))
         return loop.step, loop.one
     if name == "mlp":  # (the MLP 784-256-10 with SGD momentum at batch 128)
-        from gt_core.workloads import step_fn
+        from gt_bench.workloads import step_fn
 
         step, x, y = step_fn(128, "mlp", args=True)
         return step, lambda fn: fn(x, y)
@@ -240,7 +240,7 @@ def workload_step(name: str):
 
 def workloads(names: list[str]) -> list[str]:
     """The names given, ``corpus`` standing for every loop of the corpus."""
-    import corpus
+    from gt_bench import corpus
 
     out = []
     for n in names:

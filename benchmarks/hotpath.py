@@ -4,7 +4,7 @@
                                  [--workloads mlp,transformer,mlp-adam]
 
 The table: the MLP (784→256→10, SGD momentum) and the transformer block of
-gt_core/workloads.py, eager and through gt (a `.item()` every step; "no-sync": the same steps with
+gt_bench/workloads.py, eager and through gt (a `.item()` every step; "no-sync": the same steps with
 one `.item()` at the end, so client and worker overlap), side by side in one run;
 medians of per-step times in the steady state (the last third), compile time and the
 break-even iteration from gt's own events. For the MLP and the transformer also a
@@ -23,7 +23,7 @@ import torch
 from torch.func import functional_call, grad_and_value
 
 import gt_core
-from gt_core.workloads import make, step_fn
+from gt_bench.workloads import make, step_fn
 
 
 def eager_steps(batch, steps, workload="mlp"):

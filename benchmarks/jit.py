@@ -30,7 +30,7 @@ import time
 import torch
 
 import gt_core
-from gt_core.workloads import step_fn
+from gt_bench.workloads import step_fn
 
 
 def _mlp(batch: int):

@@ -19,7 +19,7 @@ import statistics
 import time
 
 import gt_core
-from gt_core.workloads import step_fn
+from gt_bench.workloads import step_fn
 
 
 def _ms_per_call(workload: str, batch: int, every: int, calls: int) -> float:

@@ -11,7 +11,7 @@ client's own cost is what is timed (an in-process worker serves the warm-up):
   unmatched      no plan: every op recorded and sent as an instruction (the same capture,
                  the plans dropped)
   first capture  the session's first capture before any plan came: every op also sited as
-                 it is recorded (gt_core.client.early_sites), for a plan that comes late
+                 it is recorded (gt_core.client.plans.early_sites), for a plan that comes late
 
 Timed in the recording thread's CPU time. Per state the median and the best of the repeats
 (on a shared CPU the best is the steadier figure); the ratios are the medians', side by side

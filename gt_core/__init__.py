@@ -36,9 +36,9 @@ _CLIENT = {
     "config": "gt_core.client.capture",
     "events_log": "gt_core.client.capture",
     "jit": "gt_core.client.jit",
-    "connect": "gt_core.client.connect",
-    "is_remote": "gt_core.client.proxy",
-    "Proxy": "gt_core.client.proxy",
+    "connect": "gt_core.client.transports.connect",
+    "is_remote": "gt_core.client.recording.proxy",
+    "Proxy": "gt_core.client.recording.proxy",
 }
 
 __all__ = [

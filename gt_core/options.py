@@ -75,7 +75,7 @@ class Options:
     flush_at: int = 512  # instructions the client batches before it sends them
     jit_audit: int = 256  # gt_core.jit records (audits) 1 replay in this many; 0: the first only
     worker_imports: tuple = ()  # modules the worker imports at its start (their torch.library ops)
-    # signal name -> axis: a worker group shards the tensors made inside it (gt_core.remote.shard)
+    # signal name -> axis: a worker group shards the tensors made inside it (gt_core.worker_process.shard)
     shard: dict = field(default_factory=dict)
     signals: dict = field(default_factory=dict, compare=False)  # read from `config`
 

@@ -170,7 +170,7 @@ def line_of(fn, marker: str) -> str:
 
 
 def start_listener(command: list, key_file, **env) -> tuple:
-    """(process, "127.0.0.1:PORT") of ``python -m gt_core.remote --listen 127.0.0.1:0`` run
+    """(process, "127.0.0.1:PORT") of ``python -m gt_core.worker_process --listen 127.0.0.1:0`` run
     as ``command`` (its launcher: the interpreter, or torchrun), once it says where it
     listens."""
     import subprocess
@@ -178,7 +178,7 @@ def start_listener(command: list, key_file, **env) -> tuple:
 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), **env}
     proc = subprocess.Popen(
-        [*command, "-m", "gt_core.remote", "--listen", "127.0.0.1:0"]
+        [*command, "-m", "gt_core.worker_process", "--listen", "127.0.0.1:0"]
         + ["--authkey-file", str(key_file)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -1,9 +1,9 @@
-"""The tests' workloads: the shared ones (gt_core.workloads) and a small CNN of their own."""
+"""The tests' workloads: the shared ones (gt_bench.workloads) and a small CNN of their own."""
 
 import torch.nn.functional as F
 from torch import nn
 
-from gt_core.workloads import TRANSFORMER, Block, mlp, train
+from gt_bench.workloads import TRANSFORMER, Block, mlp, train
 
 __all__ = ["TRANSFORMER", "Block", "SmallCNN", "mlp", "train"]
 

@@ -70,7 +70,7 @@ QUICK = {
         ["weight grad", "mse_loss", "Partial(avg)", "Partial(sum)"],
     ),
     "bench": (
-        ["-m", "gt_core.bench", "--quick"],
+        ["-m", "gt_bench.bench", "--quick"],
         ["ms per iteration", "speedup", "torch.compile", "total s", "break-even it", "vs eager"],
     ),
 }

@@ -1,4 +1,4 @@
-"""A worker group's collectives per step, counted where they run (gt_core.remote.comms): a
+"""A worker group's collectives per step, counted where they run (gt_core.worker_process.comms): a
 known case, the gradients' all-reduces of a batch-sharded MLP step, against what the
 parameter sizes say; and a replicated group, which runs none per step."""
 
@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import gt_core
-from gt_core.workloads import mlp, training_step
+from gt_bench.workloads import mlp, training_step
 from gt_jupyter._render import to_html
 
 STEPS = 12

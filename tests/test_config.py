@@ -192,7 +192,7 @@ def test_worker_threads_and_flush_at_come_from_the_options(fresh, monkeypatch, i
 
 
 def test_the_worker_share_of_cpu_threads_takes_the_option():
-    from gt_core.remote.cpu_share import CpuShare as _CpuShare
+    from gt_core.worker_process.cpu_share import CpuShare as _CpuShare
 
     threads = torch.get_num_threads()
     try:

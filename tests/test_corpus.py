@@ -1,4 +1,4 @@
-"""The corpus of real loops (benchmarks/corpus.py): library models with the idioms people
+"""The corpus of real loops (gt_bench/corpus): library models with the idioms people
 train them with, through plain gt and ``gt_core.jit``, each equal to eager.
 
 Each loop runs ``STEPS`` iterations three ways from the same seed: eager (the oracle), plain
@@ -9,16 +9,13 @@ for the reason written here (a gap named, not hidden: docs/benchmarks.md lists t
 change either way shows.
 """
 
-import os
-import sys
 import warnings
 
 import pytest
 
 import gt_core
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
-import corpus  # noqa: E402
+from gt_bench import corpus
 
 for _lib in corpus.LIBRARIES:
     pytest.importorskip(_lib)

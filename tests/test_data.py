@@ -32,7 +32,7 @@ import gt_core
 from gt_core.client import capture as _capture
 from gt_core.client import interrupt as _interrupt
 from gt_core.stream import staging
-from gt_core.workloads import NumpyRows, fed
+from gt_bench.workloads import NumpyRows, fed
 
 SHM = "/dev/shm"
 
@@ -679,7 +679,7 @@ class _Records(Dataset):
 
 def _numpy_rows(n: int, make=torch.from_numpy) -> NumpyRows:
     """``n`` rows of numpy arrays made tensors in ``__getitem__`` by ``make``, an int label:
-    the dataset of one's own most loops have (gt_core.workloads.NumpyRows)."""
+    the dataset of one's own most loops have (gt_bench.workloads.NumpyRows)."""
     rng = np.random.default_rng(4)
     x = rng.standard_normal((n, N_FEATURES), dtype=np.float32)
     return NumpyRows(x, rng.integers(0, N_CLASSES, n), make)

@@ -1,6 +1,6 @@
 """A block found as the first capture's loop ends still has its sites: the user's line, the
 nn.Module and the phase of each entry come from what the capture recorded before the plan
-came (gt_core.client.early_sites). The plan's arrival is held back and released by the test,
+came (gt_core.client.plans.early_sites). The plan's arrival is held back and released by the test,
 not timed: the loop ends right after the worker found the block, before its plan reached
 the client. Eager PyTorch is the oracle of the numbers.
 """
@@ -15,9 +15,9 @@ import torch
 from conftest import line_of
 
 import gt_core
-from gt_core.client.early_sites import EarlySites
+from gt_core.client.plans.early_sites import EarlySites
 from gt_core.client.session import Session
-from gt_core.client.sites import Siting
+from gt_core.client.plans.sites import Siting
 from gt_core.observe import events as ev
 from gt_core.stream.canonical import FreeEntry, OpEntry
 from gt_core.stream.instructions import FREE, OP, PUT, Free, Op, Put, Ref

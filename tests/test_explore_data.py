@@ -10,7 +10,7 @@ import torch
 from conftest import line_of
 
 import gt_core
-from gt_core.client.sites import Siting
+from gt_core.client.plans.sites import Siting
 from gt_core.observe import events as ev
 from gt_core.observe.explore import lines
 

@@ -13,7 +13,7 @@ from IPython.core.error import UsageError
 import gt_core
 from gt_core.client import capture as _capture
 from gt_core.options import from_env, load_signals
-from gt_core.workloads import TRANSFORMER, mlp, training_step
+from gt_bench.workloads import TRANSFORMER, mlp, training_step
 from gt_jupyter._render import to_html
 
 STEPS = 50

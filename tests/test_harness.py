@@ -120,9 +120,9 @@ def test_the_first_steps_and_the_settled_chunks_are_timed_apart():
 
 
 def test_corpus_stands_for_every_real_loop_and_each_iterates_its_own_data():
-    """``corpus`` names every loop of benchmarks/corpus.py; a loop's iteration draws the
+    """``corpus`` names every loop of gt_bench/corpus; a loop's iteration draws the
     next batch of its DataLoader (two iterations, two batches) and returns the loss."""
-    import corpus
+    from gt_bench import corpus
 
     names = harness.workloads(["mlp", "corpus"])
     assert names == ["mlp", *(f"corpus:{n}" for n in corpus.names())]

@@ -514,7 +514,7 @@ def test_reset_forgets_the_runs_the_worker_had_not_yet_reported(process):
     """A worker process publishes a block's runs up to a twentieth of a second after them:
     reset() takes those in before it forgets, or they showed in the history after it as a
     hot path running without its detection (no canonical form, status 'recording')."""
-    from gt_core.workloads import fed
+    from gt_bench.workloads import fed
 
     with gt_core.capture(auto_compile=True):
         f = fed(16, n_batches=10)

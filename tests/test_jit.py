@@ -16,7 +16,7 @@ import gt_core
 from gt_core.client import capture as _capture
 from gt_core.client.patches import patch_capturable
 from gt_core.stream.instructions import RUN
-from gt_core.workloads import step_fn, training_step
+from gt_bench.workloads import step_fn, training_step
 
 
 def _jit_events(state=None):

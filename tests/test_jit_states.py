@@ -12,7 +12,7 @@ from torch import nn
 
 import gt_core
 from gt_core.observe.jit_states import TRANSITIONS, JitReason, JitState, Trigger, next_state
-from gt_core.workloads import training_step
+from gt_bench.workloads import training_step
 
 
 def _events():

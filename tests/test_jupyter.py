@@ -373,7 +373,7 @@ def test_observe_and_signal_do_not_import_torch_and_the_api_loads_on_first_use()
         "assert 'torch' not in sys.modules, 'torch imported at load'\n"
         "assert sorted(set(gt_core.__all__) - set(dir(gt_core))) == []\n"
         "from gt_core import capture\n"
-        "import gt_core.options, gt_core.remote\n"
+        "import gt_core.options, gt_core.worker_process\n"
         "assert 'torch' in sys.modules\n"
         "assert callable(gt_core.worker) and callable(gt_core.config), 'a module hid a function'\n"
         "assert callable(gt_core.diagnostics) and gt_core.capture is capture\n"

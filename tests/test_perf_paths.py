@@ -202,7 +202,7 @@ def test_reduce_overhead_mode_reaches_the_compiled_block(inprocess, monkeypatch)
 
 
 def test_int_lists_and_scalar_keywords_take_the_fast_path(inprocess, monkeypatch):
-    from gt_core.client import record as _recording
+    from gt_core.client.recording import record as _recording
 
     slow = []
     real = _recording._record
@@ -231,7 +231,7 @@ def test_int_lists_and_scalar_keywords_take_the_fast_path(inprocess, monkeypatch
 
 
 def test_changing_floats_reuse_cached_metadata_where_values_cannot_matter(inprocess):
-    from gt_core.client import meta
+    from gt_core.client.recording import meta
 
     with gt_core.capture():
         torch.manual_seed(0)
@@ -266,7 +266,7 @@ def test_the_inline_cache_key_equals_the_one_the_slow_path_builds(inprocess, mon
     """record builds an op's metadata-cache key inline, by hand; on an op's first sight the
     inline lookup misses and _record looks its own key up at once: both keys are logged, and
     must be the same key (else the two paths would fill the cache twice, or disagree)."""
-    from gt_core.client import record as _recording
+    from gt_core.client.recording import record as _recording
 
     log = []
 

@@ -9,7 +9,7 @@ import torch
 from conftest import assert_close
 
 import gt_core
-from gt_core.client.plan_match import PlanMatcher
+from gt_core.client.plans.plan_match import PlanMatcher
 from gt_core.stream.canonical import OpEntry
 from gt_core.stream.instructions import OP, RUN, Op, Ref
 from gt_core.stream.meta import TensorMeta

@@ -11,11 +11,11 @@ from models import mlp
 
 import gt_core
 from gt_core import events as ev
-from gt_core.client.plan_match import PlanMatcher
+from gt_core.client.plans.plan_match import PlanMatcher
 from gt_core.hotpath.judge import _MAX_PROBES, _WARM_UP
 from gt_core.observe.metrics import MIN_BASELINE
 from gt_core.observe.status import Status
-from gt_core.remote.cpu_share import CpuShare as _CpuShare
+from gt_core.worker_process.cpu_share import CpuShare as _CpuShare
 from gt_core.stream.canonical import FreeEntry, OpEntry
 from gt_core.stream.instructions import FREE, OP, PUT, RUN, Free, Op, Put, Ref
 from gt_core.stream.lift import Scalar
@@ -461,7 +461,7 @@ def test_iteration_timings_travel_together_and_a_sync_brings_them_all(hot, monke
 def test_the_worker_inbox_knows_when_the_client_waits():
     import multiprocessing as mp
 
-    from gt_core.remote.serve import _Inbox
+    from gt_core.worker_process.serve import _Inbox
 
     a, b = mp.Pipe()
     for msg in [("batch", [1]), ("req", "fetch", 3), ("batch", [2])]:
@@ -479,7 +479,7 @@ def test_the_worker_inbox_knows_when_a_jit_client_far_ahead_waits_for_a_mark():
 
     from gt_core.client.jit.replay import IN_FLIGHT
     from gt_core.client.jit.replay import MARK_EVERY as _MARK_EVERY
-    from gt_core.remote.serve import _Inbox
+    from gt_core.worker_process.serve import _Inbox
 
     a, b = mp.Pipe()
     inbox = _Inbox(b)
@@ -503,7 +503,7 @@ def test_the_worker_inbox_reads_every_frame_whole(duplex):
     import multiprocessing as mp
     import threading
 
-    from gt_core.remote import serve
+    from gt_core.worker_process import serve
 
     reader, writer = mp.Pipe(duplex=duplex)
     if duplex:
@@ -533,7 +533,7 @@ def two_threads():
 
 
 def test_compiled_runs_leave_a_core_to_the_client_and_eager_ops_keep_eagers_count(two_threads):
-    from gt_core.remote.cpu_share import CpuShare as _CpuShare
+    from gt_core.worker_process.cpu_share import CpuShare as _CpuShare
 
     share = _CpuShare(torch.device("cpu"))
     share.set(client_waits=False)  # the client records beside the worker
@@ -556,7 +556,7 @@ def test_a_worker_process_starts_with_openmp_threads_that_spin_briefly(process, 
     """Spinning OpenMP threads of the worker hold a core the client's recording wants."""
     import psutil
 
-    from gt_core.remote.cpu_share import SPIN, worker_environment
+    from gt_core.worker_process.cpu_share import SPIN, worker_environment
 
     assert psutil.Process(process.pid).environ().get("GOMP_SPINCOUNT") == SPIN
     for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
@@ -574,7 +574,7 @@ def test_a_worker_process_starts_with_openmp_threads_that_spin_briefly(process, 
 
 
 def test_each_block_keeps_the_thread_count_it_ran_faster_with_while_the_client_waits(two_threads):
-    from gt_core.remote.cpu_share import CpuShare as _CpuShare
+    from gt_core.worker_process.cpu_share import CpuShare as _CpuShare
 
     share = _CpuShare(torch.device("cpu"))
     share.set(client_waits=False)
@@ -600,7 +600,7 @@ def test_each_block_keeps_the_thread_count_it_ran_faster_with_while_the_client_w
 
 
 def test_a_sync_that_arrives_after_its_run_gives_the_block_every_core(two_threads):
-    from gt_core.remote.cpu_share import CpuShare as _CpuShare
+    from gt_core.worker_process.cpu_share import CpuShare as _CpuShare
 
     share = _CpuShare(torch.device("cpu"))
     share.set(client_waits=False)  # the RUN came alone: the client records beside it

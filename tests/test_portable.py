@@ -11,8 +11,8 @@ from conftest import assert_close
 from models import TRANSFORMER, train
 
 import gt_core
-from gt_core.remote import executor as _executor
-from gt_core.remote import portable as _portable
+from gt_core.worker_process import executor as _executor
+from gt_core.worker_process import portable as _portable
 
 aten = torch.ops.aten
 FWD = aten._scaled_dot_product_flash_attention_for_cpu.default
@@ -125,7 +125,7 @@ def test_llama_trains_through_portable_grouped_query_attention_equal_to_eager(as
     """A library model with grouped-query attention (``transformers`` Llama: 4 query heads, 2
     key/value heads), as a GPU worker runs it: eagerly, then compiled, equal to eager."""
     pytest.importorskip("transformers")
-    from gt_core import zoo
+    from gt_bench import zoo
 
     z = zoo.build("llama")
     want = [z.step(*z.batch).item() for _ in range(8)]

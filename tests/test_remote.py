@@ -1,4 +1,4 @@
-"""The remote worker over 127.0.0.1: `python -m gt_core.remote` served in a subprocess."""
+"""The remote worker over 127.0.0.1: `python -m gt_core.worker_process` served in a subprocess."""
 
 import os
 import pickle
@@ -14,13 +14,13 @@ from IPython.core.error import UsageError
 
 import gt_core
 from gt_core.options import from_env
-from gt_core.workloads import mlp
+from gt_bench.workloads import mlp
 
 KEY = b"a-test-key-0123456789abcdef"
 
 
 class Server:
-    """``python -m gt_core.remote --listen 127.0.0.1:0`` in a subprocess; its port, its lines."""
+    """``python -m gt_core.worker_process --listen 127.0.0.1:0`` in a subprocess; its port, its lines."""
 
     def __init__(self, key_file):
         self.proc, self.address = start_listener([sys.executable], key_file)
@@ -180,7 +180,7 @@ def test_a_killed_remote_worker_is_one_line_and_a_fresh_capture_reconnects(serve
     with pytest.raises(gt_core.RemoteRefused, match="cannot reach the remote worker") as info:
         with gt_core.capture():
             pass
-    assert "python -m gt_core.remote --listen" in str(info.value)
+    assert "python -m gt_core.worker_process --listen" in str(info.value)
 
 
 def test_gt_worker_tcp_and_the_authkey_file_option(server, key_file, monkeypatch):

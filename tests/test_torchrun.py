@@ -12,14 +12,14 @@ import torch
 from conftest import start_listener, until
 
 import gt_core
-from gt_core.workloads import mlp, training_step
+from gt_bench.workloads import mlp, training_step
 
 KEY = b"a-torchrun-test-key-0123456789"
 STEPS = 12
 
 
 class Torchrun:
-    """``torchrun --standalone --nproc-per-node=2 -m gt_core.remote --listen 127.0.0.1:0``."""
+    """``torchrun --standalone --nproc-per-node=2 -m gt_core.worker_process --listen 127.0.0.1:0``."""
 
     def __init__(self, key_file):
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")

@@ -5,7 +5,7 @@ import torch
 from conftest import assert_close
 
 import gt_core
-from gt_core.remote.executor import Executor
+from gt_core.worker_process.executor import Executor
 from gt_core.stream.instructions import DEFOP, OP, PUT, DefOp, Op, Put, Ref
 
 

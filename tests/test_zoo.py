@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import gt_core
-from gt_core import zoo
+from gt_bench import zoo
 
 pytest.importorskip("transformers")
 

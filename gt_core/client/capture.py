@@ -15,7 +15,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import held
-from gt_core.client.mode import CaptureMode
+from gt_core.client.recording.mode import CaptureMode
 from gt_core.client.patches import (
     patch_capturable,
     patch_default_dtype,
@@ -27,7 +27,7 @@ from gt_core.client.patches import (
     unpatch_seed,
     unpatch_threads,
 )
-from gt_core.client.proxy import Proxy
+from gt_core.client.recording.proxy import Proxy
 from gt_core.client.session import Session, set_live_session
 from gt_core.diagnostics.stance import in_worker as _in_worker
 from gt_core.diagnostics.stance import routing
@@ -267,7 +267,7 @@ def _patch(opts) -> None:
     patch_seed(lambda: _here.session)
     patch_default_dtype(lambda: _here.session)
     patch_capturable(True)
-    from gt_core.client.tensor_io import place_optimizer_state
+    from gt_core.client.recording.tensor_io import place_optimizer_state
 
     _state["opt_hook"] = register_optimizer_step_pre_hook(place_optimizer_state)
     patch_sharing(True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from gt_core.client.capture import session
-from gt_core.client.proxy import Proxy
+from gt_core.client.recording.proxy import Proxy
 from gt_core.client.session import LOCK
-from gt_core.client.uploads import upload
+from gt_core.client.recording.uploads import upload
 
 __all__ = ["to_worker"]
 

@@ -11,10 +11,10 @@ import sys
 import torch
 import torch.optim.optimizer as _torch_optimizer
 
-from gt_core.client.mode import made_on_host
-from gt_core.client.proxy import is_remote
+from gt_core.client.recording.mode import made_on_host
+from gt_core.client.recording.proxy import is_remote
 from gt_core.client.session import LOCK
-from gt_core.client.uploads import upload
+from gt_core.client.recording.uploads import upload
 from gt_core.diagnostics.stance import in_worker
 from gt_core.observe import events as ev
 
@@ -275,7 +275,7 @@ def _batched(fetcher, index) -> bool:
 
 def _batches_go_up_together(next_batch):
     """A DataLoader iterator's ``__next__`` whose batches' host tensors are uploaded together
-    (gt_core.client.uploads.batch), whichever of them a step uses first.
+    (gt_core.client.recording.uploads.batch), whichever of them a step uses first.
 
     A batch from the loader's processes is unpickled here without the capture mode: it is
     host data (rebuilding each tensor made an ``empty`` on the worker, a stray op in every
@@ -284,7 +284,7 @@ def _batches_go_up_together(next_batch):
     from torch.utils._pytree import tree_leaves
     from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 
-    from gt_core.client.uploads import batch
+    from gt_core.client.recording.uploads import batch
 
     def run(self):
         if isinstance(self, _MultiProcessingDataLoaderIter):

@@ -4,7 +4,7 @@ A session lives as long as its worker. Restarting the worker starts a new sessio
 proxy can tell whether the worker that holds its value still exists.
 
 Every instruction goes through :meth:`Session.emit`. Once the worker has sent plans of its
-hot blocks, emit hands instructions to the :class:`~gt_core.client.plan_match.PlanMatcher`, which turns each
+hot blocks, emit hands instructions to the :class:`~gt_core.client.plans.plan_match.PlanMatcher`, which turns each
 complete occurrence into one RUN and sends it at once (the worker runs step i while the
 client records step i+1). Proxies that die only queue their id (``freed``): a free never
 re-enters the matcher from a destructor; it joins the stream before the next instruction.
@@ -21,11 +21,11 @@ import time
 import weakref
 from collections import deque
 
-from gt_core.client.early_sites import EarlySites
+from gt_core.client.plans.early_sites import EarlySites
 from gt_core.client.interrupt import check as check_interrupt
-from gt_core.client.mirror import Mirror
-from gt_core.client.plan_match import PlanMatcher
-from gt_core.client.sites import Lines
+from gt_core.client.recording.mirror import Mirror
+from gt_core.client.plans.plan_match import PlanMatcher
+from gt_core.client.plans.sites import Lines
 from gt_core.errors import WorkerDied, WorkerLost
 from gt_core.observe import events as ev
 from gt_core.options import Options
@@ -319,18 +319,18 @@ def _transport_class(options: Options):
     process, or a remote one."""
     worker = options.worker
     if options.workers > 1 and worker == "process":
-        from gt_core.client.group import GroupTransport
+        from gt_core.client.transports.group import GroupTransport
 
         return GroupTransport
     if worker == "inprocess":
-        from gt_core.client.inprocess import InProcessTransport
+        from gt_core.client.transports.inprocess import InProcessTransport
 
         return InProcessTransport
     if worker.startswith("tcp://"):
-        from gt_core.client.remote import RemoteTransport
+        from gt_core.client.transports.tcp import RemoteTransport
 
         return RemoteTransport
-    from gt_core.client.transport import ProcessTransport
+    from gt_core.client.transports.transport import ProcessTransport
 
     return ProcessTransport
 

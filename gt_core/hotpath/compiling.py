@@ -37,7 +37,7 @@ _DYNAMO = threading.Lock()
 
 # How long close() waits for the threads compiling. One waiting on the compile process ends
 # as soon as the process is closed; one compiling in the worker cannot be stopped and may
-# take minutes, so the worker's exit does not wait for it (see gt_core.remote.ending).
+# take minutes, so the worker's exit does not wait for it (see gt_core.worker_process.ending).
 _END_S = 1.0
 
 
@@ -49,7 +49,7 @@ class Compiler:
         self.outbox = outbox
         self.options = options
         self.compiling = 0  # compiles under way (the worker leaves them a core)
-        # Whether an outcome holds on every rank of a worker group (see gt_core.remote.group);
+        # Whether an outcome holds on every rank of a worker group (see gt_core.worker_process.group);
         # one worker: as it is.
         self.agree = _alone
         # A worker group's sharding (the executor's ShardPolicy), or None: see _examples.

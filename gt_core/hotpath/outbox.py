@@ -45,7 +45,7 @@ class Outbox:
         self._urgent = False  # an event other than an iteration's timing is pending
         self.closed = False
         # Fields every iteration event carries, as they are when it is emitted (a worker
-        # group's rank: its collectives so far, see gt_core.remote.comms); None: none.
+        # group's rank: its collectives so far, see gt_core.worker_process.comms); None: none.
         self.stamp = None
         # (signature) -> None, before any other event of a block: it says what it is first,
         # if the client forgot (Registry.announce); None: nothing to say.

@@ -65,7 +65,7 @@ PLAN = "hotpath.plan"  # signature, plan (a gt_core.stream.plan.Plan, or None to
 # Worker lifecycle and client statistics
 WORKER = "worker"  # state ("started" | "died" | "stopped"), pid, device, cause
 GROUP = "worker.group"  # rank, world, agreements, comm, pid: a worker group's rank, as it starts and agrees
-# comm: a rank's collectives so far, {kind: (count, bytes)} (gt_core.remote.comms); a worker
+# comm: a rank's collectives so far, {kind: (count, bytes)} (gt_core.worker_process.comms); a worker
 # group's iteration events carry it too, so that each step's collectives are known
 SHARDED = "worker.sharded"  # op, reason: an op of sharded values ran replicated (said once per op)
 # rank, world, pid, runs {kind: n}, compiled [sig], step_ms, collectives (all kinds, so far),

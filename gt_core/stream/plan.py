@@ -55,13 +55,13 @@ class Plan:
         self.n_scalars = n_scalars
         e = entries[0]
         self.first = e.op if e.kind == "op" else "free"
-        # Client side, per entry: what recording it found once (gt_core.client.follow's
+        # Client side, per entry: what recording it found once (gt_core.client.plans.follow's
         # Learned), so later occurrences follow the plan without a lookup.
         self.learned: list = [None] * len(entries)
         # (shape, stride, dtype) of each input, as the worker checks a RUN's inputs (the
         # device is the worker's own): several blocks may share their ops and differ only
         # here (one step at two batch sizes), and the client sends each occurrence as the
-        # RUN of the plan its inputs fit (gt_core.client.plan_match). Empty: not checked.
+        # RUN of the plan its inputs fit (gt_core.client.plans.plan_match). Empty: not checked.
         self.input_meta = input_meta
 
     def __reduce__(self):

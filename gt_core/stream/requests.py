@@ -1,7 +1,7 @@
 """Requests to the worker: one NamedTuple per kind, beside the instructions they follow.
 
 A request flushes the stream and waits for its answer (a sync): the worker runs everything
-sent before it, then answers by the request's type (gt_core.remote.serve). ``kind`` names the
+sent before it, then answers by the request's type (gt_core.worker_process.serve). ``kind`` names the
 request in the worker's sync point and in the client's messages ("waiting for fetch");
 requests of kind "engine" ask the hot-path engine (gt_core.hotpath.engine.Engine.control)
 and may wait long on purpose (compiles).

@@ -40,7 +40,7 @@ def choices(data: dict) -> list[tuple[str, str]]:
 def first_shown(data: dict, keys: list[str], default: str | None) -> str | None:
     """The hot path to open on: ``default`` where its ops carry their lines, else the last
     listed one whose ops do (a block whose lines were not taken yet draws no module groups:
-    see gt_core.client.sites), else ``default``."""
+    see gt_core.client.plans.sites), else ``default``."""
 
     def sited(key: str | None) -> bool:
         p = path_of(data, key or "")

@@ -40,7 +40,7 @@ from gt_core.client.jit.settings import (
     wrapped,
 )
 from gt_core.client.jit.traced import as_traced
-from gt_core.client.proxy import Proxy
+from gt_core.client.recording.proxy import Proxy
 from gt_core.client.session import LOCK
 from gt_core.observe import events as ev
 from gt_core.observe import metrics

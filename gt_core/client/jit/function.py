@@ -15,10 +15,10 @@ from torch.utils._pytree import tree_flatten
 
 from gt_core.client import capture as _capture
 from gt_core.client.jit.entry import Entry
-from gt_core.client.meta import where_free_id
-from gt_core.client.proxy import Proxy
+from gt_core.client.recording.meta import where_free_id
+from gt_core.client.recording.proxy import Proxy
 from gt_core.client.session import LOCK
-from gt_core.client.uploads import upload
+from gt_core.client.recording.uploads import upload
 
 __all__ = ["jit", "Jit"]
 

@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from gt_core.client.proxy import Proxy
+from gt_core.client.recording.proxy import Proxy
 
 __all__ = ["Place", "Reached", "reach_roots", "walk", "tensor_slots", "id_before"]
 

@@ -11,8 +11,8 @@ from gt_core.client.jit.program import reads_in
 from gt_core.client.jit.reach import Place, id_before
 from gt_core.client.jit.recording import Recording, Refused
 from gt_core.client.jit.settings import knobs, settings_in, touched
-from gt_core.client.plan_match import Candidate
-from gt_core.client.proxy import Proxy
+from gt_core.client.plans.plan_match import Candidate
+from gt_core.client.recording.proxy import Proxy
 from gt_core.observe.jit_states import JitReason
 from gt_core.stream.instructions import FREE, PUT
 from gt_core.stream.lift import Scalar

@@ -15,9 +15,9 @@ from torch.utils._pytree import tree_flatten
 
 from gt_core.client.jit.program import differs
 from gt_core.client.jit.settings import agree
-from gt_core.client.meta import where_free_id
-from gt_core.client.proxy import Proxy
-from gt_core.client.uploads import CONSTANT_NUMEL
+from gt_core.client.recording.meta import where_free_id
+from gt_core.client.recording.proxy import Proxy
+from gt_core.client.recording.uploads import CONSTANT_NUMEL
 from gt_core.observe.jit_states import JitReason
 from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
 

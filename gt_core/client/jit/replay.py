@@ -13,8 +13,8 @@ import torch
 from torch.utils._pytree import tree_unflatten
 
 from gt_core.client.jit.recipe import OUT
-from gt_core.client.meta import where_free_id
-from gt_core.client.proxy import Proxy
+from gt_core.client.recording.meta import where_free_id
+from gt_core.client.recording.proxy import Proxy
 from gt_core.client.session import LOCK
 from gt_core.stream.instructions import FREE, OP, RUN, Free, Ref, Run
 
