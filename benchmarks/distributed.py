@@ -30,8 +30,8 @@ import time
 import torch
 
 import gt_core
-from gt_core.observe.ranks import rows
 from gt_bench.workloads import step_fn
+from gt_core.observe.ranks import rows
 
 
 def _eager(batch: int, steps: int) -> float:

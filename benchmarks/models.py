@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 
 import gt_core
-from gt_core import bench
+from gt_bench import bench
 
 if __name__ == "__main__":
     try:

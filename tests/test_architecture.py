@@ -62,7 +62,7 @@ def test_observe_imports_no_torch():
     assert out.stdout.strip() == "False"
 
 
-_DOTTED = re.compile(r"\bgt_(?:core|jupyter)(?:\.[A-Za-z_]\w*)+")
+_DOTTED = re.compile(r"\bgt_(?:core|jupyter|bench)(?:\.[A-Za-z_]\w*)+")
 
 
 def _resolves(dotted: str) -> bool:
@@ -83,12 +83,14 @@ def _resolves(dotted: str) -> bool:
 
 def test_dotted_names_in_comments_and_docstrings_resolve():
     """A comment, docstring, README, doc or notebook that names a module or attribute of
-    gt_core by its dotted path names one that exists (a rename leaves no stale reference)."""
+    gt_core, gt_jupyter or gt_bench by its dotted path names one that exists (a rename
+    leaves no stale reference)."""
     stale = []
     for path in [
         *_sources(),
         *sorted((ROOT / "tests").glob("*.py")),
         *sorted((ROOT / "benchmarks").glob("*.py")),
+        *sorted((ROOT / "gt_bench").rglob("*.py")),
     ]:
         with tokenize.open(path) as f:
             tokens = list(tokenize.generate_tokens(f.readline))

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from gt_core import bench
+from gt_bench import bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

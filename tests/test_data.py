@@ -29,10 +29,10 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import gt_core
+from gt_bench.workloads import NumpyRows, fed
 from gt_core.client import capture as _capture
 from gt_core.client import interrupt as _interrupt
 from gt_core.stream import staging
-from gt_bench.workloads import NumpyRows, fed
 
 SHM = "/dev/shm"
 

@@ -13,10 +13,10 @@ import torch
 from conftest import assert_close
 
 import gt_core
+from gt_bench.examples.kv_cache import generate, make_models
 from gt_core import events as ev
 from gt_core.diagnostics import recompile_limit
 from gt_core.diagnostics.watcher import Watcher
-from gt_bench.examples.kv_cache import generate, make_models
 from gt_core.observe.user_compiles import summarize_user_compiles
 
 HERE = __file__

@@ -16,8 +16,8 @@ from conftest import line_of
 
 import gt_core
 from gt_core.client.plans.early_sites import EarlySites
-from gt_core.client.session import Session
 from gt_core.client.plans.sites import Siting
+from gt_core.client.session import Session
 from gt_core.observe import events as ev
 from gt_core.stream.canonical import FreeEntry, OpEntry
 from gt_core.stream.instructions import FREE, OP, PUT, Free, Op, Put, Ref

@@ -11,9 +11,9 @@ from conftest import until
 from IPython.core.error import UsageError
 
 import gt_core
+from gt_bench.workloads import TRANSFORMER, mlp, training_step
 from gt_core.client import capture as _capture
 from gt_core.options import from_env, load_signals
-from gt_bench.workloads import TRANSFORMER, mlp, training_step
 from gt_jupyter._render import to_html
 
 STEPS = 50

@@ -13,10 +13,10 @@ from models import TRANSFORMER, mlp
 from torch import nn
 
 import gt_core
+from gt_bench.workloads import step_fn, training_step
 from gt_core.client import capture as _capture
 from gt_core.client.patches import patch_capturable
 from gt_core.stream.instructions import RUN
-from gt_bench.workloads import step_fn, training_step
 
 
 def _jit_events(state=None):

@@ -11,8 +11,8 @@ import torch
 from torch import nn
 
 import gt_core
-from gt_core.observe.jit_states import TRANSITIONS, JitReason, JitState, Trigger, next_state
 from gt_bench.workloads import training_step
+from gt_core.observe.jit_states import TRANSITIONS, JitReason, JitState, Trigger, next_state
 
 
 def _events():

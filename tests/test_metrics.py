@@ -68,7 +68,7 @@ def test_the_medians_are_the_metrics_definitions():
 
 
 def test_the_bench_break_even_is_the_metrics_one():
-    from gt_core import bench  # noqa: PLC0415 (imports torch)
+    from gt_bench import bench  # noqa: PLC0415 (imports torch)
 
     gt_s = [0.05, 0.02, 0.004, 0.004, 0.004, 0.004, 0.004, 0.004, 0.004, 0.004, 0.004, 0.004]
     # Against 10 ms per eager iteration: after n, gt's total is 62 + 4n ms, below 10n from 11.

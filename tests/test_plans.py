@@ -15,11 +15,11 @@ from gt_core.client.plans.plan_match import PlanMatcher
 from gt_core.hotpath.judge import _MAX_PROBES, _WARM_UP
 from gt_core.observe.metrics import MIN_BASELINE
 from gt_core.observe.status import Status
-from gt_core.worker_process.cpu_share import CpuShare as _CpuShare
 from gt_core.stream.canonical import FreeEntry, OpEntry
 from gt_core.stream.instructions import FREE, OP, PUT, RUN, Free, Op, Put, Ref
 from gt_core.stream.lift import Scalar
 from gt_core.stream.plan import Plan, Slot, expand
+from gt_core.worker_process.cpu_share import CpuShare as _CpuShare
 
 # -- the matcher on its own ----------------------------------------------------------------
 # mm(in0, in1) -> t0; mul(t0, <lifted float>) -> t1; free t0; add_(in0, t1, alpha=1)

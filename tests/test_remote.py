@@ -13,8 +13,8 @@ from conftest import start_listener, until
 from IPython.core.error import UsageError
 
 import gt_core
-from gt_core.options import from_env
 from gt_bench.workloads import mlp
+from gt_core.options import from_env
 
 KEY = b"a-test-key-0123456789abcdef"
 

@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 
 import gt_core
+from gt_bench.workloads import TRANSFORMER, mlp, training_step
 from gt_core.client import capture as _capture
 from gt_core.observe import events as ev
-from gt_bench.workloads import TRANSFORMER, mlp, training_step
 from gt_jupyter._render import to_html
 
 

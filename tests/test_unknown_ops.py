@@ -5,8 +5,8 @@ import torch
 from conftest import assert_close
 
 import gt_core
-from gt_core.worker_process.executor import Executor
 from gt_core.stream.instructions import DEFOP, OP, PUT, DefOp, Op, Put, Ref
+from gt_core.worker_process.executor import Executor
 
 
 # Defined in the client's process only: a spawned worker has never heard of it.

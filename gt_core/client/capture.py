@@ -15,7 +15,6 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import held
-from gt_core.client.recording.mode import CaptureMode
 from gt_core.client.patches import (
     patch_capturable,
     patch_default_dtype,
@@ -27,6 +26,7 @@ from gt_core.client.patches import (
     unpatch_seed,
     unpatch_threads,
 )
+from gt_core.client.recording.mode import CaptureMode
 from gt_core.client.recording.proxy import Proxy
 from gt_core.client.session import Session, set_live_session
 from gt_core.diagnostics.stance import in_worker as _in_worker

@@ -6,8 +6,8 @@ import torch
 
 from gt_core.client.capture import session
 from gt_core.client.recording.proxy import Proxy
-from gt_core.client.session import LOCK
 from gt_core.client.recording.uploads import upload
+from gt_core.client.session import LOCK
 
 __all__ = ["to_worker"]
 

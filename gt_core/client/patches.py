@@ -13,8 +13,8 @@ import torch.optim.optimizer as _torch_optimizer
 
 from gt_core.client.recording.mode import made_on_host
 from gt_core.client.recording.proxy import is_remote
-from gt_core.client.session import LOCK
 from gt_core.client.recording.uploads import upload
+from gt_core.client.session import LOCK
 from gt_core.diagnostics.stance import in_worker
 from gt_core.observe import events as ev
 

@@ -21,11 +21,11 @@ import time
 import weakref
 from collections import deque
 
-from gt_core.client.plans.early_sites import EarlySites
 from gt_core.client.interrupt import check as check_interrupt
-from gt_core.client.recording.mirror import Mirror
+from gt_core.client.plans.early_sites import EarlySites
 from gt_core.client.plans.plan_match import PlanMatcher
 from gt_core.client.plans.sites import Lines
+from gt_core.client.recording.mirror import Mirror
 from gt_core.errors import WorkerDied, WorkerLost
 from gt_core.observe import events as ev
 from gt_core.options import Options

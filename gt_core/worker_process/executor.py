@@ -13,9 +13,6 @@ import sys
 import torch
 
 from gt_core.errors import OutputMismatch, UnsupportedOperation
-from gt_core.worker_process.outputs import described, fit, grad_on
-from gt_core.worker_process.portable import for_device
-from gt_core.worker_process.shard import local
 from gt_core.stream.instructions import (
     DEFOP,
     FREE,
@@ -29,6 +26,9 @@ from gt_core.stream.instructions import (
     resolve_op,
 )
 from gt_core.stream.meta import ValueMeta, value_meta
+from gt_core.worker_process.outputs import described, fit, grad_on
+from gt_core.worker_process.portable import for_device
+from gt_core.worker_process.shard import local
 
 __all__ = ["Executor", "describe_args", "Unresolved"]
 

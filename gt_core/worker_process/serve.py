@@ -17,13 +17,13 @@ import torch
 from gt_core.hotpath.engine import Engine
 from gt_core.observe import events as ev
 from gt_core.options import shard_axes
+from gt_core.stream import requests as rq
+from gt_core.stream import staging
+from gt_core.stream.instructions import PUT, RNG, SYNC, Sync, from_wire, import_op_modules
 from gt_core.worker_process import published
 from gt_core.worker_process.cpu_share import CpuShare
 from gt_core.worker_process.executor import Executor
 from gt_core.worker_process.group import Group, adjust
-from gt_core.stream import requests as rq
-from gt_core.stream import staging
-from gt_core.stream.instructions import PUT, RNG, SYNC, Sync, from_wire, import_op_modules
 
 __all__ = ["Worker", "worker_main", "serve", "refuse"]
 

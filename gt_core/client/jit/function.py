@@ -17,8 +17,8 @@ from gt_core.client import capture as _capture
 from gt_core.client.jit.entry import Entry
 from gt_core.client.recording.meta import where_free_id
 from gt_core.client.recording.proxy import Proxy
-from gt_core.client.session import LOCK
 from gt_core.client.recording.uploads import upload
+from gt_core.client.session import LOCK
 
 __all__ = ["jit", "Jit"]
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import torch
 
-from gt_core.client.session import live_session
 from gt_core.client.recording.shadows import written_args
 from gt_core.client.recording.uploads import upload
+from gt_core.client.session import live_session
 
 __all__ = ["takes_generator", "has_generator", "run_here"]
 

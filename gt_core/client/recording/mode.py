@@ -11,9 +11,9 @@ import threading
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
 
-from gt_core.client.recording.generators import draws, has_generator
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
+from gt_core.client.recording.generators import draws, has_generator
 from gt_core.client.recording.record import in_forked_child, record
 from gt_core.client.session import FORKED, LOCK
 

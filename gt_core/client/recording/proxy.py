@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import torch
 
-from gt_core.client.recording import tensor_io
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
+from gt_core.client.recording import tensor_io
 from gt_core.client.recording.meta import meta_id
 from gt_core.client.recording.record import in_forked_child, record
-from gt_core.client.session import FORKED, LOCK
 from gt_core.client.recording.tensor_io import is_fetched, mark_fetched
 from gt_core.client.recording.uploads import rebind, upload
+from gt_core.client.session import FORKED, LOCK
 from gt_core.stream.meta import TensorMeta
 
 __all__ = ["Proxy", "is_remote"]

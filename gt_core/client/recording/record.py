@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import torch
 
+from gt_core.client.interrupt import user_line
 from gt_core.client.plans.follow import Learned, follow, varying
 from gt_core.client.recording.generators import has_generator, run_here, takes_generator
-from gt_core.client.interrupt import user_line
 from gt_core.client.recording.meta import (
     ANY_FLOAT,
     SCALARS,
@@ -31,9 +31,9 @@ from gt_core.client.recording.meta import (
     meta_id,
     scalar_result,
 )
-from gt_core.client.session import live_session
 from gt_core.client.recording.shadows import read_shadows, update_shadows
 from gt_core.client.recording.uploads import rebind, upload
+from gt_core.client.session import live_session
 from gt_core.errors import UnsupportedOperation, WorkerLost
 from gt_core.stream.instructions import OP, Op, Ref, new
 from gt_core.stream.meta import Made, TensorMeta

@@ -47,8 +47,8 @@ class InProcessTransport(Transport):
     """The executor in this process: same code path, no second process (debugging, tests)."""
 
     def __init__(self, options, on_events):
-        from gt_core.worker_process.serve import Worker
         from gt_core.stream.instructions import import_op_modules
+        from gt_core.worker_process.serve import Worker
 
         self._on_events = on_events
         import_op_modules(options.worker_imports)

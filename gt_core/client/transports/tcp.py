@@ -19,8 +19,8 @@ from gt_core.client.transports.transport import Connected, no_modes
 from gt_core.errors import RemoteRefused
 from gt_core.observe import events as ev
 from gt_core.options import remote_address
-from gt_core.worker_process.listen import PROTOCOL, nodelay, read_authkey
 from gt_core.stream import staging
+from gt_core.worker_process.listen import PROTOCOL, nodelay, read_authkey
 
 __all__ = ["InlineStaging", "RemoteTransport", "set_authkey", "authkey_for"]
 

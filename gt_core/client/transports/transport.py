@@ -18,16 +18,16 @@ import types
 
 import torch
 
-from gt_core.client.transports.exits import doing as _doing
-from gt_core.client.transports.exits import exit_reason as _exit_reason
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import interruptible
+from gt_core.client.transports.exits import doing as _doing
+from gt_core.client.transports.exits import exit_reason as _exit_reason
 from gt_core.errors import WorkerDied
 from gt_core.observe import events as ev
-from gt_core.worker_process.cleanup import end_compile_process
 from gt_core.stream import staging
 from gt_core.stream.instructions import PUT, RNG, to_wire
 from gt_core.stream.requests import EventsSent, Ping
+from gt_core.worker_process.cleanup import end_compile_process
 
 __all__ = ["Transport", "Connected", "ProcessTransport"]
 
