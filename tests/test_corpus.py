@@ -41,6 +41,8 @@ JIT = {
     "llama-autocast": "replays",
     "convnext-onecycle": "replays",
     "distilbert-qa": "replays",
+    # (its first epoch, as here; the lr annealed after it is a Python float the step passes,
+    # compared: recorded again, then refused as python_number; docs/benchmarks.md)
     "lstm-bptt": "replays",
     "gru-plateau": "replays",
     "transformer-seq2seq": "replays",
