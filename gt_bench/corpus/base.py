@@ -23,6 +23,7 @@ __all__ = [
     "BATCH",
     "IMAGE",
     "TEXT",
+    "LLAMA",
 ]
 
 VOCAB, SEQ, BATCH, IMAGE = 64, 16, 8, 16
@@ -98,3 +99,5 @@ def hf_model(cls: str, config_cls: str, **config):
 
 
 TEXT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+# (a Llama: grouped-query attention, rotary embeddings; llama-autocast and peft-lora's base)
+LLAMA = dict(intermediate_size=64, num_key_value_heads=2, max_position_embeddings=64, **TEXT)

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 from gt_bench.corpus.base import (
     BATCH,
     IMAGE,
+    LLAMA,
     SEQ,
     TEXT,
     VOCAB,
@@ -157,14 +158,7 @@ def t5_adafactor(seed: int) -> Loop:
 
 def llama_autocast(seed: int) -> Loop:
     """A Llama under bfloat16 autocast on the CPU, AdamW with fused=False defaults."""
-    model = hf_model(
-        "LlamaForCausalLM",
-        "LlamaConfig",
-        intermediate_size=64,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        **TEXT,
-    )
+    model = hf_model("LlamaForCausalLM", "LlamaConfig", **LLAMA)
     loader = shuffled(tokens(seed), seed=seed)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 

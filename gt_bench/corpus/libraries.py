@@ -11,8 +11,8 @@ from torch import nn
 
 from gt_bench.corpus.base import (
     IMAGE,
+    LLAMA,
     SEQ,
-    TEXT,
     VOCAB,
     Loop,
     epochs,
@@ -73,14 +73,7 @@ def peft_lora(seed: int) -> Loop:
     import peft
     import transformers
 
-    base = hf_model(
-        "LlamaForCausalLM",
-        "LlamaConfig",
-        intermediate_size=64,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        **TEXT,
-    )
+    base = hf_model("LlamaForCausalLM", "LlamaConfig", **LLAMA)
     cfg = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.05)
     model = peft.get_peft_model(base, cfg).train()
     loader = shuffled(tokens(seed), seed=seed)

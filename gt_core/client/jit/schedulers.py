@@ -84,15 +84,21 @@ class End:
         if not self.closed and _pure(sched):
             return self._pure_step(step, args, kwargs)
         self.close()
+        try:
+            return self._eagerly(step, args, kwargs)
+        finally:
+            self._resume()
+
+    def _eagerly(self, step, args, kwargs):
+        """``step`` run as a replay steps it: eagerly, not as torch.compile traces."""
         self.depth += 1
-        was = torch.compiler._is_compiling_flag
-        torch.compiler._is_compiling_flag = False  # (as a replay steps it: eagerly)
+        flag = torch.compiler._is_compiling_flag
+        torch.compiler._is_compiling_flag = False
         try:
             return step(*args, **kwargs)
         finally:
-            torch.compiler._is_compiling_flag = was
+            torch.compiler._is_compiling_flag = flag
             self.depth -= 1
-            self._resume()
 
     def _pure_step(self, step, args, kwargs):
         s = self.session
@@ -101,14 +107,9 @@ class End:
             was = (_work(s.tee), len(s.tee_puts), dict(s.counters))
             if self.pure_at is None:
                 self.pure_at = len(s.tee)
-        self.depth += 1
-        flag = torch.compiler._is_compiling_flag
-        torch.compiler._is_compiling_flag = False  # (as a replay steps it: eagerly)
         try:
-            return step(*args, **kwargs)
+            return self._eagerly(step, args, kwargs)
         finally:
-            torch.compiler._is_compiling_flag = flag
-            self.depth -= 1
             with LOCK:
                 s.flush()
                 ops = _work(s.tee) - was[0] + len(s.tee_puts) - was[1]
