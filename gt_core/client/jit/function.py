@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten
 
 from gt_core.client import capture as _capture
 from gt_core.client.jit.entry import Entry
-from gt_core.client.recording.meta import where_free_id
+from gt_core.client.recording.meta import where_free_key
 from gt_core.client.recording.proxy import Proxy
 from gt_core.client.recording.uploads import upload
 from gt_core.client.session import LOCK
@@ -80,7 +80,7 @@ def _key(leaves, spec):
     parts = [spec]
     for x in leaves:
         if type(x) is Proxy:
-            parts.append((where_free_id(x._gt_m) if x._gt_m[3] else x._gt_k, x.requires_grad))
+            parts.append((where_free_key(x), x.requires_grad))
         else:
             parts.append((type(x), x))
     key = tuple(parts)

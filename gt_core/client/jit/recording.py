@@ -15,7 +15,7 @@ from torch.utils._pytree import tree_flatten
 
 from gt_core.client.jit.program import differs
 from gt_core.client.jit.settings import agree
-from gt_core.client.recording.meta import where_free_id
+from gt_core.client.recording.meta import where_free_key
 from gt_core.client.recording.proxy import Proxy
 from gt_core.client.recording.uploads import CONSTANT_NUMEL
 from gt_core.observe.jit_states import JitReason
@@ -38,9 +38,7 @@ class Recording:
     def __init__(self, leaves, roots, reached, after, result, instrs, puts=()):
         self.arg_ids = {x._gt_id: i for i, x in enumerate(leaves) if type(x) is Proxy}
         # (an argument's key wherever its storage begins, and where it begins: see offsets)
-        self.arg_keys = {
-            i: where_free_id(x._gt_m) for i, x in enumerate(leaves) if type(x) is Proxy
-        }
+        self.arg_keys = {i: where_free_key(x) for i, x in enumerate(leaves) if type(x) is Proxy}
         self.arg_offsets = {i: x._gt_m[3] for i, x in enumerate(leaves) if type(x) is Proxy}
         self.roots = [(place, obj) for place, obj in roots if place is not None]
         self.before, self.after = reached.slots, after

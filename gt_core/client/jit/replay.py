@@ -13,7 +13,7 @@ import torch
 from torch.utils._pytree import tree_unflatten
 
 from gt_core.client.jit.recipe import OUT
-from gt_core.client.recording.meta import where_free_id
+from gt_core.client.recording.meta import where_free_key
 from gt_core.client.recording.proxy import Proxy
 from gt_core.client.session import LOCK
 from gt_core.stream.instructions import FREE, OP, RUN, Free, Ref, Run
@@ -96,7 +96,7 @@ def _inputs_fast(entry, leaves) -> list | None:
 
 def _key_of(src, p) -> int:
     """An input's metadata key as the recipe holds it (an argument's wherever it begins)."""
-    return where_free_id(p._gt_m) if type(src) is int and p._gt_m[3] else p._gt_k
+    return where_free_key(p) if type(src) is int else p._gt_k
 
 
 def inputs(entry, leaves) -> list | None:

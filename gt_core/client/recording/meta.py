@@ -40,12 +40,13 @@ def meta_id(meta: TensorMeta) -> int:
     return mid
 
 
-def where_free_id(meta: TensorMeta) -> int:
-    """The metadata id of ``meta`` wherever its storage begins (storage offset 0): what a
+def where_free_key(p) -> int:
+    """The metadata id of proxy ``p`` wherever its storage begins (storage offset 0): what a
     jitted function's key holds for an argument, so that views of one tensor at successive
     offsets (batches sliced from a stream) are one key (see ``gt_core.client.jit.recording``:
     a block whose results would follow the offset is not replayed at another)."""
-    return meta_id(meta._replace(offset=0) if meta.offset else meta)
+    meta = p._gt_m
+    return meta_id(meta._replace(offset=0)) if meta.offset else p._gt_k
 
 
 SYNC_OP = object()  # cache marker: this op runs on the worker at once
