@@ -165,9 +165,39 @@ class _Writer:
 
     def loss_lines(self, names: dict, x: str, y: str, batch: str | None) -> list[str]:
         lines = self._loss_lines(names, x, y, batch)
-        if not self.spec.autocast:
-            return lines
-        return ['with torch.autocast("cpu", dtype=torch.bfloat16):', *("    " + a for a in lines)]
+        if self.spec.autocast:
+            lines = [
+                'with torch.autocast("cpu", dtype=torch.bfloat16):',
+                *("    " + a for a in lines),
+            ]
+        knob = self.knob(inside=True)
+        if self.spec.knob == "scale":
+            lines.append(f"loss = loss * {knob}")
+        elif self.spec.knob == "branch":
+            lines += [f"if {knob} > 0.5:", "    loss = loss * 2.0"]
+        return lines
+
+    def knob(self, inside: bool) -> str:
+        """The Python number the step reads (LoopSpec.knob), as the step or the loop names it."""
+        loc = self.spec.location
+        if loc in ("trainer", "module"):
+            return "self.knob" if inside else {"trainer": "trainer.knob", "module": "net.knob"}[loc]
+        return {"closure": 'cfg["knob"]', "opt-dict": "knob[0]", "opt-list": "knob"}.get(
+            loc, "KNOB"
+        )
+
+    def knob_init(self) -> None:
+        """The number's first value where it lives (a Trainer's or Net's own in __init__)."""
+        if self.spec.knob == "none":
+            return
+        self.code(
+            {
+                "closure": 'cfg = {"knob": 1.0}',
+                "opt-dict": "knob = [1.0]",
+                "opt-list": "knob = 1.0",
+                "globals": "KNOB = 1.0",
+            }.get(self.spec.location, "self.knob = 1.0")
+        )
 
     def _loss_lines(self, names: dict, x: str, y: str, batch: str | None) -> list[str]:
         s, m = self.spec, names["model"]
@@ -238,6 +268,10 @@ class _Writer:
                     self.zero_lines(names)
                 if stepped and not s.sched_first:
                     c(*self.each(names, "sched", "{}.step()"))
+            if s.knob == "decay":
+                with c.block("with torch.no_grad():"):
+                    c(f"for p in {names['model']}.parameters():")
+                    c(f"    p.mul_(1.0 - 0.01 * {self.knob(inside=True)})")
             if s.returns != "none":
                 c("return loss")
 
@@ -250,6 +284,8 @@ class _Writer:
         call = f"{fn}({call_args})"
         counted = (s.schedule in MANUAL and not s.sched_inside) or not s.accum_inside
         c("losses = []")
+        if s.knob != "none":
+            c("tick = 0")
         if s.data == "fixed":
             header = [f"for i in range({s.calls}):"]
         else:
@@ -272,6 +308,12 @@ class _Writer:
                     "item": f"losses.append({call}.item())",
                 }[s.returns]
             )
+            if s.knob != "none":
+                knob = self.knob(inside=False)
+                change = f"{knob} - 0.6" if s.knob == "branch" else f"{knob} * 0.5"
+                c("tick += 1")
+                with c.block(f"if tick == {s.calls // 2}:"):
+                    c(f"{knob} = {change}")
             if not s.accum_inside:
                 with c.block(f"if (i + 1) % {s.accum} == 0:"):
                     self.opt_step_lines(names)
@@ -473,6 +515,7 @@ class _Writer:
             with c.block("class Trainer:"):
                 with c.block(f"def __init__(self, {', '.join(args)}):"):
                     c(f"self.{', self.'.join(args)} = {', '.join(args)}")
+                    self.knob_init()
                     if counter:
                         c("self.it = 0")
                 c("")
@@ -487,6 +530,7 @@ class _Writer:
                         c(f"self.sched = {sched}")
                     if lstm:
                         c(f"self.hidden = {self.zeros_hidden()}")
+                    self.knob_init()
                     if counter:
                         c("self.it = 0")
                 c("")
@@ -544,6 +588,8 @@ class _Writer:
             c(f"hidden = {self.zeros_hidden()}")
         if s.schedule in MANUAL and s.sched_inside and loc not in ("trainer", "module"):
             c("it = 0")
+        if loc not in ("trainer", "module"):
+            self.knob_init()
         if loc == "trainer":
             args = ["model", "opt"]
             args += ["sched"] if self.sched_expr("opt") else []

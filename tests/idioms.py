@@ -99,6 +99,10 @@ class LoopSpec:
     sched_first: bool = False  # a scheduler inside steps before zero_grad (the Trainer's order)
     set_to_none: bool = True
     returns: str = "tensor"  # none | tensor (collected, read at the end) | item (each call)
+    # A Python number the step reads, which the loop halves (or lowers, across the branch's
+    # threshold) halfway, where the training state lives: none | scale (the loss times it) |
+    # branch (an ``if`` on it) | decay (a hand-written weight decay of the parameters by it)
+    knob: str = "none"
     calls: int = 12  # calls of the step
 
     def __str__(self) -> str:
@@ -223,6 +227,7 @@ def loops(draw) -> LoopSpec:
         sched_first=sched_inside and draw(st.booleans()),
         set_to_none=draw(st.booleans()),
         returns=draw(st.sampled_from(["tensor", "item", "none"])),
+        knob=draw(st.sampled_from(["none", "none", "scale", "branch", "decay"])),
         calls=calls,
     )
     steps = spec.steps
@@ -243,6 +248,7 @@ _SPREAD = (
     "groups",
     "norm",
     "returns",
+    "knob",
 )
 _SLOW = ("bert", "gpt2")  # a transformers loop takes about ten MLP loops' time
 
@@ -308,6 +314,7 @@ _SIMPLEST = (
     ("sched_first", False),
     ("set_to_none", True),
     ("returns", "tensor"),
+    ("knob", "none"),
     ("calls", 8),
     ("seed", 0),
 )

@@ -1,6 +1,7 @@
 """gt_core.jit's lifecycle table, its typed reasons, and the audit that catches what no rule
 foresaw; each against eager PyTorch as the oracle."""
 
+import collections
 import contextlib
 import copy
 import math
@@ -52,10 +53,12 @@ def test_a_reason_renders_its_words_and_travels_as_data():
 
 
 # -- the audit ---------------------------------------------------------------------------
-def _scaled_loop(on_worker, scale_of, audit=4):
-    """16 calls of ``x * w * scale_of(cfg)``; ``cfg["base"]`` becomes 1.5 before call 9."""
+def _scaled_loop(on_worker, scale_of, audit=4, boxed=False):
+    """16 calls of ``x * w * scale_of(cfg)``; ``cfg["base"]`` becomes 1.5 before call 9
+    (``boxed``: the item of ``cfg["box"]`` instead, a deque: a container jit's walk does not
+    enter)."""
     gt_core.configure(jit_audit=audit)
-    cfg = {"base": 0.25}
+    cfg = {"base": 0.25, "box": collections.deque([0.25])}
     ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
     with ctx:
         w = torch.ones(4)
@@ -67,7 +70,10 @@ def _scaled_loop(on_worker, scale_of, audit=4):
         fn = gt_core.jit(step) if on_worker else step
         for i in range(16):
             if i == 9:
-                cfg["base"] = 1.5
+                if boxed:
+                    cfg["box"][0] = 1.5
+                else:
+                    cfg["base"] = 1.5
             outs.append(fn(torch.full((4,), float(i))).cpu())
     return outs, fn
 
@@ -83,11 +89,11 @@ def test_a_python_number_the_step_reads_is_compared_before_each_replay(inprocess
 
 
 def test_an_audit_catches_a_frozen_number_no_rule_saw_and_stops_replay(inprocess):
-    """A number the step computes from a dict's value is frozen by the contract and equals
-    nothing the step reaches; once it changes, the next audited call makes another block:
-    replay stops, with what differed."""
-    want, _ = _scaled_loop(False, lambda cfg: cfg["base"] * 2)
-    got, fn = _scaled_loop(True, lambda cfg: cfg["base"] * 2)
+    """A number the step computes from a value where no walk looks is frozen by the
+    contract; once it changes, the next audited call makes another block: replay stops,
+    with what differed."""
+    want, _ = _scaled_loop(False, lambda cfg: cfg["box"][0] * 2, boxed=True)
+    got, fn = _scaled_loop(True, lambda cfg: cfg["box"][0] * 2, boxed=True)
     (entry,) = fn.entries.values()
     assert entry.state is JitState.REFUSED
     assert entry.reason.kind == "audit_differed" and "(0.5 -> 3.0)" in entry.reason.what
@@ -477,7 +483,8 @@ def test_a_grad_filled_for_recording_that_gets_no_gradient_is_left_empty_as_eage
 def test_a_setting_that_steers_python_or_leaves_its_knob_is_marked_steered():
     """A comparison, a truth value, a rounding or a math function of a setting is followed no
     further: the setting is steered (it never flows by its origin alone)."""
-    from gt_core.client.jit.settings import Knob, steered, wrapped
+    from gt_core.client.jit.knob import Knob, steered
+    from gt_core.client.jit.settings import wrapped
 
     opt = torch.optim.SGD([nn.Parameter(torch.ones(1))], lr=0.1, weight_decay=0.0, momentum=0.9)
     marks: set = set()
@@ -788,3 +795,139 @@ def test_an_optimizer_stepped_outside_the_step_has_only_what_the_step_used_compa
     else:
         assert not changed and entry.refused is None and entry.replayed >= 18, _events()
         assert (0, "lr") in entry.recipe.flowing if uses == "lr" else not entry.recipe.flowing
+
+
+# -- Python numbers in the step's own state, changed by the loop ------------------------------
+class _Knobs:
+    """A trainer-like object holding the numbers a step reads."""
+
+    def __init__(self):
+        self.lr, self.thr, self.inner, self.on = 0.1, 1.0, 2, True
+
+
+def _hand_sgd(k, model):
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-k.lr)
+
+
+def _clamped(k, model):  # (a number that flows and is tested: min(lr, 0.06) each call)
+    lr = k.lr if k.lr < 0.06 else 0.06
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-lr)
+
+
+def _threshold(k, model):
+    scale = 2.0 if k.thr > 0.5 else 0.5
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-0.05 * scale)
+
+
+def _inner_steps(k, model):
+    for _ in range(k.inner):
+        for p in model.parameters():
+            p.data.add_(p.grad, alpha=-0.02)
+
+
+def _flag(k, model):
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-0.05 if k.on else -0.01)
+
+
+def _float_of(k, model):  # (float() of it: what the Python does next is not followed)
+    lr = round(float(k.lr), 6)
+    for p in model.parameters():
+        p.data.add_(p.grad, alpha=-lr)
+
+
+# (the step's update, the loop's change after call i, how jit ends: replaying, or refused for)
+UPDATES = {
+    "hand-sgd": (_hand_sgd, lambda k, i: setattr(k, "lr", k.lr * 0.7) if i % 3 == 2 else None, None),
+    "clamped": (_clamped, lambda k, i: setattr(k, "lr", k.lr * 0.8), None),
+    "threshold": (_threshold, lambda k, i: setattr(k, "thr", k.thr - 0.2) if i % 2 else None, None),
+    "inner-steps": (_inner_steps, lambda k, i: setattr(k, "inner", 3) if i == 6 else None, None),
+    "flag": (_flag, lambda k, i: setattr(k, "on", i < 7), None),
+    # (the number float() gave is not followed: each value of it is recorded anew)
+    "float-of": (_float_of, lambda k, i: setattr(k, "lr", k.lr * 0.7) if i == 7 else None, None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("update", list(UPDATES))
+def test_python_numbers_the_loop_changes_are_never_replayed_stale(inprocess, update):
+    """The family of a hand-written update's learning rate: a float, an int or a bool in
+    the step's state that the loop changes between calls, read by arithmetic (it flows), a
+    comparison (its outcome is checked), ``range()`` or ``float()`` (compared). Every call's
+    loss and the parameters are eager's."""
+    body, change, refused = UPDATES[update]
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model, k = nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)), _Knobs()
+            x, y = torch.randn(16, 8), torch.randn(16, 4)
+
+            def step(x, y):
+                loss = nn.functional.mse_loss(model(x), y)
+                model.zero_grad()
+                loss.backward()
+                body(k, model)
+                return loss.detach()
+
+            fn = gt_core.jit(step) if on_worker else step
+            losses = []
+            for i in range(16):
+                losses.append(fn(x, y).item())
+                change(k, i)
+            return _params(model), losses, fn
+
+    (want, want_losses, _), (got, losses, fn) = run(False), run(True)
+    assert losses == want_losses
+    _close(got, want, tol=0)
+    (entry,) = fn.entries.values()
+    if refused is None:
+        assert entry.state is JitState.REPLAYING and entry.replayed >= 4, _events()
+    else:
+        assert entry.state is JitState.REFUSED and entry.reason.kind == refused, _events()
+
+
+def test_a_hand_written_learning_rate_flows_once_it_changed_and_a_threshold_is_checked(
+    inprocess,
+):
+    """The learning rate of a hand-written update flows from where the step reads it once two
+    recorded calls saw it differ (later changes replay); a threshold crossed records again,
+    saying which test came out otherwise."""
+
+    def run(on_worker, thr_at):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model, lr, cfg = nn.Linear(8, 4), [0.2], {"thr": 1.0}
+            x, y = torch.randn(16, 8), torch.randn(16, 4)
+
+            def step(x, y):
+                loss = nn.functional.mse_loss(model(x), y) * (2.0 if cfg["thr"] > 0.5 else 1.0)
+                model.zero_grad()
+                loss.backward()
+                for p in model.parameters():
+                    p.data.add_(p.grad, alpha=-lr[0])
+                return loss.detach()
+
+            fn = gt_core.jit(step) if on_worker else step
+            losses = []
+            for i in range(20):
+                losses.append(fn(x, y).item())
+                lr[0] *= 0.9  # (every call)
+                cfg["thr"] = thr_at(i)
+            return losses, fn
+
+    for thr_at in (lambda i: 1.0, lambda i: 1.0 - 0.1 * i):
+        want, _ = run(False, thr_at)
+        got, fn = run(True, thr_at)
+        assert got == want
+    (entry,) = fn.entries.values()
+    assert entry.replayed >= 8, _events()
+    prepared = [e for e in _events() if e["trigger"] == "prepared"]
+    assert "attribute" not in str(prepared[-1]["flowing"])  # (a list's item: its words)
+    assert any("entry 0 of a list" in f for e in prepared for f in e["flowing"]), prepared
+    flips = [e for e in _events() if (e.get("cause") or {}).get("kind") == "test_flips"]
+    assert flips and "> 0.5 is False now, True when recorded" in flips[0]["reason"], flips

@@ -36,9 +36,14 @@ LARGE_LOOPS = int(os.environ.get("GT_IDIOMS") or 0)  # GT_IDIOMS=1000: the large
 # call makes (optimizer state), the second and third record the block alike, and the first
 # replay is audited (recorded and compared). Replay can count from the fifth call.
 WARMUP = 4
+# Calls the contract spends when the loop changes a number the step reads (LoopSpec.knob):
+# the call that sees the change records, and the first replay after is audited; a threshold
+# crossed takes two recordings of the new path.
+KNOB_CALLS = {"none": 0, "scale": 2, "decay": 2, "branch": 3}
 # The target: 80% of the loops replay 90% of the calls they can (those after WARMUP). The
-# bar asserted is the target; the code meets more (91% of the CI sample, 87% of a thousand
-# loops of seed 1, 2026-12-02).
+# bar asserted is the target; the code meets more (90% of the CI sample with a Python
+# number changed by 3 loops in 5, 2026-12-02; before that dimension: 87% of a thousand loops
+# of seed 1).
 TARGET_SHARE, TARGET_LOOPS = 0.9, 0.8
 ASSERTED_LOOPS = TARGET_LOOPS
 
@@ -79,8 +84,10 @@ class Result:
 
     @property
     def share(self) -> float:
-        """Replayed calls of those that can replay (after WARMUP)."""
-        return self.jitted.replayed / max(1, self.spec.calls - WARMUP)
+        """Replayed calls of those that can replay (after WARMUP, and those a change of a
+        number the step reads spends: KNOB_CALLS)."""
+        can = self.spec.calls - WARMUP - KNOB_CALLS[self.spec.knob]
+        return min(1.0, self.jitted.replayed / max(1, can))
 
     @property
     def bad(self) -> list[tuple[str, Verdict]]:
@@ -111,7 +118,8 @@ def summary(results: list[Result], seconds: float) -> str:
     calls = sum(r.spec.calls for r in results)
     lines.append(
         f"  replay: {met}/{len(results)} loops ({met / max(1, len(results)):.0%}) replay "
-        f">= {TARGET_SHARE:.0%} of the calls after the first {WARMUP} "
+        f">= {TARGET_SHARE:.0%} of the calls after the first {WARMUP} (and after a change of "
+        "a number the step reads, those the contract spends) "
         f"(target {TARGET_LOOPS:.0%} of loops); {replayed}/{calls} calls replayed in all"
     )
     for way in ("gt", "jit", "again"):

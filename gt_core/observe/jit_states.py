@@ -190,8 +190,15 @@ REASONS: dict[str, tuple[str, str]] = {
         "a Python value the step reaches changed ({place}: {old} -> {new}); the block holds "
         "it as recorded, so the call is recorded again",
         _AGAIN + " (a module switched between train() and eval() is recorded once per mode "
-        "change; a number read by the step that changes every call keeps it from replaying: "
+        "change; a float the step computes with flows into the block once two recorded calls "
+        "saw it differ; an int or a bool that changes every call keeps it from replaying: "
         "make it a tensor)",
+    ),
+    "test_flips": (
+        "a number the step tests in Python would take another path now ({what}), so the call "
+        "is recorded again",
+        _AGAIN + " (a number that crosses a threshold the step compares it with is recorded "
+        "once per outcome)",
     ),
     "settings_parted": (
         "settings that were equal when the step was recorded now differ ({arg}): a number the "

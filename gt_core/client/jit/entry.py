@@ -23,20 +23,28 @@ import time
 from torch.utils._pytree import tree_flatten
 
 from gt_core.client.jit import audit, replay
+from gt_core.client.jit.knob import Knob, agree, failed, settings_in, steered
 from gt_core.client.jit.program import Rerun, ShadowLog
 from gt_core.client.jit.reach import reach_roots, walk
 from gt_core.client.jit.recipe import Recipe
-from gt_core.client.jit.recording import Recording, Refused, differ, guards, mutated, offsets
+from gt_core.client.jit.recording import (
+    Recording,
+    Refused,
+    differ,
+    guards,
+    mutated,
+    offsets,
+    same_path,
+)
 from gt_core.client.jit.schedulers import End, outside
 from gt_core.client.jit.settings import (
-    Knob,
-    agree,
+    Numbers,
     attribute,
     by_origin,
     groups,
     knobs,
-    settings_in,
-    steered,
+    live,
+    numbers_at,
     wrapped,
 )
 from gt_core.client.jit.traced import as_traced
@@ -140,7 +148,11 @@ class Entry:
             s.flush()
             reached = walk(roots)  # (after the flush: the slots as they are now)
             opts = reached.optimizers
+            places = numbers_at(reached.scalars)  # (the step's own float numbers)
             settings, ledger, steer = [dict(g) for g in groups(opts)], {}, set()
+            if places:
+                settings.append(Numbers((k, p.read()) for k, p in places.items()))
+            tests: list = []
             syncs, reads = s.counters["syncs"], s.counters["shadow_reads"]
             s.emit(Mark(MARK, self.name, "enter"))
             s.tee, s.tee_puts = tee, puts = [], []
@@ -151,7 +163,8 @@ class Entry:
         end.by_origin = lambda: by_origin(tee, ledger, spans, steer)
         try:
             traced = as_traced(spans, lambda: len(tee), stepped)
-            with traced, wrapped(opts, ledger, steer), outside(reached.schedulers, end):
+            knobs_ = wrapped(opts, ledger, steer, places, tests)
+            with traced, knobs_, outside(reached.schedulers, end):
                 result = self.owner.fn(*args, **kwargs)
         except BaseException:
             replay.unfill_grads(filled, tee)  # (the call raised: its grads as eager left them)
@@ -168,12 +181,13 @@ class Entry:
         rec.reads = end.counted["shadow_reads"] - reads
         rec.after_scheduler, rec.late_frees = end.after(), end.late_frees()
         log.bind(rec.before, leaves, rec.puts)
-        _steer_kept(steer, result, puts, ledger)
+        rec.kept = _steer_kept(steer, result, puts, ledger)
         log.ledger, log.steered = ledger, steered(steer)
         rec.steered, rec.forced = log.steered, end.origin
         rec.program = log
         rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
         rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
+        rec.numbers, rec.tests = places, list(dict.fromkeys(tests))
         rec.stepped = stepped
         rec.after_scheduler = rec.after_scheduler or end.read_after(
             spans, rec.knob_floats, rec.instrs
@@ -201,7 +215,7 @@ class Entry:
         if why is not None:
             self.move(Trigger.REFUSED, why)
             return
-        if a.shape() != b.shape():
+        if a.shape() != b.shape() or not same_path(a, b):
             return  # other work each call so far: recording goes on
         at, why = offsets(a, b)
         if why is not None:
@@ -217,7 +231,8 @@ class Entry:
         except Refused as exc:
             self.move(Trigger.REFUSED, exc.reason)
             return
-        recipe.guards = [(*place.reader(), v, place) for place, v in guards(a, b)]
+        kept = guards(a, b, recipe.flowing)
+        recipe.guards = [(*place.reader(), v, place) for place, v in kept]
         recipe.arg_offsets = at
         self.since_prepared = 0
         self.move(
@@ -225,7 +240,7 @@ class Entry:
             frozen=b.frozen(ops),
             constants=b.constants(),
             not_repeated=b.not_repeated,  # Python state the call changed, a replay will not
-            flowing=sorted(key for _, key in recipe.flowing),  # settings sent each call
+            flowing=recipe.flowing_names(),  # settings and numbers sent each call
             inputs=len(recipe.inputs),
             outputs=len(recipe.outputs),
         )
@@ -236,7 +251,7 @@ class Entry:
         """Why the block no longer holds the step's settings (None: it does)."""
         r = self.recipe
         self.rerun, reads = None, ()
-        now = groups(r.optimizers)
+        now = live(r.optimizers, r.numbers)
         if r.program is not None:  # (the values the step reads from shadows, read again)
             rerun = Rerun(r.program, leaves, now)
             if rerun.reads is None:
@@ -264,6 +279,9 @@ class Entry:
             es = r.distinct[values.index(None)]
             was = sorted({f"group {g} {k}" for e in es for g, k in settings_in(e)})
             return JitReason("settings_parted", arg=" / ".join(was))
+        what = failed(r.tests, now, reads)
+        if what is not None:
+            return JitReason("test_flips", what=what)
         self.scalars_now = [values[i] for i in r.scalar_ix]
         return None
 
@@ -292,17 +310,21 @@ class Entry:
 _SMALL_HOST = 64  # host tensors searched for a setting's number (a torch.tensor(lr), a few betas)
 
 
-def _steer_kept(steer: set, result, puts: list, ledger: dict) -> None:
+def _steer_kept(steer: set, result, puts: list, ledger: dict) -> set:
     """Numbers computed from settings that a replay would keep as recorded, not sent anew:
     one the step returns (a Knob), one a tensor made from host data holds (a small
-    ``torch.tensor(lr)``). Their settings and reads are steered (see settings.steered)."""
+    ``torch.tensor(lr)``). Their settings and reads are steered (see settings.steered); the
+    settings (group, key) they read are returned."""
+    kept = set()
     for x in tree_flatten(result)[0]:
         if type(x) is Knob:
-            steer.add(x.expr)
+            kept.add(x.expr)
     for _, _, host, _ in puts:
         if host is not None and host.numel() <= _SMALL_HOST and host.is_floating_point():
             for v in host.flatten().tolist():
-                steer.update(ledger.get(v, ()))
+                kept.update(ledger.get(v, ()))
+    steer |= kept
+    return set().union(*map(settings_in, kept))
 
 
 def _changed(was: list, now: list) -> JitReason:

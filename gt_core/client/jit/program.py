@@ -24,7 +24,8 @@ import weakref
 
 import torch
 
-from gt_core.client.jit.settings import Knob, agree, floats_in, reads_in
+from gt_core.client.jit.knob import Knob, agree, reads_in
+from gt_core.client.jit.settings import floats_in
 from gt_core.stream.lift import set_at
 
 __all__ = ["ShadowLog", "Rerun", "differs", "reads_in"]
@@ -91,7 +92,7 @@ class ShadowLog:
         """What ``Proxy.item`` returns for ``value``: the Knob of the read that just gave it
         (torch's item() passes the number through C++, which drops its kind)."""
         last, self.last = self.last, None
-        return last if last is not None and float(last) == value else value
+        return last if last is not None and float.__float__(last) == value else value
 
     def lost(self, why: str) -> None:
         """A shadow could not follow an op (it was refreshed from the worker, or dropped)."""

@@ -7,10 +7,11 @@ its outputs as the places the recorded call left them in (see ``reach``).
 
 from __future__ import annotations
 
+from gt_core.client.jit.knob import settings_in
 from gt_core.client.jit.program import reads_in
 from gt_core.client.jit.reach import Place, id_before
 from gt_core.client.jit.recording import Recording, Refused
-from gt_core.client.jit.settings import knobs, settings_in, touched
+from gt_core.client.jit.settings import knobs, touched
 from gt_core.client.plans.plan_match import Candidate
 from gt_core.client.recording.proxy import Proxy
 from gt_core.observe.jit_states import JitReason
@@ -33,7 +34,13 @@ class Recipe:
         self.sig = plan.sig
         # A global or closure name the step binds anew (an LSTM's hidden state, x = f(x)) is
         # an output place, not a root whose object must stay (see _rebound).
-        self.roots = [(p, obj) for p, obj in rec.roots if p.ident() not in rec.rebound]
+        # A number is no root whose object must stay: it is compared by value (guards) or
+        # read anew (a number that flows).
+        self.roots = [
+            (p, obj)
+            for p, obj in rec.roots
+            if p.ident() not in rec.rebound and type(obj) not in (int, float, bool)
+        ]
         self.n_produced = len(occ.produced)
         self._find_inputs(occ, rec)
         self.input_ids = list(occ.inputs)  # (the value ids the recorded call's block read)
@@ -71,9 +78,16 @@ class Recipe:
         # (as the recorded call began: a scheduler it stepped has changed them since)
         self.only = touched(self.optimizers, (rec,) if before is None else (before, rec))
         self.knobs = knobs(self.optimizers, self.flowing, rec.settings, self.only)
-        # The values the call read from shadows (jit.program): a replay reads them again by
-        # running the call's log; those no flowing number is computed from (in the block or
-        # in the log's own ops), and those that steered Python, are compared.
+        # The numbers of the step's state (jit.settings.Numbers) a replay reads, and what
+        # the recorded call tested of them and of the settings (checked: knob.failed).
+        self.numbers = rec.numbers
+        self.tests = rec.tests
+        self._reads(rec)
+
+    def _reads(self, rec: Recording) -> None:
+        """The values the call read from shadows (jit.program): a replay reads them again by
+        running the call's log; those no flowing number is computed from (in the block or in
+        the log's own ops), and those that steered Python, are compared."""
         log = rec.program
         self.program = log if log is not None and log.reads else None
         used = {j for es in self.distinct for e in es for j in reads_in(e)}
@@ -83,6 +97,12 @@ class Recipe:
             used -= log.steered[1]
         reads = log.reads if self.program is not None else []
         self.compared_reads = [(j, v) for j, v in enumerate(reads) if j not in used]
+
+    def flowing_names(self) -> list[str]:
+        """The settings and numbers sent with each replay, in words."""
+        return sorted(
+            key if type(key) is str else self.numbers[key].describe() for _, key in self.flowing
+        )
 
     def _outputs(self, occ: Candidate, rec: Recording) -> None:
         """``outputs``: (index among the produced values, metadata) of each the block leaves

@@ -13,8 +13,8 @@ import collections
 import torch
 from torch.utils._pytree import tree_flatten
 
+from gt_core.client.jit.knob import agree, failed, settings_in
 from gt_core.client.jit.program import differs
-from gt_core.client.jit.settings import agree
 from gt_core.client.recording.meta import where_free_key
 from gt_core.client.recording.proxy import Proxy
 from gt_core.client.recording.uploads import CONSTANT_NUMEL
@@ -61,6 +61,12 @@ class Recording:
         self.settings: list = []
         self.knob_floats: dict = {}
         self.stepped: set = set()  # the ids of the optimizers whose step ran in the call
+        # {identity: place} of the float numbers of its state, the settings' last group
+        # (jit.settings.Numbers), and what it tested of them and of the settings (failed)
+        self.numbers: dict = {}
+        self.tests: list = []
+        self.wrote: set = set()  # the places of Python numbers it changed (mutated)
+        self.kept: set = set()  # settings a number it returned or uploaded came from
         self.flowing: dict = {}
         self.changed: set = set()  # settings (group, key) that differ from the call before
         # (settings, reads) whose Knobs steered Python or left it (jit.settings.steered);
@@ -164,7 +170,7 @@ class Recording:
 
 def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
     """Why two recorded calls cannot share one replay (None: they can)."""
-    if len(a.instrs) != len(b.instrs) or a.shape() != b.shape():
+    if len(a.instrs) != len(b.instrs) or a.shape() != b.shape() or not same_path(a, b):
         return None  # other work: the worker sees another block; recording goes on
     b.flowing = {}
     b.changed = {
@@ -217,6 +223,7 @@ def mutated(rec: Recording, settings_after: list, before, after) -> None:
         if old is None or (type(old[1]) is type(v) and old[1] == v):
             continue
         what = f"{place.describe()}: {old[1]!r} -> {v!r}"
+        rec.wrote.add(place.ident())
         if isinstance(place.obj, torch.optim.lr_scheduler.LRScheduler):
             plateau = isinstance(place.obj, torch.optim.lr_scheduler.ReduceLROnPlateau)
             if plateau or type(v) is not int or v <= old[1]:
@@ -235,36 +242,51 @@ def mutated(rec: Recording, settings_after: list, before, after) -> None:
                 return
 
 
-def guards(a: Recording, b: Recording) -> list:
-    """[(place, value)] the recipe of ``b`` compares before each replay besides settings:
-    every module's ``training`` flag, and each Python number the step reaches that held one
-    value on both recorded calls equal to a number an op was passed (a frozen number may
-    have come from there: ``x * cfg["scale"]``). Each is read, never matched: a replay after
-    a change records instead. Not an LR scheduler's count of steps: the loop steps it, and
-    what it computes reaches the step as the optimizers' settings (compared or flowing)."""
-    passed = {v for ins in b.instrs if ins.code == OP for v in _numbers(ins.args, ins.kwargs)}
-    before = {place.ident(): v for place, v in a.scalars}
+def same_path(a: Recording, b: Recording) -> bool:
+    """Whether two calls' Python could have taken one path: each call's tests of its numbers
+    (jit.settings.failed) come out alike with the other's, and they began with the same ints
+    and bools in the state (what Python did with those is not followed: see guards). Two
+    calls that took other paths are no pair: recording goes on."""
+    if failed(b.tests, a.settings, _reads(a)) is not None:
+        return False
+    if failed(a.tests, b.settings, _reads(b)) is not None:
+        return False
+    was = {place.ident(): v for place, v in a.scalars if type(v) is not float}
+    wrote = a.wrote | b.wrote
+    for place, v in b.scalars:
+        ident = place.ident()
+        if type(v) is float or ident in wrote or ident not in was:
+            continue
+        if type(was[ident]) is not type(v) or was[ident] != v:
+            if not isinstance(place.obj, torch.optim.lr_scheduler.LRScheduler):
+                return False
+    return True
+
+
+def guards(a: Recording, b: Recording, flowing=frozenset()) -> list:
+    """[(place, value)] the recipe of ``b`` compares before each replay besides settings, as
+    ``b`` began: every int and bool the step reaches (a module's ``training`` flag, a count
+    of micro-batches), since what Python does with one cannot be followed (C reads it:
+    ``range(n)``, a shape); and each float a number the block holds as recorded came from
+    (``x * cfg["scale"]``, a number returned or uploaded). A float otherwise is followed as
+    a Knob (jit.settings): tested (its outcome is checked) or unread. Not those that flow
+    (``flowing``: read anew each replay), those a recorded call changed itself (a counter it
+    keeps: ``Recording.not_repeated``), nor an LR scheduler's count of steps: the loop steps
+    it, and what it computes reaches the step as the optimizers' settings."""
+    wrote = a.wrote | b.wrote
+    numbers = len(b.settings) - 1 if b.numbers else None
+    used = {s for es in b.knob_floats.values() for e in es for s in settings_in(e)} | b.kept
     out = []
     for place, v in b.scalars:
         if isinstance(place.obj, torch.optim.lr_scheduler.LRScheduler):
             continue  # (known Python: what it does reaches the step as settings, see mutated)
-        training = place.key == "training" and isinstance(place.obj, torch.nn.Module)
-        same = type(before.get(place.ident())) is type(v) and before[place.ident()] == v
-        if training or (same and v in passed):
-            out.append((place, v))
+        ident = place.ident()
+        if ident in wrote or (numbers, ident) in flowing:
+            continue
+        if ident in b.numbers and (numbers, ident) not in used:
+            continue
+        out.append((place, v))
     return out
-
-
-def _numbers(*args):
-    """The Python numbers among op arguments (nested lists and dicts too)."""
-    for a in args:
-        t = type(a)
-        if t is int or t is float or t is bool:
-            yield a
-        elif t is list or t is tuple:
-            yield from _numbers(*a)
-        elif t is dict:
-            yield from _numbers(*a.values())
 
 
 def _number(v) -> bool:
@@ -280,7 +302,7 @@ def _flows(a: Recording, b: Recording, site, x: float, y: float) -> bool:
     a replay sends the number only while they all agree (``settings.agree``)."""
     found = tuple(
         expr
-        for expr in b.knob_floats.get(site, ())
+        for expr in _unwritten(a, b, b.knob_floats.get(site, ()))
         if agree((expr,), a.settings, _reads(a)) == x and agree((expr,), b.settings, _reads(b)) == y
     )
     if found:
@@ -299,12 +321,22 @@ def _by_origin(a: Recording, b: Recording) -> None:
             continue
         found = tuple(
             e
-            for e in exprs
+            for e in _unwritten(a, b, exprs)
             if agree((e,), a.settings, _reads(a)) == values[site]
             and agree((e,), b.settings, _reads(b)) == y
         )
         if found:
             b.flowing[site] = found
+
+
+def _unwritten(a: Recording, b: Recording, exprs) -> tuple:
+    """Those of ``exprs`` that read no number a recorded call changed itself: a replay does
+    not repeat the change (``scale[0] *= 2`` in the step), so such a number cannot flow."""
+    wrote = a.wrote | b.wrote
+    if not wrote:
+        return tuple(exprs)
+    numbers = len(b.settings) - 1
+    return tuple(e for e in exprs if not any((numbers, w) in settings_in(e) for w in wrote))
 
 
 def _reads(rec: Recording) -> list:

@@ -1,4 +1,4 @@
-"""Optimizer settings that flow into a replayed block: a learning rate a scheduler changes.
+"""Python numbers that flow into a replayed block: a learning rate a scheduler changes.
 
 While a jitted step records, each float setting of its optimizers' param groups (``lr``,
 ``weight_decay``, the ``betas``...) is a :class:`Knob`: a float that remembers how it was
@@ -7,158 +7,52 @@ computed from the settings, through the arithmetic an optimizer does with it (``
 to those expressions by value (``attribute``). Where two recorded calls passed different
 numbers at the same place (the worker lifts those into inputs of the block), and both are
 the same expression of their calls' settings, a replayed call computes that expression from
-the settings as they are now and sends it with the RUN (``evaluate``). A number that changed
-and is no such expression refuses replay, as before.
+the settings as they are now and sends it with the RUN (``knob.evaluate``). A number that
+changed and is no such expression refuses replay, as before.
+
+The float numbers the step reaches in its own state (``lr[0]`` of a hand-written update, a
+trainer's ``self.scale``, a global) are Knobs too while it records, as one more group of
+settings after the optimizers' (a :class:`Numbers`: keyed by the place's identity): a
+number computed from one flows where two recorded calls passed different ones, as a
+setting's does.
+
+What a Knob's value decides in Python (``if lr > 0.1``, ``int(warmup * ratio)``) is a
+*test*: the recorded call's outcome of it, which a replay checks with the numbers as they
+are now (``knob.failed``); another outcome would take another path, so the call records.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
-import operator
-import threading
-import types
 
 import torch
 
+from gt_core.client.jit.knob import (
+    Knob,
+    plain,
+    reads_in,
+    recording,
+    settings_in,
+    steered,
+)
+from gt_core.client.jit.reach import Place
 from gt_core.stream.instructions import FREE as _FREE
 from gt_core.stream.instructions import OP as _OP
 
 __all__ = [
-    "Knob",
+    "Numbers",
+    "numbers_at",
+    "live",
     "floats_in",
     "wrapped",
     "attribute",
-    "evaluate",
-    "agree",
     "groups",
-    "settings_in",
     "knobs",
-    "steered",
     "touched",
-    "reads_in",
     "by_origin",
 ]
 
 _NOT_KNOBS = ("params", "capturable")  # (capturable: set while recording, see traced)
-
-_here = threading.local()  # .ledger: {value: [expression]} of the call recording now
-
-
-class Knob(float):
-    """A float setting, or a number computed from settings; ``expr`` says how.
-
-    An expression is ``("k", group, key, index)`` (a setting: the ``group``-th param group
-    of the step's optimizers, its ``key``, ``index`` into a tuple such as ``betas`` or None),
-    ``("c", value)`` (a constant), ``("r", j)`` (the j-th value the call read from a shadow:
-    jit.program), ``("neg", e)``, or ``(name, left, right)`` of an ``operator`` function of
-    two numbers.
-    """
-
-    def __new__(cls, value: float, expr: tuple):
-        k = super().__new__(cls, value)
-        k.expr = expr
-        ledger = getattr(_here, "ledger", None)
-        if ledger is not None:
-            ledger.setdefault(float(value), []).append(expr)
-        return k
-
-    def __neg__(self):
-        return Knob(-float(self), ("neg", self.expr))
-
-    def __reduce__(self):  # (pickled as the plain number it is)
-        return (float, (float(self),))
-
-
-def _binary(name: str, reflected: bool):
-    fn = getattr(operator, name)
-
-    def method(self, other):
-        if type(other) is Knob:
-            right = other.expr
-        elif type(other) is float or type(other) is int:
-            right = ("c", other)
-        else:
-            return NotImplemented  # (a tensor: its own reflected method)
-        a, b = (float(other) if type(other) is Knob else other), float(self)
-        if reflected:
-            return Knob(fn(a, b), (name, right, self.expr))
-        return Knob(fn(b, a), (name, self.expr, right))
-
-    return method
-
-
-for _name in ("add", "sub", "mul", "truediv", "pow"):
-    setattr(Knob, f"__{_name}__", _binary(_name, False))
-    setattr(Knob, f"__r{_name}__", _binary(_name, True))
-
-
-def _escaping(name: str):
-    """A float method whose result is no Knob: a comparison, a truth value, an int, a
-    rounding. What the step does with it is not followed (a branch: ``if weight_decay !=
-    0``), so the settings and reads it came from are ``steered``: they never flow by their
-    origin alone (see ``steered``), only where they changed between the recorded calls."""
-    fn = getattr(float, name)
-
-    def method(self, *args):
-        steered = getattr(_here, "steered", None)
-        if steered is not None:
-            steered.add(self.expr)
-        return fn(self, *args)
-
-    return method
-
-
-for _name in (
-    "eq", "ne", "lt", "le", "gt", "ge", "bool", "int", "round", "trunc", "floor", "ceil",
-    "abs", "pos", "mod", "rmod", "floordiv", "rfloordiv", "divmod", "rdivmod",
-):  # fmt: skip
-    setattr(Knob, f"__{_name}__", _escaping(f"__{_name}__"))
-Knob.__hash__ = float.__hash__  # (with __eq__ defined here, as a float's)
-
-
-@contextlib.contextmanager
-def _watch_math():
-    """``math``'s functions see a Knob as the float it is (C reads its value): while a call
-    records, one given a Knob marks it steered (``math.sqrt(1 - beta2)`` is not followed)."""
-    names = [n for n in dir(math) if isinstance(getattr(math, n), types.BuiltinFunctionType)]
-    saved = {n: getattr(math, n) for n in names}
-    for n, fn in saved.items():
-        setattr(math, n, _watched(fn))
-    try:
-        yield
-    finally:
-        for n, fn in saved.items():
-            setattr(math, n, fn)
-
-
-def _watched(fn):
-    def call(*args, **kwargs):
-        steered = getattr(_here, "steered", None)
-        if steered is not None:
-            steered.update(a.expr for a in (*args, *kwargs.values()) if type(a) is Knob)
-        return fn(*args, **kwargs)
-
-    return call
-
-
-def steered(exprs) -> tuple[set, set]:
-    """The settings ``(group, key)`` and the reads ``j`` of ``exprs`` (Knobs' expressions
-    that steered Python or left the Knobs: ``_escaping``)."""
-    settings, reads = set(), set()
-    for e in exprs:
-        settings |= settings_in(e)
-        reads |= reads_in(e)
-    return settings, reads
-
-
-def reads_in(expr) -> set[int]:
-    """The reads (their index j) that an expression uses."""
-    if expr[0] == "r":
-        return {expr[1]}
-    if expr[0] in ("k", "c"):
-        return set()
-    return set().union(*(reads_in(e) for e in expr[1:]))
 
 
 def groups(opts) -> list:
@@ -166,37 +60,88 @@ def groups(opts) -> list:
     return [g for opt in opts for g in opt.param_groups]
 
 
+class Numbers(dict):
+    """The float numbers a step reaches in its state, {place's identity: value}: the group
+    of settings after the optimizers' param groups (see the module's docstring)."""
+
+
+def numbers_at(scalars) -> dict:
+    """{identity: place} of the float numbers among ``scalars`` (a walk's: see reach) that
+    are the step's own: not an LR scheduler's (its arithmetic reaches the step as settings)."""
+    out = {}
+    for place, v in scalars:
+        if type(v) is float and not isinstance(place.obj, _NOT_OWN):
+            out.setdefault(place.ident(), place)
+    return out
+
+
+_NOT_OWN = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
+
+
+class _Live:
+    """The numbers at their places as they are now (a Numbers read on demand)."""
+
+    __slots__ = ("places",)
+
+    def __init__(self, places: dict):
+        self.places = places
+
+    def __getitem__(self, ident):
+        v = self.places[ident].read()
+        if type(v) is not float:
+            raise TypeError(f"no longer a float: {v!r}")
+        return v
+
+
+def live(opts, places: dict) -> list:
+    """The settings of ``opts`` and the numbers at ``places`` now, as a recorded call's
+    ``settings`` list (what ``evaluate`` reads)."""
+    now = list(groups(opts))
+    if places:
+        now.append(_Live(places))
+    return now
+
+
 @contextlib.contextmanager
-def wrapped(opts, ledger: dict, steered_: set | None = None):
-    """The float settings of ``opts`` as Knobs while the step records (``ledger`` collects
-    the numbers computed from them, ``steered_`` the expressions that left them: see
-    ``_escaping``); each is put back after, unless the step replaced it."""
-    _here.ledger = ledger  # (first: the settings themselves are numbers ops are passed)
-    _here.steered = steered_
-    watched = _watch_math() if steered_ is not None else contextlib.nullcontext()
-    put = []
-    for gi, group in enumerate(groups(opts)):
-        for key, v in list(group.items()):
+def wrapped(opts, ledger: dict, steered_: set | None = None, places=None, tests=None):
+    """The float settings of ``opts`` (and the numbers at ``places``, {identity: place}) as
+    Knobs while the step records (``ledger`` collects the numbers computed from them,
+    ``steered_`` the expressions that left them, ``tests`` their outcomes: see
+    jit.knob); each is put back after, unless the step replaced it."""
+    with recording(ledger, steered_, tests):  # (first: the Knobs' own numbers are ledgered)
+        put = []
+        for gi, group in enumerate(groups(opts)):
+            for key, v in list(group.items()):
+                if type(v) is float:
+                    knob = Knob(v, ("k", gi, key, None))
+                elif type(v) is tuple and v and all(type(x) is float for x in v):
+                    knob = tuple(Knob(x, ("k", gi, key, i)) for i, x in enumerate(v))
+                else:
+                    continue
+                put.append((Place("item", group, key), v, knob))
+        numbers = len(groups(opts))
+        for ident, place in (places or {}).items():
+            v = place.read()
             if type(v) is float:
-                group[key] = Knob(v, ("k", gi, key, None))
-            elif type(v) is tuple and v and all(type(x) is float for x in v):
-                group[key] = tuple(Knob(x, ("k", gi, key, i)) for i, x in enumerate(v))
-            else:
-                continue
-            put.append((group, key, v, group[key]))
-    try:
-        with watched:
+                put.append((place, v, Knob(v, ("k", numbers, ident, None))))
+        for place, _, knob in put:
+            place.write(knob)
+        try:
             yield
-    finally:
-        _here.ledger, _here.steered = None, None
-        for group, key, v, knob in put:
-            now = group.get(key)
-            if now is knob:
-                group[key] = v
-            elif type(now) is Knob:  # (the step wrote a number computed from a setting)
-                group[key] = float(now)
-            elif type(now) is tuple and any(type(x) is Knob for x in now):
-                group[key] = tuple(float(x) if type(x) is Knob else x for x in now)
+        finally:
+            for place, v, knob in put:
+                _put_back(place, v, knob)
+
+
+def _put_back(place, v, knob) -> None:
+    """``v`` where ``knob`` was, unless the step replaced it: then its number, plain."""
+    now = place.read()
+    if now is knob:
+        place.write(v)
+    elif type(now) is Knob:  # (the step wrote a number computed from a setting)
+        place.write(plain(now))
+    elif type(now) is tuple and any(type(x) is Knob for x in now):
+        place.write(tuple(plain(x) if type(x) is Knob else x for x in now))
 
 
 def attribute(instrs, ledger: dict) -> dict:
@@ -246,41 +191,6 @@ def by_origin(instrs, ledger: dict, spans: list, steer: set) -> dict:
     return out
 
 
-def evaluate(expr, groups_: list, reads=()):
-    """The value of ``expr`` with the settings in ``groups_`` and the values a call read
-    from shadows (``reads``, see jit.program), computed as the optimizer computed it, so the
-    same float."""
-    kind = expr[0]
-    if kind == "k":
-        v = groups_[expr[1]][expr[2]]
-        return float(v if expr[3] is None else v[expr[3]])
-    if kind == "c":
-        return expr[1]
-    if kind == "r":
-        return reads[expr[1]]
-    if kind == "neg":
-        return -evaluate(expr[1], groups_, reads)
-    left, right = evaluate(expr[1], groups_, reads), evaluate(expr[2], groups_, reads)
-    return getattr(operator, kind)(left, right)
-
-
-def agree(exprs, groups_: list, reads=()):
-    """The number every expression of ``exprs`` gives with the settings in ``groups_`` (and
-    ``reads``); None where two differ or one cannot be computed (a replay then records
-    instead)."""
-    value = None
-    for e in exprs:
-        try:
-            v = evaluate(e, groups_, reads)
-        except (IndexError, KeyError, TypeError, ValueError, ArithmeticError):
-            return None
-        if value is None:
-            value = v
-        elif v != value:
-            return None
-    return value
-
-
 def knobs(opts, flowing=frozenset(), settings: list | None = None, only=None) -> list:
     """The Python settings of ``opts``' param groups (lr, betas, weight decay...), but those
     ``flowing`` into the block as inputs ((group index, key)): what a replay compares. A
@@ -297,6 +207,7 @@ def knobs(opts, flowing=frozenset(), settings: list | None = None, only=None) ->
             and (only is None or i in only[0] or (i, k) in only[1])
         )
         for i, group in enumerate(groups(opts) if settings is None else settings)
+        if type(group) is not Numbers
     ]
 
 
@@ -323,15 +234,6 @@ def _value(v):
     if isinstance(v, torch.Tensor) and not hasattr(v, "_gt_id") and v.numel() == 1:
         return ("tensor", v.item())  # (a host tensor: no sync)
     return v
-
-
-def settings_in(expr) -> set:
-    """The settings ``(group, key)`` that ``expr`` reads."""
-    if expr[0] == "k":
-        return {(expr[1], expr[2])}
-    if expr[0] in ("c", "r"):
-        return set()
-    return set().union(*(settings_in(e) for e in expr[1:]))
 
 
 def _floats(ins):
