@@ -123,8 +123,8 @@ def to_text(data: dict, head: bool = True) -> str:
             lines.append(f"    states: {sequence(r['states'])}")
     for u in user_rows(data):
         lines.append(
-            f"  torch.compile {u['function']}: {u['compiles']} compile(s), {u['recompiles']} recompile(s), "
-            f"{u['graph breaks']} graph break(s)"
+            f"  torch.compile {u['function']}: {u['compiles']} compile(s) in {u['compile s']:.2f} s, "
+            f"{u['recompiles']} recompile(s), {u['graph breaks']} graph break(s)"
             + (", recompile limit hit" if u["limit hit"] else "")
         )
     reasons = reason_rows(data)

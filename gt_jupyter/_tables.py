@@ -29,6 +29,7 @@ REASON_COLUMNS = ("where", "kind", "reason", "what to do")
 USER_COLUMNS = (
     "function",
     "compiles",
+    "compile s",
     "recompiles",
     "graph breaks",
     "limit hit",
@@ -258,6 +259,7 @@ def user_rows(data: dict) -> list[dict]:
         {
             "function": u.get("function", "?"),
             "compiles": u.get("compiles", 0),
+            "compile s": round(u.get("compile_seconds") or 0.0, 2),
             "recompiles": len(u.get("recompile_reasons", [])),
             "graph breaks": len(u.get("graph_breaks", [])),
             "limit hit": bool(u.get("limit_hit")),

@@ -141,9 +141,10 @@ def test_short_reason_keeps_the_guard_or_the_break_type_and_explanation():
 def test_budget_message_counts_down_to_the_fallback():
     assert budget_message("kv_step", 6, 8).startswith("kv_step: 6 of 8 recompiles used")
     assert "2 more" in budget_message("kv_step", 6, 8)
-    assert "the next recompile makes it run eagerly" in budget_message("kv_step", 8, 8)
+    assert "the next recompile hits the limit" in budget_message("kv_step", 8, 8)
     hit = budget_message("kv_step", 8, 8, hit=True)
-    assert hit.startswith("kv_step: 8 of 8") and "limit was hit: it runs eagerly" in hit
+    assert hit.startswith("kv_step: 8 of 8") and "calls that need a new graph run eagerly" in hit
+    assert "from now on" not in hit  # (cached graphs still run: see test_diagnostics)
 
 
 def _budget_events(limit_hit: bool) -> list[dict]:
@@ -169,7 +170,8 @@ def _budget_events(limit_hit: bool) -> list[dict]:
                 function="kv_step",
                 limit=8,
                 limit_type="recompile_limit",
-                reason="hit config.recompile_limit (8): kv_step runs eagerly from now on",
+                reason="hit config.recompile_limit (8): kv_step compiles no new graph; calls "
+                "that need one run eagerly",
             )
         )
     return out
@@ -178,7 +180,10 @@ def _budget_events(limit_hit: bool) -> list[dict]:
 def test_budget_warns_while_recompiles_are_left():
     (u,) = summarize_user_compiles(_budget_events(limit_hit=False))
     (x,) = [x for x in u["explanations"] if x["kind"] == "budget"]
-    assert x["cause"] == "kv_step: 8 of 8 recompiles used (the next recompile makes it run eagerly)"
+    assert x["cause"] == (
+        "kv_step: 8 of 8 recompiles used (the next recompile hits the limit: calls that need a "
+        "new graph then run eagerly)"
+    )
     assert u["budget"]["used"] == 8 and not u["limit_hit"]
 
 
@@ -187,7 +192,7 @@ def test_after_the_limit_hit_no_row_says_the_fallback_is_still_ahead():
     assert u["limit_hit"] and u["limit"] == 8
     kinds = [x["kind"] for x in u["explanations"]]
     assert kinds == ["limit_hit"]  # the limit hit says it all; the budget row would contradict it
-    assert "runs eagerly (uncompiled) from now on" in u["explanations"][0]["cause"]
+    assert "still runs compiled, every other call runs eagerly" in u["explanations"][0]["cause"]
     assert "the next recompile" not in str(u)
     assert u["budget"]["message"].startswith("kv_step: 8 of 8 recompiles used, then the limit")
 

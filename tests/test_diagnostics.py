@@ -121,6 +121,82 @@ def test_recompile_has_the_guard_and_the_user_source_line():
     assert "0-d tensor" in x["fix"]
 
 
+# -- what torch did with a value after its recompile, read from its cache entries -----------
+class _Cfg:
+    n = 1
+
+
+_cfg = _Cfg()
+
+
+def _times_cfg(x):
+    return x * _cfg.n
+
+
+def _loop(x, n):
+    for _ in range(n):
+        x = x * 2
+    return x
+
+
+def _value_explained(f, calls, before=None):
+    with gt_core.diagnostics():
+        for i, args in enumerate(calls):
+            if before is not None:
+                before(i)
+            f(*args)
+    (u,) = user_compiles()
+    (x,) = [x for x in u["explanations"] if x["kind"] == "recompile"]
+    return u, x
+
+
+def test_a_float_torch_made_dynamic_after_one_recompile_is_said_to_be_dynamic():
+    """torch 2.13 compiles a Python float as a constant, then dynamic at its first recompile
+    (automatic dynamic; ``specialize_float`` is off by default): twelve values are two
+    compiles, and the words say so, never "each new value compiles a new graph" nor to set
+    a config that is already set."""
+    f = torch.compile(lambda x, s: x * s, backend="eager")
+    u, x = _value_explained(f, [(torch.ones(3), 0.1 * i) for i in range(1, 13)])
+    assert u["compiles"] == 2 and not torch._dynamo.config.specialize_float
+    assert x["id"] == "value_made_dynamic" and "later values reuse that graph" in x["cause"]
+    assert "each new value" not in x["cause"] and "specialize_float" not in x["fix"]
+
+
+def test_an_int_argument_made_dynamic_is_said_to_be_dynamic():
+    f = torch.compile(lambda x, n: x * n, backend="eager")
+    u, x = _value_explained(f, [(torch.ones(3), n) for n in range(1, 8)])
+    assert u["compiles"] == 2 and x["id"] == "value_made_dynamic", x
+    assert "dynamic=True" in x["fix"]  # (from the first call: saves the one recompile)
+
+
+def test_an_int_loop_count_stays_specialized_and_dynamic_true_is_not_advised():
+    """A loop count torch must know: every value compiles, whatever ``dynamic`` says, so
+    the words say it and do not advise ``dynamic=True`` as the fix."""
+    f = torch.compile(_loop, backend="eager")
+    u, x = _value_explained(f, [(torch.ones(3), n) for n in range(1, 6)])
+    assert u["compiles"] == 5 and x["id"] == "int_argument", x
+    assert "torch kept it specialized (4 graphs so far): each new value compiles" in x["cause"]
+    assert "would not help" in x["cause"] and "dynamic=True" not in x["fix"]
+    g = torch.compile(_loop, backend="eager", dynamic=True)  # (what the words claim)
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(recompile_limit=64):
+        for n in range(1, 5):
+            g(torch.ones(3), n)
+    entries = len(torch._C._dynamo.eval_frame._debug_get_cache_entry_list(_loop.__code__))
+    assert entries == 4
+
+
+def test_an_int_read_from_an_object_stays_specialized():
+    def set_n(i):
+        _cfg.n = i + 1
+
+    f = torch.compile(_times_cfg, backend="eager")
+    u, x = _value_explained(f, [(torch.ones(3),)] * 5, before=set_n)
+    assert u["compiles"] == 5 and x["id"] == "int_from_mutable_state", x
+    assert "torch kept it specialized (4 graphs so far)" in x["cause"]
+    assert "0-d tensor" in x["fix"]
+
+
 def test_shape_change_recompile_is_explained():
     f = torch.compile(lambda x: x * 2, backend="eager")
     with gt_core.diagnostics():
@@ -142,6 +218,33 @@ def test_grad_mode_change_is_explained():
 
 
 # -- the recompile limit and the budget ----------------------------------------------------
+def test_after_the_limit_a_call_that_fits_a_cached_graph_still_runs_compiled():
+    """What the limit's explanation says, checked on the torch installed: once the limit is
+    hit, inputs a cached graph was compiled for still run that graph; others run eagerly."""
+    runs = []
+
+    def counting(gm, example_inputs):
+        def run(*args):
+            runs.append(len(example_inputs))
+            return gm.forward(*args)
+
+        return run
+
+    f = torch.compile(lambda x, n: x * n, backend=counting, dynamic=False)
+    with gt_core.diagnostics(), torch._dynamo.config.patch(recompile_limit=2):
+        for n in (1, 2, 3, 4):  # (3 and 4 are past the limit: eager, no new graph)
+            f(torch.ones(2), n)
+        before = len(runs)
+        f(torch.ones(2), 2)  # (fits the second cached graph)
+        f(torch.ones(2), 4)
+    assert before == 2 and len(runs) == 3
+    (u,) = user_compiles()
+    (x,) = [x for x in u["explanations"] if x["kind"] == "limit_hit"]
+    assert (
+        "a call whose inputs pass the guards of one of its cached graphs still runs" in x["cause"]
+    )
+
+
 def test_limit_hit_is_reported_and_the_function_runs_eagerly_after(caplog):
     xs = [torch.randn(4) for _ in range(6)]
     with gt_core.diagnostics(), torch._dynamo.config.patch(recompile_limit=3):
@@ -151,7 +254,7 @@ def test_limit_hit_is_reported_and_the_function_runs_eagerly_after(caplog):
     assert hit["function"] == "kv_step" and hit["limit"] == 3
     assert hit["limit_type"] == "recompile_limit"
     assert hit["last_reason"] == "G['cache']._current_idx[0] == 2"
-    assert "runs eagerly from now on" in hit["reason"]
+    assert "compiles no new graph; calls that need one run eagerly" in hit["reason"]
     (u,) = user_compiles()
     assert u["compiles"] == 3 and u["limit_hit"] and u["limit"] == 3
     assert any(x["id"] == "recompile_limit" and "(3)" in x["cause"] for x in u["explanations"])
@@ -248,6 +351,27 @@ def test_item_graph_break_suggests_capture_scalar_outputs(caplog):
     assert b["where"] == f"{HERE}:{line_of('# breaks the graph too')}"
     x = next(x for x in user_compiles()[0]["explanations"] if x["kind"] == "graph_break")
     assert x["id"] == "item" and "capture_scalar_outputs" in x["fix"]
+
+
+def steers_on_item(x):
+    if x.sum().item() > 0:  # a branch on a tensor's value
+        return x * 2
+    return x
+
+
+def test_an_item_that_steers_an_if_is_not_told_capture_scalar_outputs():
+    """capture_scalar_outputs keeps an .item() in the graph, not a Python ``if`` on it: the
+    fix for this break is torch.where or torch.cond (checked on the torch installed)."""
+    with gt_core.diagnostics():
+        torch.compile(steers_on_item, backend="eager")(torch.ones(3))
+    x = next(x for x in user_compiles()[0]["explanations"] if x["kind"] == "graph_break")
+    assert x["id"] == "item_steers_python" and "torch.where" in x["fix"], x
+    assert "if x.sum().item() > 0:" in x["cause"] and "= True" not in x["fix"]
+    torch._dynamo.reset()
+    gt_core.reset()
+    with gt_core.diagnostics(), torch._dynamo.config.patch(capture_scalar_outputs=True):
+        torch.compile(steers_on_item, backend="eager")(torch.ones(3))
+    assert user_events(ev.USER_GRAPH_BREAK)  # (the break stays)
 
 
 def test_graph_break_under_fullgraph_is_a_failure_with_its_break():
@@ -442,6 +566,7 @@ def test_summarize_user_compiles_gives_one_typed_entry_per_function():
         "limit_hit": bool,
         "cudagraph_skips": list,
         "explanations": list,
+        "entries": list,
     }
     for u in data:
         for k, t in types.items():
@@ -455,7 +580,9 @@ def test_summarize_user_compiles_gives_one_typed_entry_per_function():
     assert summarize_user_compiles(events) == data
     assert summarize_user_compiles(json.loads(json.dumps(events))) == data
     text = str(gt_core.report())
-    assert "torch.compile kv_step: 3 compile(s), 2 recompile(s)" in text
+    # (compile time in the text: the whole, then by phase)
+    assert re.search(r"torch.compile kv_step: 3 compile\(s\) in \d+\.\d\d s \(dynamo \d", text)
+    assert ", 2 recompile(s)" in text
 
 
 def test_dashboard_tables_show_the_explanations():
@@ -485,6 +612,20 @@ def test_explain_lists_cache_entries_and_their_guards():
         assert f"entry {cid}:" in text
         assert f"G['cache']._current_idx[0] == {2 - i}" in text
     assert gt_core.diagnostics.explain("f") == text  # by name, from the caller's scope
+
+
+def test_explain_tells_entries_of_eight_batch_sizes_apart():
+    """Eight static batch sizes, eight entries: each entry's line names its own size."""
+    f = torch.compile(lambda x: x * 2, backend="eager", dynamic=False)
+    sizes = [1, 2, 3, 4, 5, 6, 7, 9]
+    with torch._dynamo.config.patch(recompile_limit=16):
+        for n in sizes:
+            f(torch.randn(n, 4))
+    text = gt_core.diagnostics.explain(f)
+    own = [ln for ln in text.splitlines() if "size=[" in ln]
+    assert len({ln.strip() for ln in own}) == len(sizes) == len(own), text
+    for n in sizes:
+        assert any(f"size=[{n}, 4]" in ln for ln in own), text
 
 
 def test_explain_a_module_and_a_function_not_yet_called():

@@ -29,8 +29,10 @@ class CompileEvents:
         self.emit, self.names, self.breaks = emit, names, breaks
         self.limits: set[str] = set()  # frame ids whose limit hit is reported
         self.failures: set[str] = set()
+        self.functions: set[str] = set()  # the names of the functions compiled
 
     def compiled(self, m, fn: str, cid: str) -> None:
+        self.functions.add(fn)
         total = m.entire_frame_compile_time_s
         backend = m.backend_compile_time_s
         inductor = m.inductor_compile_time_s
@@ -55,6 +57,7 @@ class CompileEvents:
             guards=m.guard_count,
             graph_breaks=m.num_graph_breaks or 0,
             cache_size=m.cache_size,
+            specialize_float=m.specialize_float,
         )
         if m.recompile_reason:
             where, source = last_user_frame(m.recompile_reason)
@@ -66,6 +69,7 @@ class CompileEvents:
                 where=where,
                 source=source,
                 raw=m.recompile_reason,
+                specialize_float=m.specialize_float,
             )
 
     def failed(self, m, fn: str, cid: str, frame: str) -> None:
@@ -104,7 +108,8 @@ class CompileEvents:
             last_reason=short_reason(last_reason),
             where=where,
             source=source,
-            reason=f"hit config.{limit_type} ({limit}): {fn} runs eagerly from now on",
+            reason=f"hit config.{limit_type} ({limit}): {fn} compiles no new graph; calls that "
+            "need one run eagerly",
         )
 
     def budget(self, m, fn: str) -> None:

@@ -11,7 +11,7 @@ import re
 
 from gt_core.diagnostics import torch_hooks as hooks
 
-__all__ = ["explain"]
+__all__ = ["explain", "entries_of"]
 
 # Guard-tree lines that only give structure (which object a guard reads), not a check.
 _STRUCTURE = re.compile(r"^\s*(?:\|\s*)*\+- (?:\w*GuardManager|GuardManager)\b")
@@ -84,8 +84,17 @@ def _guards(entry) -> list[str]:
     return [re.sub(r"^[\s|]*\+- ", "", ln).rstrip() for ln in lines]
 
 
+# A tensor guard's dispatch keys: the same for every entry of one function (its device's),
+# and long enough to push the sizes and strides that tell entries apart past any width.
+_KEYS = re.compile(r"DispatchKeySet\([^)]*\),\s*")
+
+
 def _short(guard: str) -> str:
+    """A guard as one line: a tensor's check whole, without its dispatch keys (its sizes,
+    strides, dtype and grad mode are what tell entries apart); another cut at _WIDTH."""
     guard = re.sub(r"\s{2,}#", "  #", guard)
+    if "check_tensor(" in guard or "TENSOR_MATCH" in guard:
+        return _KEYS.sub("", guard)
     return guard if len(guard) <= _WIDTH else guard[: _WIDTH - 1] + "…"
 
 
@@ -108,6 +117,17 @@ def _entry_lines(entries) -> list[str]:
         )
         lines.extend(f"    {_short(g)}" for g in own)
     return lines
+
+
+def entries_of(fn) -> list[dict]:
+    """{compile_id, code, guards} of each cache entry of compiled ``fn`` and its resume
+    functions, each with its own guards whole (not those on global state)."""
+    out = []
+    for code in _with_resumes(_codes(fn)[1]):
+        for e in hooks.cache_entries(code):
+            guards = [g for g in _guards(e) if not _AMBIENT.match(g)]
+            out.append({"compile_id": str(e.compile_id), "code": code.co_name, "guards": guards})
+    return out
 
 
 def explain(fn_or_name, frame) -> str:

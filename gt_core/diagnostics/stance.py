@@ -13,11 +13,12 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import weakref
 from collections.abc import Callable
 
 from gt_core.diagnostics import torch_hooks as hooks
 
-__all__ = ["hooked", "routing", "entry_name", "display_name", "in_worker"]
+__all__ = ["hooked", "routing", "entry_name", "entered", "display_name", "in_worker"]
 
 
 class _InWorker(threading.local):
@@ -31,6 +32,9 @@ in_worker = _InWorker()
 _lock = threading.Lock()
 _state = {"users": 0, "original": None}
 _local = threading.local()  # .entry: the name of the compiled function entered last
+# id -> a weak reference to each compiled function entered while the hook was in (what
+# diagnostics reads the cache entries of as a block ends), in order of first entry
+_entered: dict[int, weakref.ref] = {}
 # thread id -> [(on_routed(name), skip()), ...] while that thread is inside gt_core.capture()
 _routes: dict[int, list] = {}
 
@@ -48,6 +52,17 @@ def display_name(fn) -> str:
     return name[: -len(".forward")] if name.endswith(".forward") else name
 
 
+def entered() -> list:
+    """The compiled functions entered while the hook was in, still alive."""
+    with _lock:
+        return [fn for fn in (ref() for ref in _entered.values()) if fn is not None]
+
+
+def _forget(key: int):
+    """The callback that drops a compiled function's entry once it is gone."""
+    return lambda _: _entered.pop(key, None)
+
+
 def entry_name() -> str | None:
     """The compiled function this thread entered last (None if none since the hook went in)."""
     return getattr(_local, "entry", None)
@@ -62,6 +77,10 @@ def _hook(callback):
         fn = hooks.compiled_fn_of(sys._getframe(1))  # the caller: Dynamo's wrapper
         name = display_name(fn) if fn is not None else None
         _local.entry = name
+        ref = _entered.get(id(fn))
+        if fn is not None and (ref is None or ref() is not fn):
+            with _lock:
+                _entered[id(fn)] = weakref.ref(fn, _forget(id(fn)))
     except Exception:  # naming is a nicety; never let it break the call
         pass
     routes = _routes.get(threading.get_ident())

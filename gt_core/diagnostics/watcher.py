@@ -15,6 +15,7 @@ from gt_core.diagnostics import stance as _stance
 from gt_core.diagnostics import torch_hooks as hooks
 from gt_core.diagnostics.breaks import BreakEvents
 from gt_core.diagnostics.compiles import CompileEvents
+from gt_core.diagnostics.guards import entries_of
 from gt_core.diagnostics.names import Names, in_gt, is_ours
 from gt_core.diagnostics.skips import SkipEvents
 from gt_core.diagnostics.torch_hooks import recompile_limit
@@ -96,6 +97,7 @@ class Watcher:
     def stop(self) -> None:
         try:
             self.sweep()
+            self.entries()
         finally:
             for undo in reversed(self.undo):
                 with contextlib.suppress(Exception):
@@ -166,6 +168,21 @@ class Watcher:
         with self.lock:
             self.breaks.sweep()
             self.skips.counted(self.names.last, "")
+
+    def entries(self) -> None:
+        """Each compiled function's cache entries as the block ends (``user.entries``): what
+        torch kept, which the explanations check their words against (did a recompile make a
+        value dynamic?)."""
+        for fn in _stance.entered():
+            name = _stance.display_name(fn)
+            if name not in self.compiles.functions:
+                continue  # (compiled before this block)
+            try:
+                found = entries_of(fn)
+            except Exception as exc:
+                self.unavailable("torch._C._dynamo.eval_frame._debug_get_cache_entry_list", exc)
+                return
+            self.emit(ev.USER_ENTRIES, function=name, entries=found)
 
     def on_error(self, exc: BaseException) -> None:
         """A strict stance turned a recompile into an error: say so (the error still raises)."""

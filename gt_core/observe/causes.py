@@ -133,12 +133,15 @@ def budget_message(function: str, used: int, limit: int, hit: bool = False) -> s
     """``"kv_step: 6 of 8 recompiles used"`` and what happens at the limit (``hit``: it did)."""
     if hit:
         return (
-            f"{function}: {used} of {limit} recompiles used, then the limit was hit: it runs "
-            "eagerly from now on"
+            f"{function}: {used} of {limit} recompiles used, then the limit was hit: calls that "
+            "need a new graph run eagerly"
         )
     left = limit - used
     then = "the next recompile" if left <= 0 else f"{left} more and the next"
-    return f"{function}: {used} of {limit} recompiles used ({then} makes it run eagerly)"
+    return (
+        f"{function}: {used} of {limit} recompiles used ({then} hits the limit: calls that "
+        "need a new graph then run eagerly)"
+    )
 
 
 def _format(template: str, fill: dict) -> str:

@@ -19,10 +19,9 @@ COMPILE_CAUSES: tuple[Cause, ...] = (
         "int_argument",
         ("recompile",),
         r"^(?P<expr>L\['\w+'\]|\w+)\s*==\s*(?P<value>-?\d+)\b(?!\.)",
-        "a guard on the Python int argument `{expr}` (it was {value}): a new value compiles "
-        "a new graph",
-        "pass it as a tensor, or mark it dynamic (`torch.compile(..., dynamic=True)`); if it "
-        "takes only a few values, this is expected and stops after each value was seen once",
+        "a guard on the Python int argument `{expr}` failed (it was {value}), so the function "
+        "was compiled again",
+        "if it takes only a few values, this is expected; if many, pass it as a tensor",
     ),
     Cause(
         "length_change",
@@ -35,18 +34,27 @@ COMPILE_CAUSES: tuple[Cause, ...] = (
         "int_from_mutable_state",
         ("recompile",),
         r"(?P<expr>\S*(?:\.|\[)\S*)\s*==\s*(?P<value>-?\d+)\b(?!\.)",
-        "a guard on a Python int read from mutable state: `{expr}` was {value} when the graph "
-        "was compiled, and every new value compiles a new graph",
+        "a guard on a Python int read from mutable state failed: `{expr}` was {value} when the "
+        "graph was compiled",
         _TENSOR_OPS,
     ),
     Cause(
         "float_constant",
         ("recompile",),
         r"(?P<expr>\S+)\s*==\s*(?P<value>-?\d+\.\d*(?:e-?\d+)?)",
-        "a guard on the Python float `{expr}` (it was {value}): each new value compiles a new "
-        "graph (learning rates, schedules, bias corrections)",
-        "pass it as a 0-d tensor instead of a Python float, or set "
-        "`torch._dynamo.config.specialize_float = False`",
+        "a guard on the Python float `{expr}` failed (it was {value}), so the function was "
+        "compiled again (learning rates, schedules, bias corrections)",
+        "pass it as a 0-d tensor instead of a Python float",
+    ),
+    # (what torch did with a value after the recompile, read from its cache entries: see
+    # observe.user_compiles; chosen by id)
+    Cause(
+        "value_made_dynamic",
+        ("recompile",),
+        None,
+        "`{expr}` changed (it was {value}): torch compiled the new graph with it dynamic "
+        "(automatic dynamic shapes), so its later values reuse that graph",
+        "nothing to do: that one recompile is the whole cost{avoid}",
     ),
     Cause(
         "shape_change",
@@ -132,8 +140,9 @@ COMPILE_CAUSES: tuple[Cause, ...] = (
         "recompile_limit",
         ("limit_hit",),
         r"^(?:.*?(?P<limit_type>\w*limit)\s*\((?P<limit>\d+)\))?",
-        "the recompile limit ({limit}) was hit: this function runs eagerly (uncompiled) from "
-        "now on",
+        "the recompile limit ({limit}) was hit: no new graph is compiled for this function; a "
+        "call whose inputs pass the guards of one of its cached graphs still runs compiled, "
+        "every other call runs eagerly (uncompiled)",
         "fix the cause of its recompiles (above); raising `torch._dynamo.config.recompile_limit` "
         "only delays the fallback",
     ),
@@ -142,7 +151,8 @@ COMPILE_CAUSES: tuple[Cause, ...] = (
         ("budget",),
         r"(?P<text>.+)",
         "{text}",
-        "fix the cause of the recompiles before the limit is hit: then it runs eagerly",
+        "fix the cause of the recompiles before the limit is hit: then calls that need a new "
+        "graph run eagerly",
     ),
     Cause(
         "fail_on_recompile",
@@ -189,7 +199,18 @@ COMPILE_CAUSES: tuple[Cause, ...] = (
         ("graph_break",),
         r"Tensor\.item\(\)|\.item\(\)|capture_scalar_outputs",
         "`.item()` reads a tensor's value into Python, which splits the graph",
-        "keep the value as a tensor; or set `torch._dynamo.config.capture_scalar_outputs = True`",
+        "keep the value as a tensor; or, where only tensor ops use it, set "
+        "`torch._dynamo.config.capture_scalar_outputs = True` (a Python `if` or loop on it "
+        "breaks the graph still)",
+    ),
+    Cause(
+        "item_steers_python",
+        ("graph_break",),
+        None,
+        "a tensor's value decides a Python `if` or loop (`{line}`), which splits the graph "
+        "whatever `capture_scalar_outputs` says",
+        "compute both sides and pick with `torch.where(cond, a, b)`, or use `torch.cond`; "
+        "or move the branch out of the compiled function",
     ),
     Cause(
         "data_dependent_shape",

@@ -88,6 +88,9 @@ USER_CUDAGRAPH_SKIP = "user.cudagraph_skip"
 USER_FAILURE = "user.failure"  # function, kind ("fail_on_recompile", "unavailable", ...), reason
 USER_BUDGET = "user.budget"  # function, used, limit, message ("kv_step: 6 of 8 recompiles used")
 USER_ROUTED = "user.routed"  # function, message (called inside capture: ran through gt's stream)
+# function, entries [{compile_id, code, guards}]: its cache entries as the block ends (each
+# entry's own guards, whole), what the explanations check their words against
+USER_ENTRIES = "user.entries"
 # The client's log: per-step events it no longer keeps one by one (never sent, never logged)
 FOLDED = "folded"  # of (a type), signature, n, counts {key: n}, totals {key: sum}, last (event)
 

@@ -133,8 +133,12 @@ class Report:
                 lines.append(f"    cudagraphs skipped: {r}")
         lines += ["  " + x for x in jit_summary.lines(d["jit"])]
         for u in d["user_compiles"]:
+            split = ", ".join(
+                f"{k.removesuffix('_s')} {v:.2f} s" for k, v in u["time_split"].items() if v
+            )
             lines.append(
-                f"  torch.compile {u['function']}: {u['compiles']} compile(s), "
+                f"  torch.compile {u['function']}: {u['compiles']} compile(s) in "
+                f"{u['compile_seconds']:.2f} s{f' ({split})' if split else ''}, "
                 f"{len(u['recompile_reasons'])} recompile(s), {len(u['graph_breaks'])} graph break(s)"
                 + (", recompile limit hit" if u["limit_hit"] else "")
             )

@@ -6,8 +6,10 @@ calls it: a live session, a saved log and the dashboard read the same data.
 
 from __future__ import annotations
 
+import re
+
 from gt_core.observe import events as ev
-from gt_core.observe.causes import budget_message, explain
+from gt_core.observe.causes import budget_message, explain, explain_id, short_reason
 
 __all__ = ["summarize_user_compiles"]
 
@@ -42,6 +44,7 @@ def _new(function: str) -> dict:
         "budget": None,
         "routed": False,
         "explanations": [],
+        "entries": [],  # its cache entries as the block ended: {compile_id, code, guards}
     }
 
 
@@ -82,20 +85,22 @@ def summarize_user_compiles(events: list[dict]) -> list[dict]:
     seen: dict[str, set] = {}  # per function, the causes already explained
     for e in events:
         t = e.get("type")
-        if t not in _KIND and t != ev.USER_COMPILE:
+        if t not in _FOLD:
             continue
         name = e.get("function") or "?"
         if name not in fns:
             fns[name], seen[name] = _new(name), set()
         u = fns[name]
         _FOLD[t](u, e)
-        if t != ev.USER_COMPILE:
+        if t in _KIND:
             _explained(u, e, seen[name])
     for u in fns.values():
         if u["limit_hit"]:
             _budget_spent(u)
+        _checked(u)
         for x in u["explanations"]:
-            del x["key"]
+            for k in ("key", "guard", "line", "compile_ids", "specialize_float"):
+                del x[k]
         u["compile_seconds"] = round(u["compile_seconds"], 6)
         u["time_split"] = {k: round(v, 6) for k, v in u["time_split"].items()}
     return list(fns.values())
@@ -149,7 +154,6 @@ def _routed(u: dict, e: dict) -> None:
 
 
 _FOLD = {  # one handler per event type: what it adds to its function's entry
-    ev.USER_COMPILE: _compiled,
     ev.USER_RECOMPILE: _recompiled,
     ev.USER_GRAPH_BREAK: _graph_break,
     ev.USER_LIMIT_HIT: _limit_hit,
@@ -159,6 +163,8 @@ _FOLD = {  # one handler per event type: what it adds to its function's entry
     ),
     ev.USER_BUDGET: _budget,
     ev.USER_ROUTED: _routed,
+    ev.USER_COMPILE: _compiled,
+    ev.USER_ENTRIES: lambda u, e: u["entries"].extend(e.get("entries") or []),
 }
 
 
@@ -174,6 +180,7 @@ def _explained(u: dict, e: dict, seen: set) -> None:
             old["cause"] = x["cause"]
         else:
             old["count"] += 1
+            old["compile_ids"].append(e.get("compile_id"))
         return
     seen.add(key)
     u["explanations"].append(
@@ -185,5 +192,83 @@ def _explained(u: dict, e: dict, seen: set) -> None:
             "where": e.get("where", ""),  # file:line of the first occurrence, when known
             "count": 1,
             "key": key[1],
+            "guard": short_reason(text) if kind == "recompile" else "",
+            "line": _line(e),
+            "compile_ids": [e.get("compile_id")],
+            "specialize_float": e.get("specialize_float"),
         }
     )
+
+
+# A recompile's guard on a Python number's value, and the causes that explain one.
+_VALUE = re.compile(r"^(?P<expr>.+?)\s*==\s*(?P<value>-?\d+(?P<float>\.\d*(?:e-?\d+)?)?)$")
+_VALUE_CAUSES = ("int_argument", "int_from_mutable_state", "float_constant")
+
+
+def _line(e: dict) -> str:
+    """The user's source line an event happened at (a break's innermost frame)."""
+    stack = e.get("stack") or []
+    return (stack[-1].get("text") if stack else e.get("source")) or ""
+
+
+_STEERS = re.compile(r"^(?:if|elif|while)\b|\bif\b.+\belse\b")
+
+
+def _checked(u: dict) -> None:
+    """Words that are true for the torch that ran. A value's recompiles: each entry a
+    recompile on the value made is read (its guards, from ``user.entries``): one that no
+    longer guards the value's number made it dynamic; one that does kept it specialized.
+    Without the entries (a live view before the block ends) the catalogue's words stand,
+    which claim neither. An ``.item()`` break on a line that branches on it: the break stays
+    whatever ``capture_scalar_outputs`` says."""
+    made = {en["compile_id"]: en for en in u["entries"]}
+    for x in u["explanations"]:
+        if x["id"] == "item" and _STEERS.search(x["line"]):
+            x.update(explain_id("item_steers_python", line=x["line"]))
+            continue
+        m = _VALUE.match(x["guard"]) if x["id"] in _VALUE_CAUSES else None
+        entries = [made[c] for c in x["compile_ids"] if c in made] if m else []
+        if not entries:
+            continue
+        expr, value, is_float = m["expr"], m["value"], bool(m["float"])
+        # (a symbolic int's failed guard names the argument bare: ``n == 1``; entries: L['n'])
+        names = [expr, f"L['{expr}']"] if expr.isidentifier() else [expr]
+        held = re.compile("(?:" + "|".join(map(re.escape, names)) + r")\s*==\s*-?\d")
+        kept = [any(held.search(g) for g in en["guards"]) for en in entries]
+        if not kept[-1]:
+            avoid = (
+                " (to avoid it, pass it as a 0-d tensor)"
+                if is_float
+                else " (to avoid it, compile with `dynamic=True`)"
+            )
+            x.update(explain_id("value_made_dynamic", expr=expr, value=value, avoid=avoid))
+        else:
+            x.update(_specialized(x, is_float, len(entries)))
+
+
+def _specialized(x: dict, is_float: bool, n: int) -> dict:
+    """The words of ``x`` (a value's recompiles) where torch kept the value specialized."""
+    if is_float:
+        why = " (`specialize_float` was on)" if x["specialize_float"] else ""
+        fix = "pass it as a 0-d tensor instead of a Python float"
+        if x["specialize_float"]:
+            fix += " (or set `torch._dynamo.config.specialize_float = False`)"
+    elif x["id"] == "int_from_mutable_state":
+        why = (
+            "; torch reads an int of an object or a global as a constant, so `dynamic=True` "
+            "would not help"
+        )
+        fix = x["fix"]
+    else:
+        why = (
+            "; it steers Python control flow or a size torch must know (a loop count, "
+            "`range`, a shape), so `dynamic=True` would not help"
+        )
+        fix = (
+            "expected if it takes a few values (each compiles once); with many, call it with a "
+            "few fixed values (buckets), or keep the loop or branch on it outside the compiled "
+            "function"
+        )
+    graphs = f"{n} graph{'s' if n != 1 else ''}"
+    cause = f"{x['cause']}; torch kept it specialized ({graphs} so far): each new value "
+    return {"cause": cause + f"compiles another{why}", "fix": fix}

@@ -23,10 +23,16 @@ Contract (what a replayed call does not repeat)
     A setting is compared before every replay instead, and a change records again, where
     the step's Python branches on it or takes it out of arithmetic (``if weight_decay !=
     0``, ``math.sqrt``), or a number of it is held in the block (an op outside the
-    optimizer's step passed its value, a tensor made from it). Other Python numbers the step
-    passes to ops are frozen as the recorded calls had them; where they differ between
-    recorded calls, replay is refused with the op and the values, and the function keeps
-    running (compiled as any hot path).
+    optimizer's step passed its value, a tensor made from it).
+  * The Python numbers of the step's own state (a list's item, a global, an attribute of
+    a trainer or a module) follow the same rules: a float is a setting of its own (``alpha=
+    -lr[0]`` of a hand-written update flows once two recorded calls saw it differ), and what
+    the Python tests of any float (``if cfg["thr"] > 0.5``, ``int()``, ``float()``) is
+    checked before each replay: another outcome records the call again. Every int and bool
+    the step reaches is compared (C reads them: ``range(n)``, a shape). Other Python numbers
+    the step passes to ops are frozen as the recorded calls had them; where they differ
+    between recorded calls, replay is refused with the op and the values, and the function
+    keeps running (compiled as any hot path).
   * An LR scheduler the step steps is stepped by each replay after its RUN. With float
     settings its step is Python alone and the block goes on past it (``model.zero_grad()``
     and ``return loss.detach()`` after it, as transformers' Trainer orders its step, are in
@@ -64,7 +70,9 @@ differed.
 
 The package, one concept a module: ``function`` (the decorator and its call keys), ``entry``
 (a key's state machine: the table is ``gt_core.observe.jit_states``), ``reach`` (the one walk
-over the state a step reaches), ``settings`` (optimizer settings that flow or are compared),
+over the state a step reaches), ``knob`` (floats that remember how they were computed, and
+what Python tested of them), ``settings`` (optimizer settings and the state's numbers that
+flow or are compared),
 ``program`` (values read from small tensors, read again by a replay), ``traced`` (how a
 call records), ``schedulers`` (an LR scheduler's step, outside the block), ``recording``
 (one recorded call, and what two say together), ``recipe`` (what a replay reads and
