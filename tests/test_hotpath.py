@@ -1,5 +1,6 @@
 """Hot-path detection, the compiled-block cache, fallbacks, reverts, signals, config."""
 
+import contextlib
 import copy
 import functools
 import json
@@ -115,6 +116,43 @@ def test_training_step_is_detected_compiled_once_and_equal(hot, sync_every):
         "aten.threshold_backward.default",
     } <= set(p["ops"])
     assert any(op.startswith("aten.add_") for op in p["ops"])
+
+
+def _bptt(on_worker, steps=12):
+    """pytorch/examples' word LM batching: ``x, y`` windows of one token stream, one row
+    apart, at the next offset each step (an embedding and a linear head, SGD), the step
+    jitted: its block's inputs are the windows."""
+    ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+    with ctx:
+        torch.manual_seed(0)
+        stream = torch.randint(0, 16, (8 * (steps + 2),)).view(-1, 4)  # (time, batch)
+        emb, head = torch.nn.Embedding(16, 8), torch.nn.Linear(8, 16)
+        params = [*emb.parameters(), *head.parameters()]
+        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+
+        def step(x, y):
+            loss = F.cross_entropy(head(emb(x)).flatten(0, 1), y.flatten())
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            return loss.detach()
+
+        fn = gt_core.jit(step) if on_worker else step
+        losses = [fn(stream[i : i + 2], stream[i + 1 : i + 3]) for i in range(0, 2 * steps, 2)]
+        return [v.item() for v in losses], [p.detach().cpu() for p in params]
+
+
+def test_windows_of_one_stream_at_moving_offsets_compile_once_and_equal_eager(hot):
+    """The BPTT idiom's inputs overlap in one storage and are only read: where they lie is
+    not what the block fits, so it compiles once (it compiled again for every offset)."""
+    want, want_params = _bptt(False)
+    got, params = _bptt(True)
+    assert got == pytest.approx(want, abs=1e-6)
+    for a, b in zip(params, want_params, strict=True):
+        assert_close(a, b, atol=1e-6)
+    (p,) = _paths()
+    assert p["status"] == "compiled" and p["compiled_runs"] >= 6, p
+    assert len(COMPILES) == 1 and not p["notes"], p["notes"]
 
 
 def _gelu_norm_net():

@@ -282,6 +282,39 @@ def test_aliasing_key_and_groups():
         aliases.of([w, w.view(torch.int32)])
 
 
+def test_inputs_that_overlap_and_are_only_read_share_nothing_the_graph_must_know():
+    """A BPTT loop's windows of one stream: read, never written, so where they lie in the
+    stream is not part of the key (each call's offsets differ); a written one's sharing is."""
+    data = torch.randn(64, 4)
+    w = torch.randn(4, 3)
+    for i in (0, 5):
+        x, y = data[i : i + 8], data[i + 1 : i + 9]
+        assert aliases.key([x, y, w], writes=frozenset({2})) == (0, 1, 2)
+        assert aliases.of([x, y, w], writes=frozenset()) is None
+        assert aliases.key([x, y, w]) == ((0, 4 * i), (0, 4 * i + 4), 2)  # (any may be written)
+    k = aliases.key([w, w.t(), data[:2]], writes=frozenset({0}))
+    assert k == ((0, 0), (0, 0), 2)  # (the parameter written: its view's sharing stays)
+
+
+def test_the_inputs_a_block_writes_are_read_from_its_ops():
+    from gt_core.stream.canonical import OpEntry
+
+    aten = torch.ops.aten
+    ops = {"aten.add_.Tensor": aten.add_.Tensor, "aten.t.default": aten.t.default,
+           "aten.mul.Tensor": aten.mul.Tensor}  # fmt: skip
+
+    class Canon:  # (the canonical entries' shape: see gt_core.stream.canonical.OpEntry)
+        entries = [
+            ("op", "aten.mul.Tensor", (("i", 0), ("i", 1)), (), (("t", 0),)),
+            ("op", "aten.t.default", (("i", 2),), (), (("t", 1),)),
+            ("op", "aten.add_.Tensor", (("t", 1), ("t", 0)), (), (None,)),  # (via a view)
+            ("op", "aten.add_.Tensor", (("i", 3), ("i", 0)), (("alpha", 0.5),), (None,)),
+        ]
+
+    Canon.entries = [OpEntry(*e) for e in Canon.entries]
+    assert aliases.written(Canon, ops) == {2, 3}
+
+
 @pytest.mark.parametrize(
     "backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.inductor)]
 )

@@ -8,6 +8,11 @@ share a storage, the graph takes that storage once, as a 1-d base, and makes eac
 inputs inside it with ``as_strided``; AOTAutograd then sees the aliasing and keeps eager's
 order. The sharing is part of what a compiled block fits: a run whose inputs share memory
 otherwise (``key``) runs eagerly.
+
+Only a storage the block writes (an input written in place, directly or through a view:
+``written``) is shared in that sense: inputs that overlap and are only read (a BPTT loop's
+``x, y = data[i : i + n], data[i + 1 : i + 1 + n]``) are distinct inputs to the graph, and
+where in their storage they lie does not matter, so windows at moving offsets are one block.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from typing import NamedTuple
 import torch
 import torch.fx as fx
 
-__all__ = ["Aliases", "of", "key", "unalias", "call_args", "metas"]
+__all__ = ["Aliases", "of", "key", "written", "unalias", "call_args", "metas"]
 
 _aten = torch.ops.aten
 
@@ -34,9 +39,11 @@ class Aliases(NamedTuple):
         return frozenset(m[0] for g in self.groups for m in g[2])
 
 
-def key(inputs) -> tuple:
+def key(inputs, writes=None) -> tuple:
     """Per input: the index of the first input sharing its storage, with its offset where
-    another input shares it (an empty storage shares nothing)."""
+    another input shares it (an empty storage shares nothing). ``writes``: the inputs the
+    block writes (see ``written``; None: any may be): a storage none of them is on is
+    shared by nothing the graph must know."""
     first: dict = {}
     owner = []
     inputs = [getattr(x, "_local_tensor", x) for x in inputs]  # (a DTensor: this rank's part)
@@ -45,7 +52,37 @@ def key(inputs) -> tuple:
         p = st.data_ptr() if st.nbytes() else None
         owner.append(k if p is None else first.setdefault(p, k))
     shared = {j for k, j in enumerate(owner) if j != k}
-    return tuple((j, inputs[k].storage_offset()) if j in shared else j for k, j in enumerate(owner))
+    if writes is not None:
+        shared &= {owner[k] for k in writes if k < len(owner)}
+    return tuple((j, inputs[k].storage_offset()) if j in shared else k for k, j in enumerate(owner))
+
+
+def written(canon, ops: dict) -> frozenset:
+    """The inputs a block's ops write in place, directly or through a view of them (its
+    canonical entries: gt_core.stream.canonical; ``ops``: op name -> OpOverload)."""
+    root: dict = {}  # value name -> the input it views
+    out = set()
+    for e in canon.entries:
+        if e.kind != "op":
+            continue
+        schema = ops[e.op]._schema
+        kwargs = dict(e.kwargs)
+        for i, a in enumerate(schema.arguments):
+            if a.alias_info is None:
+                continue
+            v = e.args[i] if i < len(e.args) else kwargs.get(a.name)
+            items = v[1:] if type(v) is tuple and v and v[0] == "list" else (v,)
+            bases = {
+                root.get(x, x) for x in items if type(x) is tuple and x[:1] in (("i",), ("t",))
+            }
+            inputs = {b[1] for b in bases if b[0] == "i"}
+            if a.alias_info.is_write:
+                out |= inputs
+            elif inputs and schema.returns and schema.returns[0].alias_info is not None:
+                for o in e.outs:
+                    if o is not None:
+                        root[o] = ("i", min(inputs))
+    return frozenset(out)
 
 
 def placements(inputs) -> list:
@@ -54,9 +91,10 @@ def placements(inputs) -> list:
     return [getattr(t, "placements", None) for t in inputs]
 
 
-def of(inputs) -> Aliases | None:
-    """The sharing among ``inputs`` (None where none shares a storage with another)."""
-    k = key(inputs)
+def of(inputs, writes=None) -> Aliases | None:
+    """The sharing among ``inputs`` (None where none shares a storage with another that
+    matters: see ``key``)."""
+    k = key(inputs, writes)
     groups: dict = {}
     for i, entry in enumerate(k):
         if type(entry) is tuple:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 
+from gt_core.compile import aliases
 from gt_core.observe.report import Status
 from gt_core.stream.canonical import Canonical, Mismatch, Namer
 from gt_core.stream.instructions import FREE
@@ -67,6 +68,8 @@ class Block:
         self.alias_miss = False  # a run's inputs shared memory otherwise again (said once)
         # Any in-place op: a failure mid-run may have written some inputs already.
         self.mutates = any(ops[name]._schema.is_mutable for name in set(canon.ops))
+        # The inputs it writes in place: only their storages' sharing is what it fits.
+        self.writes = aliases.written(canon, ops)
         self.signal = signal
         self.thread: threading.Thread | None = None
         self.value_meta = value_meta or {}  # value name -> shape and dtype, for the graph

@@ -57,7 +57,7 @@ class Registry:
         )
         try:  # (how the inputs of the occurrence just seen share memory, if all still alive)
             inputs = self.ex.lookup(namer.inputs)
-            block.aliases = aliases.of(inputs)
+            block.aliases = aliases.of(inputs, block.writes)
             block.placements = aliases.placements(inputs)
         except (KeyError, TypeError):  # unknown: found at its next run (Runner.run)
             block.aliases_unknown = True

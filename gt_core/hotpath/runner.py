@@ -109,7 +109,7 @@ class Runner:
         """Take how this occurrence's inputs share memory as what the block compiles for."""
         try:
             inputs = self.ex.lookup(occ.inputs)
-            block.aliases = aliases.of(inputs)
+            block.aliases = aliases.of(inputs, block.writes)
             block.placements = aliases.placements(inputs)
         except KeyError:
             pass  # (an input missing: the run reports it)
@@ -138,7 +138,7 @@ class Runner:
                 )
                 self.outbox.emit(ev.NOTE, signature=block.sig, reason=why)
             return False
-        now = aliases.key(inputs)
+        now = aliases.key(inputs, block.writes)
         want = block.aliases.key if block.aliases is not None else None
         if (want is None and all(type(k) is int for k in now)) or now == want:
             return True
