@@ -75,6 +75,17 @@ def test_block_compiled_in_the_compile_process_equals_eager(inductor_background)
 
 
 @pytest.mark.inductor
+def test_a_compile_mode_reaches_the_compile_process_as_inductors_config(inductor_background):
+    """A mode's options are inductor config, which standalone_compile takes as its config
+    patches (given as compile_fx's own arguments, every mode but the default failed)."""
+    gt_core.configure(mode="max-autotune-no-cudagraphs")
+    try:
+        _check_compiled_in_process_and_equal()
+    finally:
+        gt_core.configure(mode=None)
+
+
+@pytest.mark.inductor
 def test_spawned_worker_warms_the_compile_process_and_its_blocks_equal_eager(process):
     """The product's path: a worker spawned for inductor imports and warms before serving."""
     gt_core.configure(

@@ -278,9 +278,14 @@ def _compile_job(job: tuple, metas: list, options: dict, info: dict):
         torch.empty_strided(shape, stride, dtype=dtype, device=device)
         for shape, stride, dtype, device in metas
     ]
+    # (standalone_compile hands ``options`` to compile_fx as its arguments: the mode's
+    # config goes in as its config patches)
     with torch.enable_grad(), explain.measured() as m:  # (see compile_block)
         art = standalone_compile(
-            gm, examples, dynamic_shapes="from_example_inputs", options=options
+            gm,
+            examples,
+            dynamic_shapes="from_example_inputs",
+            options={"config_patches": options} if options else {},
         )
     info.update(code=explain.code_of(gm, art), cache=m["cache"])
     info["phases"] = {"lowering": round(lowering, 4), **m["phases"]}
