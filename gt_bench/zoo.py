@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["Zoo", "Decoder", "build", "decoder", "names", "OPTIMIZERS"]
+__all__ = ["Zoo", "Decoder", "build", "decoder", "names", "OPTIMIZERS", "TEXT", "LLAMA"]
 
 _VOCAB, _SEQ, _BATCH, _IMAGE, _LABELS = 64, 16, 4, 32, 10
 
@@ -49,17 +49,20 @@ def _image(g):
     return pixels, torch.randint(0, _LABELS, (_BATCH,), generator=g)
 
 
-_TEXT = dict(vocab_size=_VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+# The tiny text configs, the zoo's and the corpus's (gt_bench.corpus): a Llama adds
+# grouped-query attention and rotary embeddings to the shared sizes.
+TEXT = dict(vocab_size=_VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
+LLAMA = dict(intermediate_size=64, num_key_value_heads=2, max_position_embeddings=64, **TEXT)
 _VISION = dict(num_labels=_LABELS)
 # name: (model class, config class, config, batch maker, input name, train-mode modules)
 _MODELS: dict[str, tuple] = {
     # an encoder with dropout on (p=0.1 in training), tied input and output embeddings
-    "bert": ("BertForMaskedLM", "BertConfig", dict(intermediate_size=64, **_TEXT), _text),
+    "bert": ("BertForMaskedLM", "BertConfig", dict(intermediate_size=64, **TEXT), _text),
     # a decoder: RMSNorm, rotary embeddings, grouped-query attention, a cache made per call
     "llama": (
         "LlamaForCausalLM",
         "LlamaConfig",
-        dict(intermediate_size=64, num_key_value_heads=2, max_position_embeddings=64, **_TEXT),
+        LLAMA,
         _text,
     ),
     # GPT-2: tied embeddings, Conv1D layers, dropout on

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from gt_bench.zoo import LLAMA, TEXT
+
 __all__ = [
     "Loop",
     "epochs",
@@ -26,7 +28,8 @@ __all__ = [
     "LLAMA",
 ]
 
-VOCAB, SEQ, BATCH, IMAGE = 64, 16, 8, 16
+SEQ, BATCH, IMAGE = 16, 8, 16
+VOCAB = TEXT["vocab_size"]  # (the zoo's tiny text configs: TEXT, LLAMA)
 
 
 @dataclass
@@ -96,8 +99,3 @@ def hf_model(cls: str, config_cls: str, **config):
     import transformers
 
     return getattr(transformers, cls)(getattr(transformers, config_cls)(**config)).train()
-
-
-TEXT = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4)
-# (a Llama: grouped-query attention, rotary embeddings; llama-autocast and peft-lora's base)
-LLAMA = dict(intermediate_size=64, num_key_value_heads=2, max_position_embeddings=64, **TEXT)

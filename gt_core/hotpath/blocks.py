@@ -59,17 +59,8 @@ class Block:
         self.samples: dict[tuple, deque[float]] = {}
         self.judged = False  # regression check done
         self.checked = False  # its first compiled run was compared with eager (numerics)
-        self.aliases = None  # how its inputs share storages (gt_core.compile.aliases), if they do
-        self.placements = None  # per input, its DTensor placements (None: a plain tensor)
-        self.placement_miss = False  # a run's inputs were laid out otherwise (said once)
-        self.aliases_unknown = False  # its inputs were gone when it was found
         self.compile_due = False  # to compile at its next run, its inputs seen
-        self.realiased = False  # compiled again for how a run's inputs shared memory
-        self.alias_miss = False  # a run's inputs shared memory otherwise again (said once)
-        # Any in-place op: a failure mid-run may have written some inputs already.
-        self.mutates = any(ops[name]._schema.is_mutable for name in set(canon.ops))
-        # The inputs it writes in place: only their storages' sharing is what it fits.
-        self.writes = aliases.written(canon, ops)
+        self._memory(canon, ops)
         self.signal = signal
         self.thread: threading.Thread | None = None
         self.value_meta = value_meta or {}  # value name -> shape and dtype, for the graph
@@ -90,6 +81,19 @@ class Block:
         self.n_produced = sum(
             1 for e in canon.entries if e.kind == "op" for o in e.outs if o is not None
         )
+
+    def _memory(self, canon: Canonical, ops: dict) -> None:
+        """What the block does to its inputs' memory, and how their storages are shared."""
+        # Any in-place op: a failure mid-run may have written some inputs already.
+        self.mutates = any(ops[name]._schema.is_mutable for name in set(canon.ops))
+        # The inputs it writes in place: only their storages' sharing is what it fits.
+        self.writes = aliases.written(canon, ops)
+        self.aliases = None  # how its inputs share storages (gt_core.compile.aliases), if they do
+        self.placements = None  # per input, its DTensor placements (None: a plain tensor)
+        self.placement_miss = False  # a run's inputs were laid out otherwise (said once)
+        self.aliases_unknown = False  # its inputs were gone when it was found
+        self.realiased = False  # compiled again for how a run's inputs shared memory
+        self.alias_miss = False  # a run's inputs shared memory otherwise again (said once)
 
 
 class Blocks:
