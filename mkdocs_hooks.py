@@ -1,8 +1,10 @@
 """MkDocs hooks: pages made from the code when the site builds (``mkdocs.yml`` names this file).
 
 The configuration page's table is ``gt_core.options``' fields: each one's environment variable,
-its default as ``Options()`` has it, and what it does (``gt_core.options_help.HELP``), so the
-page cannot drift from the code.
+its default as ``Options()`` has it, and what it does (``gt_core.options_help.HELP``); the
+architecture page's lifecycle tables are the ones the code moves by (a hot path's:
+``gt_core.observe.status.TRANSITIONS``; a jit call key's: ``gt_core.observe.jit_states``), so
+the pages cannot drift from the code.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 PLACEHOLDER = "{{ options_table }}"
+LIFECYCLE = "{{ hot_path_lifecycle }}"
 
 
 def options_table() -> str:
@@ -37,7 +40,20 @@ def _text(value) -> str:
     return str(value)
 
 
+def hot_path_lifecycle() -> str:
+    from gt_core.observe.status import TRANSITIONS
+
+    rows = ["| from | to | when |", "|---|---|---|"]
+    for state, moves in TRANSITIONS.items():
+        if not moves:
+            rows.append(f"| `{state}` | (final) | |")
+        rows += [f"| `{state}` | `{to}` | {when} |" for to, when in moves.items()]
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (MkDocs' hook)
     if PLACEHOLDER in markdown:
-        return markdown.replace(PLACEHOLDER, options_table())
+        markdown = markdown.replace(PLACEHOLDER, options_table())
+    if LIFECYCLE in markdown:
+        markdown = markdown.replace(LIFECYCLE, hot_path_lifecycle())
     return markdown

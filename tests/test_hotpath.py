@@ -835,3 +835,25 @@ def test_two_hot_paths_compile_back_to_back_on_inductor_and_equal_eager(process)
     assert got == pytest.approx(expected, rel=1e-5, abs=1e-6)
     for p, q in zip(params, model.parameters(), strict=True):
         assert_close(p, q.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_hot_paths_moves_are_the_lifecycle_tables_and_no_other():
+    """One table (observe.status.TRANSITIONS) decides every state a worker's block enters:
+    each state of it is reachable from hot, the final ones are final, and a move the table
+    lacks is a bug said as one, never a silent state."""
+    from gt_core.hotpath.blocks import Block
+    from gt_core.observe.status import TRANSITIONS, Status
+
+    seen, todo = {Status.HOT}, [Status.HOT]
+    while todo:
+        for nxt in TRANSITIONS[todo.pop()]:
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    assert seen == set(TRANSITIONS) and not TRANSITIONS[Status.FAILED]
+    block = Block.__new__(Block)  # (its state alone)
+    block.status, block.fn, block.sig = Status.COMPILED, object(), "abc"
+    block.move(Status.REVERTED)
+    assert block.status is Status.REVERTED and block.fn is None
+    with pytest.raises(RuntimeError, match="cannot go from reverted to compiled"):
+        block.move(Status.COMPILED)

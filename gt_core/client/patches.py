@@ -148,9 +148,11 @@ def _capturable_devices(supports_xla: bool = True) -> list[str]:
 
 
 def _optim_modules() -> list:
+    # (a copy: list(items()) allocates per item, and a collection it triggers may run a
+    # finalizer that imports, changing sys.modules mid-iteration)
     return [
         m
-        for name, m in list(sys.modules.items())
+        for name, m in sys.modules.copy().items()
         if name.startswith("torch.optim.") and hasattr(m, "_get_capturable_supported_devices")
     ]
 

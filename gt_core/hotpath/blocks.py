@@ -15,6 +15,7 @@ from collections import deque
 
 from gt_core.compile import aliases
 from gt_core.observe.report import Status
+from gt_core.observe.status import TRANSITIONS
 from gt_core.stream.canonical import Canonical, Mismatch, Namer
 from gt_core.stream.instructions import FREE
 from gt_core.stream.lift import LiftNamer
@@ -94,6 +95,21 @@ class Block:
         self.aliases_unknown = False  # its inputs were gone when it was found
         self.realiased = False  # compiled again for how a run's inputs shared memory
         self.alias_miss = False  # a run's inputs shared memory otherwise again (said once)
+
+    def move(self, to: Status, eager_too: bool = False) -> None:
+        """Enter state ``to`` by the lifecycle's table (gt_core.observe.status.TRANSITIONS);
+        staying is no move. Any other move is a bug of gt's, said as one. Failed or reverted,
+        its compiled function goes (``eager_too``: its eager graph as well)."""
+        if to is not self.status and to not in TRANSITIONS.get(self.status, {}):
+            raise RuntimeError(
+                f"gt worker: a hot path cannot go from {self.status} to {to} (block {self.sig}); "
+                "this is a bug of gt's: please report it"
+            )
+        self.status = to
+        if to in (Status.FAILED, Status.REVERTED):
+            self.fn = None
+            if eager_too:
+                self.eager_fn = None
 
 
 class Blocks:

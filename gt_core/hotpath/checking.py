@@ -35,7 +35,7 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
         want = eager(*saved.tensors, *occ.scalars)
     except Exception:  # the eager run proper says what failed, op by op
         numerics.set_rng_state(dev, rng)
-        block.status, block.fn, block.eager_fn = Status.FAILED, None, None
+        block.move(Status.FAILED, eager_too=True)
         why = "its eager graph raised on copies of its inputs: its instructions run it"
         runner.outbox.emit(ev.FALLBACK, signature=block.sig, reason=why)
         runner.run_instructions(occ.instructions)
@@ -64,7 +64,7 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
     if verdict is None or not verdict.ok:
         saved.restore()  # (the compiled run's writes undone: eager's values are kept)
         numerics.set_rng_state(dev, after)
-        block.status, block.fn = Status.REVERTED, None
+        block.move(Status.REVERTED)
         fields = {} if verdict is None else verdict._asdict()
         fields.pop("ok", None)
         runner.outbox.emit(ev.CHECK_FAILED, signature=block.sig, reason=why, **fields)

@@ -142,7 +142,7 @@ class Compiler:
     def schedule(self, block: Block) -> None:
         """Compile ``block``: in a thread (that may use the compile process), or now."""
         o = self.options
-        block.status = Status.COMPILING
+        block.move(Status.COMPILING)
         cp = self.process()
         self.outbox.emit(
             ev.COMPILE_STARTED,
@@ -191,14 +191,14 @@ class Compiler:
         if not self.agree(failure is None) and failure is None:  # (a worker group's ranks)
             failure = RuntimeError("the compile failed on another rank of the worker group")
         if failure is not None:
-            block.status = Status.FAILED
+            block.move(Status.FAILED)
             self.outbox.emit(ev.COMPILE_FAILED, signature=block.sig, reason=reason(failure))
             if o.debug:
                 traceback.print_exception(failure)
         else:
             block.fn = fn
             if block.status == Status.COMPILING:
-                block.status = Status.COMPILED
+                block.move(Status.COMPILED)
             extra = {}
             if graphs:  # CUDA graphs asked for: whether inductor records them, and if not, why
                 extra = {"cudagraphs": "skipped" if skips else "used", "cudagraph_skips": skips}

@@ -122,7 +122,7 @@ class Judge:
         eager = metrics.median(list(eager_ms))
         comp = metrics.median(list(compiled_ms))
         if comp > eager * _SLOWER:
-            block.status, block.fn = Status.REVERTED, None
+            block.move(Status.REVERTED)
             self.outbox.emit(
                 ev.REVERT,
                 signature=block.sig,

@@ -132,7 +132,7 @@ class Registry:
         )
 
     def _make_hot(self, block: Block, occurrences: int, recording_t: float | None) -> None:
-        block.status = Status.HOT
+        block.move(Status.HOT)
         form = self._form(block)
         data = form["canonical"]
         emit = self.outbox.emit

@@ -65,7 +65,7 @@ class Runner:
             try:
                 self.run_compiled(block, occ, fn, inputs)
             except Exception as exc:
-                block.status, block.fn = Status.FAILED, None
+                block.move(Status.FAILED)
                 if block.mutates:
                     self._failed_midway(block, occ, exc)
                     return
@@ -114,7 +114,7 @@ class Runner:
         except KeyError:
             pass  # (an input missing: the run reports it)
         except TypeError as exc:
-            block.status = Status.FAILED
+            block.move(Status.FAILED)
             self.outbox.emit(ev.COMPILE_FAILED, signature=block.sig, reason=reason(exc))
 
     def _lookup(self, occ: Occurrence) -> list | None:

@@ -3,14 +3,15 @@
 ``recording → hot → compiling → compiled``; ``failed`` (the compile or a compiled run
 failed: eager from then on), ``reverted`` (slower than eager: eager again) and ``retired``
 (matched no more: its instructions belong to a longer period's hot path; final). Each state is
-its own name as a string, so events, reports and JSON logs carry plain strings.
+its own name as a string, so events, reports and JSON logs carry plain strings. The worker's
+moves between them are one table, ``TRANSITIONS`` (what each state may become, and when).
 """
 
 from __future__ import annotations
 
 import enum
 
-__all__ = ["Status", "enter", "sequence"]
+__all__ = ["Status", "TRANSITIONS", "enter", "sequence"]
 
 
 class Status(str, enum.Enum):
@@ -27,6 +28,29 @@ class Status(str, enum.Enum):
     # Shown as the bare name ("compiled"), in f-strings and tables alike.
     __str__ = str.__str__
     __format__ = str.__format__
+
+
+# The worker's hot-path lifecycle, the one table: what each state may become, and on what.
+# ``recording`` is the client's (before the worker found the block); ``retired`` is the
+# client's fold of a block matched no more (the worker keeps it as Block.retired).
+TRANSITIONS: dict[Status, dict[Status, str]] = {
+    Status.HOT: {
+        Status.COMPILING: "a compile is scheduled (in the background, or after two eager runs)",
+        Status.FAILED: "its inputs cannot be compiled for (storages shared across dtypes)",
+    },
+    Status.COMPILING: {
+        Status.COMPILED: "the compile finished",
+        Status.FAILED: "the compile raised",
+    },
+    Status.COMPILED: {
+        Status.COMPILING: "a run's inputs share memory otherwise: compiled again for them",
+        Status.FAILED: "a compiled run, or its eager graph on copies, raised",
+        Status.REVERTED: "its first run differed from eager, or it ran slower than eager",
+    },
+    # (final: the block runs its eager graph, or its instructions, from then on)
+    Status.REVERTED: {},
+    Status.FAILED: {},
+}
 
 
 def enter(states: list, state: Status, t: float | None) -> None:
