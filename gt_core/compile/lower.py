@@ -20,6 +20,7 @@ import torch.fx as fx
 
 from gt_core.stream.canonical import Canonical
 from gt_core.stream.lift import Lifted, Scalar, lower
+from gt_core.stream.placement import NONE, kind_of, placed
 
 __all__ = [
     "build_graph",
@@ -55,6 +56,7 @@ def build_graph(
     fix_alpha: bool = True,
     n_scalars: int = 0,
     lift: bool = True,
+    device: torch.device | None = None,
 ) -> fx.GraphModule:
     """The block as an FX GraphModule; ``out_paths[k]`` locates op k's outputs in its result.
 
@@ -62,6 +64,8 @@ def build_graph(
     (the ops that take them rewritten to tensor forms: see _lift.lower), or with
     ``lift=False`` the Python floats themselves, every op called as the instructions call
     it (with fix_alpha=False: the block's eager form, equal to running its instructions).
+    Ops that name a device make their tensors on ``device``, the worker's, as the executor
+    places them (stream.placement): what the client recorded names its CPU.
     """
     g = fx.Graph()
     env: dict[tuple, fx.Node] = {}
@@ -85,6 +89,8 @@ def build_graph(
             continue
         op = ops[e.op]
         args, kwargs = tuple(arg(a) for a in e.args), {n: arg(v) for n, v in e.kwargs}
+        if device is not None and (kind := kind_of(op)) != NONE:
+            kwargs = placed(kwargs, device, kind)
         node = lower(g, op, args, kwargs) if lift else g.call_function(op, args, kwargs)
         for name, path in zip(e.outs, out_paths[k], strict=True):
             if name is None:  # an input returned by an in-place op: nothing new to name

@@ -124,7 +124,7 @@ class CompileProcess:
         names = {name: qualified_name(op) for name, op in ops.items()}
         scalars = [ValueMeta((), (), dt, device) for dt in scalar_dtypes]
         metas = aliases.metas(list(canon.input_meta), shared, scalars)
-        job = ("block", canon, names, out_paths, len(scalar_dtypes), shared)
+        job = ("block", canon, names, out_paths, len(scalar_dtypes), shared, device)
         return self._compile(job, metas, mode)
 
     def _compile(self, job: tuple, metas: list, mode: str | None):
@@ -232,13 +232,13 @@ def _load(path: str):
         os.remove(path)
 
 
-def _build(canon, names, out_paths, n_scalars, shared):
+def _build(canon, names, out_paths, n_scalars, shared, device):
     from gt_core.compile import aliases
     from gt_core.compile.lower import build_graph
     from gt_core.stream.instructions import resolve_op
 
     ops = {name: resolve_op(q) for name, q in names.items()}
-    gm = build_graph(canon, ops, out_paths, True, n_scalars)  # alpha rewritten for inductor
+    gm = build_graph(canon, ops, out_paths, True, n_scalars, device=device)  # (alpha rewritten)
     return aliases.unalias(gm, shared)
 
 

@@ -232,6 +232,7 @@ class Compiler:
             block.out_paths,
             o.backend == "inductor",
             len(block.scalar_dtypes),
+            device=self.device,
         )
         gm = aliases.unalias(gm, block.aliases)
         scalars = [((), (), dt, self.device) for dt in block.scalar_dtypes]

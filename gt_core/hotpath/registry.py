@@ -87,19 +87,13 @@ class Registry:
             self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.plan)
 
     def _eager_graph(self, block: Block):
-        """The block's eager form (build_graph without lifting or rewrites), or None.
-
-        Not on another device where an op names one: the executor places such ops on the
-        worker's device (executor._placed); the graph would keep the client's.
-        """
-        if self.ex.device.type != "cpu" and any(
-            e.kind == "op" and any(name == "device" for name, _ in e.kwargs)
-            for e in block.canon.entries
-        ):
-            return None
+        """The block's eager form (build_graph without lifting or rewrites, its new tensors
+        on the worker's device), or None."""
         try:
             n = len(block.scalar_dtypes)
-            gm = build_graph(block.canon, block.ops, block.out_paths, False, n, lift=False)
+            gm = build_graph(
+                block.canon, block.ops, block.out_paths, False, n, lift=False, device=self.ex.device
+            )
             if self.ex.sharding is not None:  # (every op through the sharding policy)
                 self.ex.sharding.wrap_graph(gm)
             return gm

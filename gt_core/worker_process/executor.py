@@ -26,6 +26,7 @@ from gt_core.stream.instructions import (
     resolve_op,
 )
 from gt_core.stream.meta import ValueMeta, value_meta
+from gt_core.stream.placement import NONE, kind_of, placed
 from gt_core.worker_process.outputs import described, fit, grad_on
 from gt_core.worker_process.portable import for_device
 from gt_core.worker_process.shard import local
@@ -94,7 +95,7 @@ class Executor:
         self.values: dict[int, torch.Tensor] = {}
         self.ops: dict[int, object] = {}
         self.unresolved: set[int] = set()  # op indices whose DEFOP named an op not found here
-        self._device_arg: dict[int, bool] = {}
+        self._device_arg: dict[int, int] = {}  # op -> placement.kind_of
         self.error: BaseException | None = None  # first failure since the last sync
         self.poisoned: set[int] = set()  # ids whose producing instruction failed
         self.missing: dict[int, str] = {}  # ids an op did not make though inferred: why
@@ -157,13 +158,13 @@ class Executor:
                     return self.define(idx, qualified)
             self.ops[idx] = Unresolved(qualified, exc, module)
             self.unresolved.add(idx)
-            self._device_arg[idx] = False
+            self._device_arg[idx] = NONE
             return
         self.ops[idx] = op
         self._names.pop(idx, None)
         self.unresolved.discard(idx)
         self.regraded.discard(idx)
-        self._device_arg[idx] = any(a.name == "device" for a in op._schema.arguments)
+        self._device_arg[idx] = kind_of(op)
 
     def op_name(self, idx: int) -> str:
         """The name of op ``idx`` ('aten.add.Tensor')."""
@@ -181,7 +182,7 @@ class Executor:
         try:
             a, k = self.resolve(a), self.resolve(k)
             if self._device_arg[idx]:
-                k = _placed(k, self.device)
+                k = placed(k, self.device, self._device_arg[idx])
             result = self._call(op, a, k)
             pairs, lack = fit(op, result, outs)
             if lack and idx not in self.regraded:
@@ -312,7 +313,7 @@ class Executor:
         except _Unavailable as exc:
             raise _unavailable(op, self.missing.get(exc.args[0])) from None
         if self._device_arg[idx]:
-            k = _placed(k, self.device)
+            k = placed(k, self.device, self._device_arg[idx])
         try:
             result = op(*a, **k) if self.sharding is None else self.sharding.read(op, a, k)
         except Exception as exc:
@@ -332,16 +333,6 @@ class Executor:
                 if t.layout == torch.strided  # (the only kind there is: see upload and call)
             ),
         }
-
-
-def _placed(kwargs: dict, device: torch.device) -> dict:
-    # The client sees every worker tensor as a CPU tensor; the worker owns its device.
-    dev = kwargs.get("device")
-    if dev is None or torch.device(dev).type == "cpu":
-        kwargs = dict(kwargs, device=device)
-    if kwargs.get("pin_memory"):
-        kwargs["pin_memory"] = False
-    return kwargs
 
 
 def _unavailable(op, why: str | None) -> BaseException:
