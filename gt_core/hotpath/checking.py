@@ -73,7 +73,7 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
     fields = {k: v for k, v in verdict._asdict().items() if k != "ok"}
     runner.outbox.emit(ev.CHECKED, signature=block.sig, **fields)
     runner.bind(block, occ, got)
-    runner.judge.compiled_ran(block, ms, threads)
+    runner.timings.then(ms, lambda ms: runner.judge.compiled_ran(block, ms, threads))
 
 
 def _agreed(runner, verdict, why: str):

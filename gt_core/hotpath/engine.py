@@ -129,6 +129,7 @@ class Engine:
     def close(self) -> None:
         try:
             self.matcher.flush(mismatch=False)
+            self.runner.timings.settle(wait=True)
             self.flush_events()
         finally:  # the compile process and its files go, even when the client has gone
             self.outbox.close()
@@ -143,6 +144,7 @@ class Engine:
                     self._detect()
             except Exception as exc:  # (the executor fails ops itself: this is gt's own fault)
                 self._fault(ins, exc)
+        self.runner.timings.settle()  # (runs that ended on the device since: their times)
         self.outbox.flush_soon()
 
     def _fault(self, ins, exc: Exception) -> None:

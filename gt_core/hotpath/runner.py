@@ -1,34 +1,23 @@
 """Running a complete occurrence of a block: compiled, as its eager graph, or op by op.
 
-Every timed run goes through ``Runner.timer``; the judge reads what it measures.
+Every timed run goes through ``Runner.timer``; the judge reads what it measures, as soon as
+it is known (on a GPU once the run has ended there: gt_core.hotpath.clock), never by waiting.
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 
 from gt_core.compile import aliases
 from gt_core.errors import CompiledRunFailed
-from gt_core.hotpath import checking
+from gt_core.hotpath import checking, clock
 from gt_core.hotpath.blocks import Block, Occurrence
 from gt_core.hotpath.outbox import reason
 from gt_core.observe import events as ev
 from gt_core.observe.report import Status
 from gt_core.stream.instructions import OP
 
-__all__ = ["Runner", "timed"]
-
-
-def timed(kind: str, fn, *args):
-    """(result, milliseconds) of a run of ``kind``, "eager" or "compiled", synchronising CUDA
-    so the time is real: what Runner.timer is unless a test fixes the times."""
-    t0 = time.perf_counter()
-    out = fn(*args)
-    if torch.cuda.is_initialized():  # (False without CUDA, and cheap to ask each run)
-        torch.cuda.synchronize()
-    return out, (time.perf_counter() - t0) * 1e3
+__all__ = ["Runner"]
 
 
 class Runner:
@@ -41,14 +30,17 @@ class Runner:
         self.compiler = compiler
         self.options = options
         # Every timed run of a block goes through this one callable, (kind, fn, *args) ->
-        # (result, ms): regression checks judge what it measures, and a test that gives it
-        # fixed times per kind gets the judge's decision without depending on the machine.
-        self.timer = timed
+        # (result, ms or clock.Pending): regression checks judge what it measures, and a test
+        # that gives it fixed times per kind gets the judge's decision without depending on
+        # the machine.
+        self.timer = clock.for_device(ex.device)
+        self.timings = clock.Timings()  # (times of runs still running on the device)
         self.agree = _alone  # a first compiled run's check, agreed by a worker group's ranks
         self.said_off: set[str] = set()  # blocks said to run eagerly with compiling off
 
     def run(self, block: Block, occ: Occurrence) -> None:
         """Run an occurrence compiled if we can, else eagerly; compile the block when due."""
+        self.timings.settle()  # (the times of earlier runs that have ended, to the judge)
         if block.status == Status.HOT:  # (to compile soon: for how its inputs share memory)
             self._see_aliases(block, occ)
             if block.compile_due and block.status == Status.HOT:
@@ -74,8 +66,10 @@ class Runner:
                 self.judge.check(block)
                 return
         ms = self.run_eager(block, occ)
-        if ms is None:
-            return
+        if ms is not None:
+            self.timings.then(ms, lambda ms: self._eager_ran(block, ms))
+
+    def _eager_ran(self, block: Block, ms: float) -> None:
         self.judge.eager_ran(block, ms)
         if block.status == Status.HOT and self.options.auto_compile and len(block.eager_ms) >= 2:
             # Compiling on the critical path: first a couple of eager occurrences, the
@@ -103,7 +97,7 @@ class Runner:
         with self.judge.threads(block) as threads:
             outs, ms = self.timer("compiled", fn, *args)
         self.bind(block, occ, outs)
-        self.judge.compiled_ran(block, ms, threads)
+        self.timings.then(ms, lambda ms: self.judge.compiled_ran(block, ms, threads))
 
     def _see_aliases(self, block: Block, occ: Occurrence) -> None:
         """Take how this occurrence's inputs share memory as what the block compiles for."""
@@ -169,8 +163,8 @@ class Runner:
             for v, dt in zip(occ.scalars, block.scalar_dtypes, strict=True)
         ]
 
-    def run_eager(self, block: Block, occ: Occurrence) -> float | None:
-        """Run an occurrence eagerly; its milliseconds, or None if it failed midway.
+    def run_eager(self, block: Block, occ: Occurrence):
+        """Run an occurrence eagerly; its time (Runner.timer's), or None if it failed midway.
 
         As the block's eager graph where there is one: the same ops with the same arguments
         in the same order as its instructions, so the same results, but called from FX's
