@@ -857,3 +857,41 @@ def test_a_hot_paths_moves_are_the_lifecycle_tables_and_no_other():
     assert block.status is Status.REVERTED and block.fn is None
     with pytest.raises(RuntimeError, match="cannot go from reverted to compiled"):
         block.move(Status.COMPILED)
+
+
+@pytest.mark.parametrize("every", [5, 6, 9, 16])
+def test_a_loop_that_reads_its_loss_every_few_steps_compiles_its_step(hot, every):
+    """``if i % every == 0: print(loss.item())``: the sync lands between two steps every few
+    steps, so the stream's period is ``every`` steps (too long for the window), and the one
+    step repeats only ``every`` times in a row; it is found, its block ends before the sync."""
+    # threshold: the default (every=5 leaves exactly that many repeats); the window as for a
+    # step of a few hundred ops (a model of the zoo): the loop of every steps does not fit.
+    gt_core.configure(threshold=5, window=1024)
+
+    def run(on_worker: bool):
+        with gt_core.capture() if on_worker else contextlib.nullcontext():
+            torch.manual_seed(0)
+            model = mlp()
+            opt = SGD(model.parameters())
+            x, y = _data()
+            logged = []
+            for i in range(12 * every):
+                loss = F.mse_loss(model(x), y)
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+                if i % every == every - 1:
+                    logged.append(loss.item())
+            return logged, [p.detach().cpu() for p in model.parameters()]
+
+    want, want_state = run(False)
+    got, state = run(True)
+    assert got == pytest.approx(want, abs=1e-5)
+    for a, b in zip(state, want_state, strict=True):
+        assert_close(a, b, atol=1e-5)
+    # Compiled: the step's block, or the loop of ``every`` steps around it (where that fits the
+    # window) once it is found; at least the last third of the steps' ops ran compiled.
+    paths = _paths()
+    step_ops = min(p["n_ops"] for p in paths)
+    compiled_ops = sum(p["compiled_runs"] * p["n_ops"] for p in paths)
+    assert compiled_ops >= 4 * every * step_ops, paths

@@ -139,6 +139,12 @@ class Engine:
     def feed(self, instrs) -> None:
         for ins in instrs:
             try:
+                if ins.code in BARRIERS and self.matcher.idle:
+                    # The history before a barrier ends where a loop's step ends, most often
+                    # (a sync to log every few steps, a mark): searched there too, a step
+                    # repeated fewer times between two syncs than every 32 instructions'
+                    # search needs (a few more than the threshold) is found all the same.
+                    self._detect(at_barrier=True)
                 self.step(ins)
                 if self.matcher.idle and len(self.history) >= self.next_detect:
                     self._detect()
@@ -218,9 +224,14 @@ class Engine:
         self.runner.run(block, occ)
 
     # -- detection -----------------------------------------------------------------------
-    def _detect(self) -> None:
+    def _detect(self, at_barrier: bool = False) -> None:
         o, n = self.options, len(self.history)
-        if not o.auto_compile or n < max(self.next_detect, o.threshold * o.min_seq):
+        since = (
+            o.threshold * o.min_seq
+            if at_barrier
+            else max(self.next_detect, o.threshold * o.min_seq)
+        )
+        if not o.auto_compile or n < since:
             return
         p = repeating_period(self.history.keys, o.threshold, o.min_seq)
         if p is None or not self._adopt_period(p):
