@@ -117,6 +117,27 @@ def test_gpu_benchmark_says_it_needs_a_gpu_where_there_is_none():
     assert "needs a CUDA device" in p.stdout, p.stdout
 
 
+def test_the_gpu_check_runs_every_way_on_the_cpu_and_gt_equals_eager(tmp_path):
+    """What runs the moment a GPU is lent, here on the CPU: every way times, gt and jit give
+    eager's numbers, and the jit block's state is printed."""
+    path = tmp_path / "gpu.json"
+    p = run_quick(["benchmarks/gpu.py", "--device", "cpu", "--quick", "--json", str(path)])
+    doc = json.loads(path.read_text())
+    rows = {(r["model"], r["way"]): r for r in doc["rows"]}
+    ways = ("eager", "compile", "compile-ro", "gt", "jit")
+    assert set(rows) == {("gpt2-small", w) for w in ways}, p.stdout
+    for (_, way), r in rows.items():
+        assert "error" not in r, r
+        assert r["wall_ms"] > 0 and r["client_ms"] >= 0, r
+        assert (r["worker_ms"] is not None) == (way in ("gt", "jit")), r
+        assert r["device_ms"] is None  # (no device here: the CPU's figures are the wall's)
+    for way in ("gt", "jit"):
+        assert rows["gpt2-small", way]["diff"] <= 1e-5, rows["gpt2-small", way]
+    jit = rows["gpt2-small", "jit"]["block"]
+    assert jit["status"] == "compiled" and jit["replayed_runs"] > 0, jit
+    assert "block: compiled" in p.stdout and "CUDA graphs" in p.stdout, p.stdout
+
+
 def check_bench(p, path):
     """Every workload has its torch.compile baseline, agreeing with eager; totals in the table."""
     data = json.loads(path.read_text())
@@ -222,3 +243,15 @@ def test_a_torch_compile_baseline_that_fails_is_a_figure_not_the_end_of_the_run(
     row = bench.table([r]).splitlines()[3]
     assert "tc failed: RuntimeError: accessing tensor output" in row
     assert r.eager_ms > 0 and r.gt_ms > 0 and r.jit_ms > 0
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_gpu_check_on_a_gpu_gives_eagers_numbers_and_times_the_device(tmp_path):
+    path = tmp_path / "gpu.json"
+    run_quick(["benchmarks/gpu.py", "--device", "cuda", "--quick", "--json", str(path)])
+    rows = {(r["model"], r["way"]): r for r in json.loads(path.read_text())["rows"]}
+    for way in ("gt", "jit"):
+        r = rows["gpt2-small", way]
+        assert r["diff"] <= 1e-5 and r["device_ms"] is not None, r
+    assert rows["gpt2-small", "eager"]["device_ms"] > 0
