@@ -206,10 +206,12 @@ def test_the_decode_step_compiles_under_inductor_and_replays_equal_to_eager(proc
 
 def test_a_run_of_alike_updates_inside_the_step_does_not_hide_the_step(zooed):
     """ResNet with frozen BatchNorm: SGD's updates of three alike parameters repeat back to
-    back inside each step and are found first (threshold 3), long after the step began. The
-    block's occurrences join the history rather than clearing it, so the whole step is found
-    and compiled, and that block is retired (its status says why); without the rule the step
-    was never found."""
+    back inside each step (threshold 3). Where they are found first, long after the step
+    began, the block's occurrences join the history rather than clearing it, so the whole step
+    is found and compiled, and that block is retired (its status says why); without the rule
+    the step was never found. (The search before each barrier, the step's end here, now finds
+    the step first: then there is no inner block to retire; tests/test_nested_periods.py keeps
+    the retirement rule tested on loops where the inner one is found first.)"""
     steps = 14
     want_losses, want = _eager("resnet-frozen-bn", steps=steps)
     losses, got, _ = _through_gt("resnet-frozen-bn", jit=False, steps=steps)
@@ -218,8 +220,9 @@ def test_a_run_of_alike_updates_inside_the_step_does_not_hide_the_step(zooed):
     (step,) = [p for p in _paths() if p["n_ops"] > 50]
     assert step["status"] == "compiled" and step["compiled_runs"] >= 3
     retired = [p for p in _paths() if p["status"] == "retired"]
-    assert retired and all(p["retired"]["by"] == step["signature"] for p in retired)
-    assert any("larger loop's body" in p["retired"]["reason"] for p in retired)
+    assert all(p["retired"]["by"] == step["signature"] for p in retired)
+    assert all("larger loop's body" in p["retired"]["reason"] for p in retired)
+    assert len(_paths()) == 1 + len(retired)  # (nothing else hides or splits the step)
 
 
 def test_gradient_checkpointing_with_dropout_trains_as_eager(zooed):

@@ -64,6 +64,7 @@ class Engine:
             self._run_and_record,
         )
         self.next_detect = 0  # the history's length when it is worth searching again
+        self._after_barrier = False  # the last instruction fed was a barrier
         self._parts = (outbox, compiler, self.registry, self.judge, self.runner, self.signals)
         self._options = options
 
@@ -139,12 +140,13 @@ class Engine:
     def feed(self, instrs) -> None:
         for ins in instrs:
             try:
-                if ins.code in BARRIERS and self.matcher.idle:
-                    # The history before a barrier ends where a loop's step ends, most often
-                    # (a sync to log every few steps, a mark): searched there too, a step
-                    # repeated fewer times between two syncs than every 32 instructions'
-                    # search needs (a few more than the threshold) is found all the same.
+                barrier = ins.code in BARRIERS
+                if barrier and not self._after_barrier and self.matcher.idle:
+                    # Before a barrier (once per run of them) the history most often ends
+                    # where a step does (a sync to log every few steps, a batch's uploads):
+                    # a step repeated just threshold times between syncs is found there.
                     self._detect(at_barrier=True)
+                self._after_barrier = barrier
                 self.step(ins)
                 if self.matcher.idle and len(self.history) >= self.next_detect:
                     self._detect()
