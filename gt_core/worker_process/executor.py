@@ -95,7 +95,7 @@ class Executor:
         self.values: dict[int, torch.Tensor] = {}
         self.ops: dict[int, object] = {}
         self.unresolved: set[int] = set()  # op indices whose DEFOP named an op not found here
-        self._device_arg: dict[int, int] = {}  # op -> placement.kind_of
+        self._device_arg: dict[int, int] = {}  # op -> how it names a device (placement.kind_of)
         self.error: BaseException | None = None  # first failure since the last sync
         self.poisoned: set[int] = set()  # ids whose producing instruction failed
         self.missing: dict[int, str] = {}  # ids an op did not make though inferred: why
@@ -181,8 +181,8 @@ class Executor:
         op, a, k = self.ops.get(idx), ins.args, ins.kwargs
         try:
             a, k = self.resolve(a), self.resolve(k)
-            if self._device_arg[idx]:
-                k = placed(k, self.device, self._device_arg[idx])
+            if (kind := self._device_arg[idx]) != NONE:
+                k = placed(k, self.device, kind)
             result = self._call(op, a, k)
             pairs, lack = fit(op, result, outs)
             if lack and idx not in self.regraded:
@@ -312,8 +312,8 @@ class Executor:
             a, k = self.resolve(args), self.resolve(kwargs)
         except _Unavailable as exc:
             raise _unavailable(op, self.missing.get(exc.args[0])) from None
-        if self._device_arg[idx]:
-            k = placed(k, self.device, self._device_arg[idx])
+        if (kind := self._device_arg[idx]) != NONE:
+            k = placed(k, self.device, kind)
         try:
             result = op(*a, **k) if self.sharding is None else self.sharding.read(op, a, k)
         except Exception as exc:
