@@ -18,6 +18,7 @@ import time
 import torch
 import torch.fx as fx
 
+from gt_core.compile.rng_layout import pin_random_layouts
 from gt_core.stream.canonical import Canonical
 from gt_core.stream.lift import Lifted, Scalar, lower
 from gt_core.stream.placement import NONE, kind_of, placed
@@ -178,6 +179,9 @@ def compile_block(
     than skipping graphs for "mutated inputs". Each call then starts a new step and returns
     outputs of its own, so a value kept from an earlier step is never overwritten.
 
+    Inductor's random ops are pinned to eager's layouts first (compile.rng_layout): it would
+    lay a dropout's mask out otherwise, and draw another mask than eager's.
+
     Compiled with grad mode on (the inputs require no grad, so AOTAutograd makes an inference
     graph all the same): inductor traces its attention patterns' training forms with autograd,
     and under no_grad that trace came back empty and failed the compile (``assert gm``).
@@ -187,6 +191,7 @@ def compile_block(
         if dynamic:
             fn = torch.compile(gm, backend=backend, mode=mode, dynamic=True, fullgraph=True)
         elif backend == "inductor":
+            pin_random_layouts(gm, example_inputs)
             devices = [t.device for t in example_inputs if isinstance(t, torch.Tensor)]
             graphs = bool(devices) and uses_cudagraphs(mode, devices[0])
             if graphs:

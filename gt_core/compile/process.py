@@ -271,6 +271,8 @@ def _compile_job(job: tuple, metas: list, options: dict, info: dict):
     import torch
     from torch._inductor import standalone_compile
 
+    from gt_core.compile.rng_layout import pin_random_layouts
+
     t0 = time.perf_counter()
     gm = pickle.loads(job[1]) if job[0] == "graph" else _build(*job[1:])
     lowering = time.perf_counter() - t0
@@ -278,6 +280,7 @@ def _compile_job(job: tuple, metas: list, options: dict, info: dict):
         torch.empty_strided(shape, stride, dtype=dtype, device=device)
         for shape, stride, dtype, device in metas
     ]
+    pin_random_layouts(gm, examples)  # (as compile_block does: compile.rng_layout)
     # (standalone_compile hands ``options`` to compile_fx as its arguments: the mode's
     # config goes in as its config patches)
     with torch.enable_grad(), explain.measured() as m:  # (see compile_block)

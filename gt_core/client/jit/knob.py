@@ -14,6 +14,7 @@ the numbers now give the recorded call's outcome, so a replay takes the recorded
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import operator
 import threading
@@ -156,13 +157,15 @@ def steered(exprs) -> tuple[set, set]:
     return settings, reads
 
 
-def reads_in(expr) -> set[int]:
-    """The reads (their index j) that an expression uses."""
+@functools.lru_cache(maxsize=1 << 16)
+def reads_in(expr) -> frozenset[int]:
+    """The reads (their index j) that an expression uses. (Cached: a recorded call asks it
+    of the same few expressions thousands of times, an optimizer's per parameter.)"""
     if expr[0] == "r":
-        return {expr[1]}
+        return frozenset((expr[1],))
     if expr[0] in ("k", "c"):
-        return set()
-    return set().union(*(reads_in(e) for e in expr[1:]))
+        return frozenset()
+    return frozenset().union(*(reads_in(e) for e in expr[1:]))
 
 
 def evaluate(expr, groups_: list, reads=()):
@@ -223,13 +226,14 @@ def failed(tests, groups_: list, reads=()) -> str | None:
     return None
 
 
-def settings_in(expr) -> set:
-    """The settings ``(group, key)`` that ``expr`` reads."""
+@functools.lru_cache(maxsize=1 << 16)
+def settings_in(expr) -> frozenset:
+    """The settings ``(group, key)`` that ``expr`` reads (cached, as reads_in)."""
     if expr[0] == "k":
-        return {(expr[1], expr[2])}
+        return frozenset(((expr[1], expr[2]),))
     if expr[0] in ("c", "r"):
-        return set()
-    return set().union(*(settings_in(e) for e in expr[1:]))
+        return frozenset()
+    return frozenset().union(*(settings_in(e) for e in expr[1:]))
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ import torch
 
 from gt_core.client.recording.proxy import Proxy
 
-__all__ = ["Place", "Reached", "reach_roots", "walk", "tensor_slots", "id_before"]
+__all__ = ["Place", "Reached", "reach_roots", "walk", "tensor_slots", "ids_by_place"]
 
 
 class Place(NamedTuple):
@@ -280,9 +280,10 @@ def _slot(place, t, out) -> None:
         out.append((place, t))
 
 
-def id_before(before, key):
-    """The value id the slot ``key`` (a place's ident) held in ``before`` (None: none)."""
-    for place, p in before:
-        if place.ident() == key:
-            return p._gt_id if p is not None else None
-    return None
+def ids_by_place(slots) -> dict:
+    """{place's ident: the value id its slot held} of ``slots`` (None: empty); the first
+    slot of a place where ``slots`` has it twice."""
+    out: dict = {}
+    for place, p in slots:
+        out.setdefault(place.ident(), p._gt_id if p is not None else None)
+    return out

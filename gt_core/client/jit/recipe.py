@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gt_core.client.jit.knob import settings_in
 from gt_core.client.jit.program import reads_in
-from gt_core.client.jit.reach import Place, id_before
+from gt_core.client.jit.reach import Place, ids_by_place
 from gt_core.client.jit.recording import Recording, Refused
 from gt_core.client.jit.settings import knobs, touched
 from gt_core.client.plans.plan_match import Candidate
@@ -203,8 +203,9 @@ class Recipe:
         emptied."""
         self.placed, self.cleared = [], []
         places_after = {place.ident(): (place, p) for place, p in rec.after}
+        ids_before = ids_by_place(rec.before)
         for key, (place, p) in places_after.items():
-            was = id_before(rec.before, key)
+            was = ids_before.get(key)
             now = p._gt_id if p is not None else None
             if was == now:
                 continue
