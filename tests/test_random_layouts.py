@@ -42,6 +42,12 @@ OPS = {
     "randn_like": lambda y: torch.randn_like(y) + y,
     "randint_like": lambda y: torch.randint_like(y, 9) + y,
     "bernoulli": lambda y: torch.bernoulli(torch.sigmoid(y)) * y,
+    "rand_factories": lambda y: (
+        torch.rand(y.shape)
+        + torch.randn(y.shape)
+        + torch.randint(0, 5, y.shape) * y
+        + torch.randint(3, y.shape)
+    ),
 }
 
 
@@ -83,19 +89,24 @@ def test_a_pinned_graph_run_eagerly_is_the_recorded_one(op, maker, layout):
 
 
 @pytest.mark.inductor
-@pytest.mark.parametrize(("op", "maker", "layout"), CASES)
-def test_a_compiled_random_op_draws_as_eager_on_every_layout(op, maker, layout):
+@pytest.mark.parametrize("layout", list(_layouts()))
+@pytest.mark.parametrize("maker", list(MAKERS))
+def test_compiled_random_ops_draw_as_eager_on_every_layout(maker, layout):
+    """Every random op of the family in one graph (so their order is tested too), compiled."""
     import torch._inductor.config as ic
 
-    gm, inputs = _graph(op, maker, layout)
+    inputs = _inputs(layout)
+    gm = make_fx(lambda x, w: tuple(op(MAKERS[maker](x, w)) for op in OPS.values()))(*inputs)
     torch.manual_seed(5)
     want = gm(*inputs)
     with ic.patch(fallback_random=True):
         fn, _ = compile_block(gm, list(inputs), "inductor", None, False)
         torch.manual_seed(5)
-        out = fn(*inputs)
-    got = out[0] if isinstance(out, (list, tuple)) else out
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        got = fn(*inputs)
+    for name, g, w in zip(OPS, got, want, strict=True):
+        torch.testing.assert_close(
+            g, w, rtol=1e-5, atol=1e-5, msg=lambda m, name=name: f"{name}: {m}"
+        )
 
 
 def test_two_alike_fills_are_two_draws():

@@ -40,6 +40,8 @@ def _draw(t: torch.Tensor, kind: str, a: float, b: float, p):
         return getattr(t, kind + "_")(a)
     if kind == "random_to":
         return t.random_(int(a))
+    if kind == "random_from":
+        return t.random_(int(a), int(b))
     return t.random_()
 
 
@@ -103,6 +105,12 @@ _LIKE = {
     _aten.randn_like.default: ("normal", (0.0, 1.0)),
     _aten.randint_like.default: ("random_to", None),  # (its high: its first number)
     _aten.bernoulli.default: ("bernoulli", None),  # (its input: the probabilities)
+    # (the factories' layout is contiguous in eager and compiled alike: they are made so
+    # that they keep their place in the order of the draws)
+    _aten.rand.default: ("uniform", (0.0, 1.0)),
+    _aten.randn.default: ("normal", (0.0, 1.0)),
+    _aten.randint.default: ("random_to", None),
+    _aten.randint.low: ("random_from", None),
 }
 
 
@@ -114,6 +122,9 @@ def _how(node: fx.Node):
     nums = _numbers(node)
     if node.target is _aten.bernoulli.default:
         return ("bernoulli", 0.0, 0.0, node.args[0])
+    if node.target in (_aten.randint.default, _aten.randint.low):  # (high, size) (low, high, size)
+        ab = node.args[:1] if node.target is _aten.randint.default else node.args[:2]
+        return (_LIKE[node.target][0], float(ab[0]), float((*ab, 0)[1]), None)
     if node.target in _LIKE:
         kind, ab = _LIKE[node.target]
         ab = ab or (nums[0], 0.0)
