@@ -165,7 +165,9 @@ def run_way(way: str, name: str, args, device: torch.device) -> dict:
     step = m.step
     if way != "eager":
         mode = "reduce-overhead" if way == "compile-ro" else None
-        step = torch.compile(m.step, mode=mode)
+        # (a mode is inductor's: another backend compiles both ways alike)
+        step = torch.compile(m.step, mode=mode if args.backend == "inductor" else None,
+                             backend=args.backend)  # fmt: skip
     for _ in range(warm):
         step().item()
     r = timed(step, device, chunks, gt_alive=False)
@@ -184,7 +186,7 @@ def _through_gt(way: str, name: str, args, warm: int, chunks: int) -> dict:
 def _gt_way(way: str, name: str, args, warm: int, chunks: int) -> dict:
     gt_core.reset()
     opts = dict(background=False) if args.quick else {}
-    with gt_core.capture(**opts):
+    with gt_core.capture(backend=args.backend, **opts):
         m = Model(name, args.quick, torch.device("cpu"))
         step = m.step
         if way == "jit":  # (the batch as its arguments, as a training loop passes it)
@@ -318,6 +320,10 @@ def main(argv=None) -> int:
     ap.add_argument("--models", default=None, help="comma-separated (default: zoo + gpt2-small)")
     ap.add_argument("--ways", default=",".join(WAYS))
     ap.add_argument("--steps", type=int, default=100, help="timed steps per way")
+    ap.add_argument(
+        "--backend", default="inductor",
+        help="torch.compile's and gt's (aot_eager: the plumbing without inductor's compiles)",
+    )  # fmt: skip
     ap.add_argument("--json", default=None)
     ap.add_argument(
         "--budget", type=float, default=420.0,
@@ -340,7 +346,8 @@ def main(argv=None) -> int:
     where = torch.cuda.get_device_name() if device.type == "cuda" else platform.processor() or "cpu"
     print(
         f"gt GPU check {dt.date.today()}, {where}, torch {torch.__version__}, "
-        f"{'quick' if args.quick else 'full'}; steady state, medians of {CHUNK}-step chunks; "
+        f"{'quick' if args.quick else 'full'}, backend {args.backend}; steady state, medians of "
+        f"{CHUNK}-step chunks; "
         "vs eager: eager wall ms / this way's (>1: faster)"
     )
     t0 = time.perf_counter()
@@ -348,7 +355,7 @@ def main(argv=None) -> int:
     print(f"done in {time.perf_counter() - t0:.0f} s")
     if args.json:
         doc = {"date": str(dt.date.today()), "device": where, "torch": torch.__version__,
-               "quick": args.quick, "rows": rows}  # fmt: skip
+               "quick": args.quick, "backend": args.backend, "rows": rows}  # fmt: skip
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1, default=str)
     failed = [r for r in rows if "error" in r and r.get("way") in ("eager", "gt", "jit")]

@@ -119,10 +119,13 @@ def test_gpu_benchmark_says_it_needs_a_gpu_where_there_is_none():
 
 def test_the_gpu_check_runs_every_way_on_the_cpu_and_gt_equals_eager(tmp_path):
     """What runs the moment a GPU is lent, here on the CPU: every way times, gt and jit give
-    eager's numbers, and the jit block's state is printed."""
+    eager's numbers, and the jit block's state is printed. (aot_eager: the plumbing, without
+    four cold inductor compiles; the gpu-marked test below runs inductor on a device.)"""
     path = tmp_path / "gpu.json"
-    p = run_quick(["benchmarks/gpu.py", "--device", "cpu", "--quick", "--json", str(path)])
+    argv = ["--device", "cpu", "--quick", "--backend", "aot_eager", "--json", str(path)]
+    p = run_quick(["benchmarks/gpu.py", *argv])
     doc = json.loads(path.read_text())
+    assert doc["backend"] == "aot_eager"
     rows = {(r["model"], r["way"]): r for r in doc["rows"]}
     ways = ("eager", "compile", "compile-ro", "gt", "jit")
     assert set(rows) == {("gpt2-small", w) for w in ways}, p.stdout
@@ -134,8 +137,11 @@ def test_the_gpu_check_runs_every_way_on_the_cpu_and_gt_equals_eager(tmp_path):
     for way in ("gt", "jit"):
         assert rows["gpt2-small", way]["diff"] <= 1e-5, rows["gpt2-small", way]
     jit = rows["gpt2-small", "jit"]["block"]
-    assert jit["status"] == "compiled" and jit["replayed_runs"] > 0, jit
-    assert "block: compiled" in p.stdout and "CUDA graphs" in p.stdout, p.stdout
+    # The block compiled and ran compiled; the judge may keep it or revert it for its speed
+    # (a timing, aot_eager's on a shared CPU), never for its numbers.
+    assert jit["compiled_runs"] > 0 and jit["replayed_runs"] > 0, jit
+    assert jit["status"] == "compiled" or "slower than eager" in jit["fallback"], jit
+    assert "block: " in p.stdout and "CUDA graphs" in p.stdout, p.stdout
 
 
 def check_bench(p, path):
