@@ -14,9 +14,11 @@ from models import mlp
 
 import gt_core
 from gt_core import events as ev
+from gt_core.compile import block_cache
 from gt_core.compile.process import CompileProcess, CompileProcessDied
 from gt_core.compile.repair import evictions, retrying, whole_elf
 from gt_core.options import from_env
+from gt_core.stream.meta import value_meta
 
 
 def _events(kind):
@@ -245,7 +247,8 @@ def test_a_closed_compile_process_is_never_started_again():
 
 
 @pytest.mark.inductor
-def test_compile_process_reports_errors_and_survives_its_own_death():
+def test_compile_process_reports_errors_and_survives_its_own_death(monkeypatch):
+    monkeypatch.setattr(block_cache, "enabled", lambda: False)  # (each compile in the process)
     cp = CompileProcess()
     try:
         g = fx.Graph()
@@ -316,3 +319,66 @@ def test_a_capture_without_inductor_stops_the_compile_process(inprocess):
             )  # a warm-up of a spawned worker is cut short too
     finally:
         gt_core.configure(auto_compile=False, backend="eager")
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """Inductor's cache, and gt's block cache beside it, in a folder of the test's own."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    block_cache._folder.cache_clear()
+    yield tmp_path / "gt_blocks"
+    block_cache._folder.cache_clear()
+
+
+def _mm_job(rows=3):
+    g = fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    g.output((g.call_function(torch.ops.aten.mm.default, (a, b)),))
+    x, w = torch.randn(rows, 4), torch.randn(4, 5)
+    metas = [value_meta(t) for t in (x, w)]
+    return ("graph", pickle.dumps(fx.GraphModule(torch.nn.Module(), g))), metas, (x, w)
+
+
+@pytest.mark.inductor
+def test_a_block_compiled_again_is_loaded_from_gt_s_cache_not_compiled(own_cache):
+    """A fresh worker (a notebook's cell run again) loads what an earlier one compiled: no
+    compile process starts; a kept artifact that does not load is compiled anew; another
+    block's metadata is another key."""
+    job, metas, (x, w) = _mm_job()
+    first = CompileProcess()
+    try:
+        fn, _, info = first._compile(job, metas, None)
+        assert info["cache"] != "kept" and first.pid is not None
+    finally:
+        first.close()
+    assert_close(fn(x, w)[0], x @ w)
+    assert len(list(own_cache.glob("*.bin"))) == 1
+
+    again = CompileProcess()
+    try:
+        fn, _, info = again._compile(job, metas, None)
+        assert info["cache"] == "kept" and again.pid is None  # (loaded: nothing compiled)
+        assert_close(fn(x, w)[0], x @ w)
+
+        (kept,) = own_cache.glob("*.bin")
+        kept.write_bytes(b"not an artifact")
+        fn, _, info = again._compile(job, metas, None)
+        assert info["cache"] != "kept" and again.pid is not None
+        assert_close(fn(x, w)[0], x @ w)
+        assert kept.read_bytes() != b"not an artifact"  # (kept anew)
+
+        other, other_metas, (x2, _) = _mm_job(rows=6)
+        fn, _, info = again._compile(other, other_metas, None)
+        assert info["cache"] != "kept" and len(list(own_cache.glob("*.bin"))) == 2
+        assert_close(fn(x2, w)[0], x2 @ w)
+    finally:
+        again.close()
+
+
+def test_the_block_cache_key_holds_the_job_its_metadata_and_options():
+    job, metas, _ = _mm_job()
+    k = block_cache.key(job, metas, {})
+    assert k == block_cache.key(job, list(metas), {})
+    assert k != block_cache.key(_mm_job(rows=4)[0:2][0], _mm_job(rows=4)[1], {})
+    assert k != block_cache.key(job, metas, {"triton.cudagraphs": True})
+    assert block_cache.key(("graph", lambda: 0), metas, {}) is None  # (does not pickle)

@@ -34,7 +34,7 @@ import threading
 import time
 from multiprocessing.connection import Connection
 
-from gt_core.compile import explain, repair
+from gt_core.compile import block_cache, explain, repair
 from gt_core.stream.instructions import qualified_name
 from gt_core.stream.meta import ValueMeta, value_meta
 
@@ -127,31 +127,49 @@ class CompileProcess:
         job = ("block", canon, names, out_paths, len(scalar_dtypes), shared, device)
         return self._compile(job, metas, mode)
 
-    def _compile(self, job: tuple, metas: list, mode: str | None):
+    def _compile(self, job: tuple, metas: list, mode: str | None, look: bool = True):
         from torch._inductor import list_mode_options
 
         options = list_mode_options(mode) if mode not in (None, "default") else {}
+        k = block_cache.key(job, metas, options)
         with self._lock:
             t0 = time.perf_counter()
-            self._ensure_running()
-            path = os.path.join(self._dir, f"{next(self._ids)}.bin")
-            try:
-                self._conn.send((job, metas, options, path))
-                status, reason, evicted, info = self._conn.recv()
-            except (EOFError, OSError) as exc:
-                code = self._stop()
-                raise CompileProcessDied(
-                    f"gt's compile process (inductor) exited while compiling this block "
-                    f"(exit code {code}; {type(exc).__name__}). It is started again for the next "
-                    "block; this one runs eagerly."
-                ) from None
+            path = os.path.join(self._folder(), f"{next(self._ids)}.bin")
+            info = block_cache.lookup(k, path) if look else None
+            hit = info is not None
+            if hit:
+                info.update(cache=block_cache.KEPT, phases={})
+            else:
+                info = self._compile_there(job, metas, options, path)
+                block_cache.keep(k, path, info)
+        t1 = time.perf_counter()
+        try:
+            fn = _load(path)  # (the next job compiles meanwhile)
+        except Exception:
+            if not hit:
+                raise
+            block_cache.forget(k)  # (a kept artifact this torch cannot load: compiled anew)
+            return self._compile(job, metas, mode, look=False)
+        info["phases"]["load"] = round(time.perf_counter() - t1, 4)
+        return fn, time.perf_counter() - t0, info
+
+    def _compile_there(self, job: tuple, metas: list, options: dict, path: str) -> dict:
+        """The compile process compiles ``job`` to ``path``: its info (code, phases, cache)."""
+        self._ensure_running()
+        try:
+            self._conn.send((job, metas, options, path))
+            status, reason, evicted, info = self._conn.recv()
+        except (EOFError, OSError) as exc:
+            code = self._stop()
+            raise CompileProcessDied(
+                f"gt's compile process (inductor) exited while compiling this block "
+                f"(exit code {code}; {type(exc).__name__}). It is started again for the next "
+                "block; this one runs eagerly."
+            ) from None
         repair.record(evicted)  # for this thread's compile event (see repair.evictions)
         if status != "ok":
             raise RuntimeError(reason)
-        t1 = time.perf_counter()
-        fn = _load(path)  # (the next job compiles meanwhile)
-        info["phases"]["load"] = round(time.perf_counter() - t1, 4)
-        return fn, time.perf_counter() - t0, info
+        return info
 
     def close(self) -> None:
         """Stop the process now, for good; a compile waiting on it ends with CompileProcessDied.
@@ -164,16 +182,21 @@ class CompileProcess:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
 
-    def _ensure_running(self) -> None:
-        """Start the process unless it runs (the caller holds the lock)."""
+    def _folder(self) -> str:
+        """Where artifacts go (made once; removed with the process or by close)."""
         if self._closed:
             raise RuntimeError(
                 "gt's compile process was closed (the worker stops or no longer needs it)"
             )
-        if self._proc is not None and self._proc.poll() is None:
-            return
         if self._dir is None or not os.path.isdir(self._dir):
             self._dir = tempfile.mkdtemp(prefix="gt-compile-")
+        return self._dir
+
+    def _ensure_running(self) -> None:
+        """Start the process unless it runs (the caller holds the lock)."""
+        self._folder()
+        if self._proc is not None and self._proc.poll() is None:
+            return
         ours, theirs = socket.socketpair()
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))

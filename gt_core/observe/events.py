@@ -35,6 +35,7 @@ COMPILE_STARTED = (
     "compile.started"  # signature, backend, mode, dynamic, where ("process" | "thread" | "inline")
 )
 # signature, seconds, code {fx, generated}, phases {name: seconds}, cache ("hit" | "miss" |
+# "kept": loaded from gt's block cache |
 # None)[, cudagraphs, cudagraph_skips]
 COMPILE_FINISHED = "compile.finished"
 COMPILE_FAILED = "compile.failed"  # signature, reason

@@ -216,7 +216,9 @@ def compile_rows(p: dict) -> list[dict]:
         rows.append(
             {"phase": "total (as the worker waited)", "seconds": f"{p['compile_seconds']:.3f}"}
         )
-    rows.append({"phase": "inductor's cache", "seconds": p.get("cache") or "-"})
+    cache = p.get("cache")
+    cache = "loaded as kept (gt's block cache)" if cache == "kept" else cache  # (block_cache)
+    rows.append({"phase": "inductor's cache", "seconds": cache or "-"})
     return rows
 
 
