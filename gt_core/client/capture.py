@@ -17,11 +17,13 @@ from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import held
 from gt_core.client.patches import (
     patch_capturable,
+    patch_collector,
     patch_default_dtype,
     patch_loader,
     patch_seed,
     patch_sharing,
     patch_threads,
+    unpatch_collector,
     unpatch_default_dtype,
     unpatch_seed,
     unpatch_threads,
@@ -274,6 +276,7 @@ def _patch(opts) -> None:
     patch_loader(True, lambda: _here.session)
     if opts.worker != "inprocess":
         patch_threads()
+    patch_collector()
 
 
 def _unpatch() -> None:
@@ -281,6 +284,7 @@ def _unpatch() -> None:
     unpatch_seed()
     unpatch_default_dtype()
     unpatch_threads()
+    unpatch_collector()
     patch_sharing(False)
     patch_loader(False)
     patch_capturable(False)
