@@ -6,8 +6,8 @@ process still traces the block through AOTAutograd and looks its pieces up (3-4 
 same cell again and again, and each run starts a fresh worker; so the compile process's
 artifact (what the worker loads, ~15 ms) is kept under a key of everything that makes it:
 the job (the block's canonical form, its ops, inputs' metadata and sharing, its lifted
-scalars, the device), the mode's options, torch's version and gt's own code that builds and
-rewrites the graph. A hit is loaded as the compile process's artifact would be, and checked
+scalars, the device), the mode's options, torch's version, inductor's settings in the
+environment, and gt's own code that builds and rewrites the graph. A hit is loaded as the compile process's artifact would be, and checked
 as it would be (the block's first compiled run against its eager graph, hotpath.checking).
 
 Kept beside inductor's cache (``torch._inductor`` cache dir, ``gt_blocks``), so clearing
@@ -43,13 +43,19 @@ def _folder() -> Path:
     return Path(cache_dir()) / "gt_blocks"
 
 
+_ENV = ("TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_COMPILE_")  # (inductor's own settings)
+
+
 @functools.cache
 def _fingerprint() -> str:
-    """torch's version and a hash of gt's graph-building code."""
+    """torch's version, the environment's inductor settings (the compile process inherits
+    them) and a hash of gt's graph-building code."""
     import torch
 
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256(torch.__version__.encode())
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV))
+    h.update(repr([kv for kv in env if kv[0] != "TORCHINDUCTOR_CACHE_DIR"]).encode())
     for sub in _CODE:
         for f in sorted((root / sub).glob("*.py")):
             h.update(f.name.encode())
