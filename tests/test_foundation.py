@@ -348,3 +348,28 @@ def test_worker_killed_and_op_error_in_process_worker(process):
         with pytest.raises(gt_core.WorkerDied, match="SIGKILL"):
             x.sum().item()
     gt_core.worker().restart()
+
+
+def test_the_objects_alive_before_a_capture_are_out_of_the_collectors_way_until_it_ends():
+    """Frozen while captures run (each full collection would walk them all), and collectable
+    again after the last one; a cycle made inside a capture is still collected there."""
+    import gc
+
+    import gt_core
+
+    class Cycle:
+        pass
+
+    before = gc.get_freeze_count()
+    with gt_core.capture():
+        assert gc.get_freeze_count() > before
+        with gt_core.capture():
+            pass
+        assert gc.get_freeze_count() > before  # (an inner capture's end changes nothing)
+        a = Cycle()
+        a.me = a
+        ref = __import__("weakref").ref(a)
+        del a
+        gc.collect()
+        assert ref() is None
+    assert gc.get_freeze_count() == before
