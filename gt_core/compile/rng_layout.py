@@ -172,7 +172,12 @@ def pin_random_layouts(gm: fx.GraphModule, example_inputs: list) -> int:
     nodes = [(n, how) for n in _random_nodes(gm) if (how := _how(n)) is not None]
     if not nodes:
         return 0
-    _eager_values(gm, example_inputs)
+    try:
+        _eager_values(gm, example_inputs)
+    except Exception:
+        # (an op without a fake kernel: the graph compiles as it is, and where its masks are
+        # not eager's, the numerical check reverts it, naming the difference)
+        return 0
     g, n_pinned, before = gm.graph, 0, None
     for node, (kind, a, b, p) in nodes:
         target = node.args[0] if node.target in _FILLS else node
