@@ -175,15 +175,18 @@ def by_origin(instrs, ledger: dict, spans: list, steer: set) -> dict:
         return out
     inside = {i for start, end in spans for i in range(start, len(instrs) if end is None else end)}
     no_settings, no_reads = steered(steer)
+    kept: dict = {}  # value -> its expressions kept (an optimizer passes one lr to every op)
     j = 0
     for i, ins in enumerate(instrs):
         if ins.code == _OP and i in inside:
             for path, v in _floats(ins):
-                exprs = tuple(
-                    e
-                    for e in ledger.get(v, ())
-                    if not settings_in(e) & no_settings and not reads_in(e) & no_reads
-                )
+                exprs = kept.get(v)
+                if exprs is None:
+                    exprs = kept[v] = tuple(
+                        e
+                        for e in ledger.get(v, ())
+                        if not settings_in(e) & no_settings and not reads_in(e) & no_reads
+                    )
                 if exprs:
                     out[(j, path)] = exprs
         if ins.code in (_OP, _FREE):
