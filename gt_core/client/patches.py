@@ -1,7 +1,8 @@
 """What a capture changes in torch while it runs, and puts back when the last one ends:
 ``torch.manual_seed`` (it seeds the worker too), torch.optim's capturable devices, the
-kernel's intra-op threads, the cyclic collector's view of the objects alive before, storage sharing (host tensors sent to other processes), and a
-DataLoader's batches from tensors in memory.
+kernel's intra-op threads, the cyclic collector (the objects alive before are frozen),
+storage sharing (host tensors sent to other processes), and a DataLoader's batches from
+tensors in memory.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ same cell again and again, and each run starts a fresh worker; so the compile pr
 artifact (what the worker loads, ~15 ms) is kept under a key of everything that makes it:
 the job (the block's canonical form, its ops, inputs' metadata and sharing, its lifted
 scalars, the device), the mode's options, torch's version, inductor's settings in the
-environment, and gt's own code that builds and rewrites the graph. A hit is loaded as the compile process's artifact would be, and checked
-as it would be (the block's first compiled run against its eager graph, hotpath.checking).
+environment, and gt's own code that builds and rewrites the graph. A hit is loaded as the
+compile process's artifact would be, and checked as it would be (the block's first compiled
+run against its eager graph, hotpath.checking).
 
 Kept beside inductor's cache (``torch._inductor`` cache dir, ``gt_blocks``), so clearing
 that clears this; ``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1`` turns both off.
@@ -108,5 +109,4 @@ def forget(k: str | None) -> None:
     if k is None:
         return
     for ext in ("bin", "json"):
-        with_suffix = _folder() / f"{k}.{ext}"
-        with_suffix.unlink(missing_ok=True)
+        (_folder() / f"{k}.{ext}").unlink(missing_ok=True)

@@ -122,9 +122,10 @@ def _how(node: fx.Node):
     nums = _numbers(node)
     if node.target is _aten.bernoulli.default:
         return ("bernoulli", 0.0, 0.0, node.args[0])
-    if node.target in (_aten.randint.default, _aten.randint.low):  # (high, size) (low, high, size)
-        ab = node.args[:1] if node.target is _aten.randint.default else node.args[:2]
-        return (_LIKE[node.target][0], float(ab[0]), float((*ab, 0)[1]), None)
+    if node.target is _aten.randint.default:  # randint(high, size)
+        return ("random_to", float(node.args[0]), 0.0, None)
+    if node.target is _aten.randint.low:  # randint(low, high, size)
+        return ("random_from", float(node.args[0]), float(node.args[1]), None)
     if node.target in _LIKE:
         kind, ab = _LIKE[node.target]
         ab = ab or (nums[0], 0.0)
