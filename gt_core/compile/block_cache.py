@@ -37,8 +37,10 @@ def enabled() -> bool:
     return os.environ.get("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "0") not in ("1", "true")
 
 
-@functools.cache
 def _folder() -> Path:
+    """Inside inductor's cache dir as it is now (``TORCHINDUCTOR_CACHE_DIR`` may change in a
+    process): an artifact kept beside one cache and loaded beside another would find none of
+    its kernels there and build them in the worker, outside the compile process."""
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     return Path(cache_dir()) / "gt_blocks"
@@ -47,16 +49,21 @@ def _folder() -> Path:
 _ENV = ("TORCHINDUCTOR_", "TORCHDYNAMO_", "TORCH_COMPILE_")  # (inductor's own settings)
 
 
-@functools.cache
 def _fingerprint() -> str:
-    """torch's version, the environment's inductor settings (the compile process inherits
-    them) and a hash of gt's graph-building code."""
+    """torch's version, the environment's inductor settings as they are now (the compile
+    process inherits them) and a hash of gt's graph-building code."""
+    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV))
+    env = [kv for kv in env if kv[0] != "TORCHINDUCTOR_CACHE_DIR"]
+    return hashlib.sha256((_code_hash() + repr(env)).encode()).hexdigest()
+
+
+@functools.cache
+def _code_hash() -> str:
+    """torch's version and gt's graph-building code (neither changes in a process)."""
     import torch
 
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256(torch.__version__.encode())
-    env = sorted((k, v) for k, v in os.environ.items() if k.startswith(_ENV))
-    h.update(repr([kv for kv in env if kv[0] != "TORCHINDUCTOR_CACHE_DIR"]).encode())
     for sub in _CODE:
         for f in sorted((root / sub).glob("*.py")):
             h.update(f.name.encode())
