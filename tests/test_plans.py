@@ -822,3 +822,45 @@ def test_a_run_input_fits_only_with_every_field_of_its_metadata():
     ):
         assert not all_fit({1: other}, [1], metas), other
     assert all_fit({1: t, 2: t}, [1, 2], metas * 2)
+
+
+def test_a_one_element_dims_stride_is_free_on_both_sides():
+    """Client and worker answer "is this the block's input?" alike: a dimension of one
+    element addresses nothing, so its stride may be anything; any other stride may not."""
+    from gt_core.stream.meta import all_fit, fits, tensor_meta, value_meta
+
+    t = torch.randn(4, 1, 3)  # strides (3, 3, 1)
+    odd = torch.randn(1, 4, 3).transpose(0, 1)  # the same elements' layout: (3, 12, 1)
+    assert t.stride() != odd.stride()
+    assert all_fit({1: odd}, [1], [value_meta(t)])
+    assert fits(value_meta(odd), value_meta(t)) and fits(tensor_meta(odd), value_meta(t)[:3])
+    moved = torch.randn(3, 1, 4).transpose(0, 2)  # (4, 1, 3) with strides (1, 4, 4)
+    assert not all_fit({1: moved}, [1], [value_meta(t)])
+    assert not fits(value_meta(moved), value_meta(t))
+    assert not fits(value_meta(t), value_meta(t)._replace(device=torch.device("meta")))
+
+
+def test_inputs_that_differ_only_in_a_one_element_stride_run_the_compiled_block(hot):
+    """A loop whose batch comes with another stride on a one-element dim in some steps runs
+    its block compiled in every step, equal to eager, instead of leaving the plan."""
+
+    def run(on_worker):
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model = torch.nn.Linear(3, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            xs = [torch.randn(4, 1, 3), torch.randn(1, 4, 3).transpose(0, 1)]  # (3,3,1), (3,12,1)
+            for i in range(24):
+                model(xs[i % 2]).square().mean().backward()
+                opt.step()
+                opt.zero_grad()
+            if on_worker:
+                gt_core.wait()
+            return [p.detach().clone() for p in model.parameters()]
+
+    got, ref = run(True), run(False)
+    for a, b in zip(got, ref, strict=True):
+        assert_close(a, b)
+    (p,) = gt_core.report().to_data()["hot_paths"]
+    assert p["compiled_runs"] >= 15, p

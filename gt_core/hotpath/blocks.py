@@ -19,6 +19,7 @@ from gt_core.observe.status import TRANSITIONS
 from gt_core.stream.canonical import Canonical, Mismatch, Namer
 from gt_core.stream.instructions import FREE
 from gt_core.stream.lift import LiftNamer
+from gt_core.stream.meta import fits
 from gt_core.stream.plan import expand
 
 __all__ = ["Block", "Blocks", "Occurrence", "Tracker", "TIMED_RUNS"]
@@ -74,6 +75,7 @@ class Block:
         # Its instructions' history keys and out paths where it was found (a detected block):
         # its occurrences join the history with them (History.join); None: they clear it
         self.keys: tuple | None = None
+        self.hashes: tuple = ()  # (the keys' hashes, as History keeps them)
         self.entry_paths: tuple | None = None
         self.nones = (None,) * len(canon.entries)  # (what History.join extends with)
         frees = [e.value for e in canon.entries if e.kind == "free"]
@@ -198,7 +200,7 @@ class Tracker:
         if got != entries[self.pos]:
             return False
         k = len(self.namer.input_meta)
-        if k and self.namer.input_meta[k - 1] != self.block.canon.input_meta[k - 1]:
+        if k and not fits(self.namer.input_meta[k - 1], self.block.canon.input_meta[k - 1]):
             return False
         self.pos += 1
         return True

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from gt_core.stream.instructions import FREE, Ref
-from gt_core.stream.meta import ValueMeta
+from gt_core.stream.meta import ValueMeta, addressed
 
 __all__ = [
     "Canonical",
@@ -155,8 +155,10 @@ def signature_of(entries, input_meta) -> str:
     """A short stable id: the first 12 hex digits of a SHA-1 of the canonical form.
 
     Hashed as plain tuples: a NamedTuple's repr names its class, and a form's id depends on
-    what it holds alone."""
-    form = (tuple(map(tuple, entries)), tuple(map(tuple, input_meta)))
+    what it holds alone; an input's strides as far as they address anything (see
+    stream.meta.fits): inputs that fit each other give one id."""
+    metas = tuple((m[0], addressed(m[0], m[1]), *m[2:]) for m in input_meta)
+    form = (tuple(map(tuple, entries)), metas)
     return hashlib.sha1(repr(form).encode()).hexdigest()[:12]
 
 

@@ -16,6 +16,7 @@ from gt_core.client.plans.sites import Siting
 from gt_core.observe import metrics
 from gt_core.stream.instructions import FREE, OP, RUN, Free, Ref, Run
 from gt_core.stream.lift import Scalar
+from gt_core.stream.meta import fits
 from gt_core.stream.plan import Plan, Slot, instruction
 
 __all__ = ["Candidate", "PlanMatcher"]
@@ -145,19 +146,6 @@ class Candidate:
             self.scalars[t.k] = float(a)
             return True
         return type(a) is tt and a == t
-
-
-def fits(meta, want: tuple) -> bool:
-    """Whether a value of TensorMeta ``meta`` fits a plan input's (shape, stride, dtype), as
-    the worker checks it; strides where a dim holds more than one element (a size-1 dim's
-    stride is free, and the one inferred here may differ from the worker's: that RUN the
-    worker still checks)."""
-    shape, stride, dtype = want
-    if meta[0] != shape or meta[2] != dtype:
-        return False
-    if meta[1] == stride:
-        return True
-    return all(a == b for n, a, b in zip(shape, meta[1], stride) if n > 1)  # noqa: B905
 
 
 def _meta_of(proxies, vid: int):
