@@ -480,6 +480,7 @@ def test_error_on_recompile_config_is_reported():
 
 # -- hooks in and out ----------------------------------------------------------------------
 def _state():
+    import torch._dynamo.convert_frame as convert_frame
     import torch._dynamo.eval_frame as eval_frame
     import torch._dynamo.utils as utils
 
@@ -489,7 +490,12 @@ def _state():
         "torch._inductor.cudagraph_utils.__cudagraphs",
     ]
     logs = [(logging.getLogger(n).level, list(logging.getLogger(n).filters)) for n in names]
-    return logs, utils.log_compilation_event, eval_frame._callback_from_stance
+    hooks = (
+        utils.log_compilation_event,
+        eval_frame._callback_from_stance,
+        convert_frame.get_and_maybe_log_recompilation_reasons,
+    )
+    return logs, hooks
 
 
 def test_logging_and_hooks_are_restored_on_exit(caplog):

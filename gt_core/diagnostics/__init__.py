@@ -12,6 +12,10 @@ reached through :mod:`gt_core.diagnostics.torch_hooks`):
 - Dynamo's log records: the graph-break artifact log (the break's ``file:line``), the
   recompile-limit warning and the cudagraph skip warnings. While diagnostics run, they are
   turned into events and not printed; levels and filters are put back on exit;
+- the check Dynamo makes before a recompile (``get_and_maybe_log_recompilation_reasons``):
+  its cache entries and the new call's frame. Dynamo's reason names the first failing guard
+  of each entry; each entry's guard tree is walked against the call, leaf by leaf, to name
+  every failing one (:mod:`.recompile_causes`);
 - ``counters["inductor"]["cudagraph_skips"]``: skips that log no reason (CPU);
 - the exception leaving the block: ``set_stance("fail_on_recompile")``.
 

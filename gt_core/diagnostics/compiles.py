@@ -30,9 +30,15 @@ class CompileEvents:
         self.limits: set[str] = set()  # frame ids whose limit hit is reported
         self.failures: set[str] = set()
         self.functions: set[str] = set()  # the names of the functions compiled
+        self.causes: dict[str, list[dict]] = {}  # compile id -> every failing guard found
+
+    def checked(self, cid: str, causes: list[dict]) -> None:
+        """A recompile's every failing guard, found before its compile record is made."""
+        self.causes[cid] = causes
 
     def compiled(self, m, fn: str, cid: str) -> None:
         self.functions.add(fn)
+        causes = self.causes.pop(cid, [])
         total = m.entire_frame_compile_time_s
         backend = m.backend_compile_time_s
         inductor = m.inductor_compile_time_s
@@ -70,10 +76,12 @@ class CompileEvents:
                 source=source,
                 raw=m.recompile_reason,
                 specialize_float=m.specialize_float,
+                causes=causes,
             )
 
     def failed(self, m, fn: str, cid: str, frame: str) -> None:
         reason = m.fail_reason or ""
+        self.causes.pop(cid, None)
         if "recompile limit exceeded" in reason or "Limit type:" in reason:
             if frame not in self.limits:
                 self.limits.add(frame)

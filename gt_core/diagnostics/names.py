@@ -12,12 +12,13 @@ from __future__ import annotations
 import linecache
 import os
 import re
+import sys
 import threading
 
 from gt_core.diagnostics import stance as _stance
 from gt_core.diagnostics import torch_hooks as hooks
 
-__all__ = ["USER_FRAME", "Names", "in_gt", "is_ours", "last_user_frame"]
+__all__ = ["USER_FRAME", "Names", "in_gt", "is_ours", "last_user_frame", "user_call"]
 
 _GT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gt_core
 _EXAMPLES = os.path.join(_GT_DIR, "examples")  # user code, though it ships with gt
@@ -44,6 +45,27 @@ def last_user_frame(reason: str) -> tuple[str, str]:
         return "", ""
     m = frames[-1]
     return f"{m['file']}:{m['line']}", m["src"].strip()
+
+
+def _is_user_file(filename: str, torch_dir: str) -> bool:
+    if filename.startswith("<") or (torch_dir and filename.startswith(torch_dir)):
+        return False
+    return not filename.startswith(_GT_DIR) or filename.startswith(_EXAMPLES)
+
+
+def user_call() -> tuple[str, str]:
+    """(``file:line``, source line) of the innermost user frame on this thread's stack: while
+    Dynamo compiles a call, the line that called the compiled function. ('', '') if none."""
+    torch = sys.modules.get("torch")
+    torch_dir = os.path.dirname(torch.__file__) if getattr(torch, "__file__", None) else ""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if _is_user_file(filename, torch_dir):
+            source = linecache.getline(filename, frame.f_lineno).strip()
+            return f"{filename}:{frame.f_lineno}", source
+        frame = frame.f_back
+    return "", ""
 
 
 def _qualname(co_name: str, filename: str, lineno: int) -> str:

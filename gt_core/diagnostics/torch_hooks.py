@@ -25,10 +25,16 @@ __all__ = [
     "counted_cudagraph_skips",
     "current_compile_id",
     "disable_current_modes",
+    "global_state_now",
+    "guard_children",
+    "guard_scope",
+    "hook_recompile_check",
     "hook_compilation_event",
     "in_backward",
     "innermost_fn",
     "is_module_wrapper",
+    "leaf_guards",
+    "leaf_passes",
     "recompile_limit",
     "resume_codes",
     "set_stance_callback",
@@ -167,3 +173,67 @@ def resume_codes(code) -> list:
 
     cache = ContinueExecutionCache.cache
     return list((cache[code] if code in cache else {}).values())
+
+
+# -- every failing guard of a recompile ---------------------------------------------------
+def hook_recompile_check(on_check: Callable) -> Callable[[], None]:
+    """Call ``on_check(cache_entries, frame)`` where Dynamo asks why a call misses its cache
+    entries, before it answers (``frame.f_locals`` are the new call's, the global state is
+    the caller's); returns the undo.
+
+    Raises ``AttributeError`` where this torch has no
+    ``convert_frame.get_and_maybe_log_recompilation_reasons``.
+    """
+    from torch._dynamo import convert_frame
+
+    original = convert_frame.get_and_maybe_log_recompilation_reasons
+
+    def get_and_maybe_log_recompilation_reasons(cache_entries, frame, *args, **kwargs):
+        on_check(cache_entries, frame)
+        return original(cache_entries, frame, *args, **kwargs)
+
+    convert_frame.get_and_maybe_log_recompilation_reasons = get_and_maybe_log_recompilation_reasons
+    return lambda: setattr(convert_frame, "get_and_maybe_log_recompilation_reasons", original)
+
+
+def guard_scope(entry, f_locals: dict):
+    """(root guard manager, globals, locals) to walk a cache entry's guards against a call's
+    locals: a guard manager's source (``L['x']``, ``G['cfg'].n``) evaluates in that scope, as
+    Dynamo evaluates its own guard code. None where the entry's guards were deleted."""
+    wrapper = entry.guard_manager
+    root = getattr(wrapper, "root", None)
+    if root is None or wrapper.global_scope is None:
+        return None
+    scope = {"L": f_locals, "G": wrapper.global_scope["G"], **(wrapper.closure_vars or {})}
+    return root, dict(wrapper.global_scope), scope
+
+
+def guard_children(manager) -> list[tuple[str, object]]:
+    """(source, child guard manager) of each value a guard manager reads from its own."""
+    return [(child.get_source(), child) for child in manager.get_child_managers()]
+
+
+def leaf_guards(manager, root: bool = False) -> list[tuple[str, object, list[str]]]:
+    """(kind, leaf guard, its code parts) of a guard manager's own checks; the root's
+    epilogue guards (the shape guards, checked last) with them."""
+    leaves = list(manager.get_leaf_guards())
+    if root and hasattr(manager, "get_epilogue_lambda_guards"):
+        leaves += list(manager.get_epilogue_lambda_guards())
+    return [(type(g).__name__, g, list(g.verbose_code_parts())) for g in leaves]
+
+
+def leaf_passes(leaf, value) -> bool | None:
+    """Whether one leaf guard passes on ``value``; None where it cannot be checked alone (a
+    guard relating two values, such as tensor aliasing)."""
+    try:
+        return bool(leaf(value))
+    except TypeError:
+        return None
+
+
+def global_state_now() -> str:
+    """The global state Dynamo guards (grad mode, autocast, default dtype...), as the JSON
+    its ``GLOBAL_STATE`` guard records."""
+    from torch._C._dynamo.guards import GlobalStateGuard
+
+    return GlobalStateGuard().__getstate__()

@@ -17,6 +17,7 @@ from gt_core.diagnostics.breaks import BreakEvents
 from gt_core.diagnostics.compiles import CompileEvents
 from gt_core.diagnostics.guards import entries_of
 from gt_core.diagnostics.names import Names, in_gt, is_ours
+from gt_core.diagnostics.recompile_causes import causes_of
 from gt_core.diagnostics.skips import SkipEvents
 from gt_core.diagnostics.torch_hooks import recompile_limit
 from gt_core.observe import events as ev
@@ -80,6 +81,14 @@ class Watcher:
             self.undo.append(hooks.hook_compilation_event(self._on_record))
         except Exception as exc:
             self.unavailable("torch._dynamo.utils.log_compilation_event (live compile events)", exc)
+        try:
+            self.undo.append(hooks.hook_recompile_check(self._on_recompile_check))
+        except Exception as exc:
+            self.unavailable(
+                "torch._dynamo.convert_frame.get_and_maybe_log_recompilation_reasons "
+                "(every cause of a recompile)",
+                exc,
+            )
         self._tap(hooks.GRAPH_BREAK_LOG, self.on_break_log, debug=True)
         self._tap(hooks.LIMIT_LOG, self.on_limit_log)
         # Dynamo also warns about .item() breaks on its own: the graph-break event says it all.
@@ -127,15 +136,24 @@ class Watcher:
         with contextlib.suppress(Exception):  # a diagnostics bug must never break a compile
             self.on_metrics(m)
 
+    def _on_recompile_check(self, cache_entries, frame) -> None:
+        with contextlib.suppress(Exception):  # a diagnostics bug must never break a compile
+            if in_gt():
+                return
+            found = causes_of(cache_entries, frame)
+            with self.lock:
+                self.compiles.checked(hooks.current_compile_id() or "?", found)
+
     def on_metrics(self, m) -> None:
         with self.lock:
             if id(m) in self.done:
                 return
             self.done.add(id(m))
             self.kept.append(m)
-            if is_ours(m):
-                return
             cid = str(m.compile_id)
+            if is_ours(m):
+                self.compiles.causes.pop(cid, None)  # (found where gt's own frame recompiled)
+                return
             frame = cid.split("/")[0]
             fn = self.names.of_record(m, frame)
             if m.fail_type:

@@ -142,6 +142,8 @@ class Report:
                 f"{len(u['recompile_reasons'])} recompile(s), {len(u['graph_breaks'])} graph break(s)"
                 + (", recompile limit hit" if u["limit_hit"] else "")
             )
+            for r in u["recompiles"]:
+                lines += _recompile_lines(r)
             for x in u["explanations"]:
                 lines.append(f"    {x['cause']} -> {x['fix']}")
         return "\n".join(lines + feeding.lines(d["data"]) + ranks.lines(d.get("ranks", [])))
@@ -172,6 +174,18 @@ class Report:
             f"<table><tr>{head}</tr>{body}</table>"
             f"<pre>{html.escape(str(self))}</pre></div>"
         )
+
+
+def _recompile_lines(r: dict) -> list[str]:
+    """A recompile's every cause, under the user's line that called the compiled function."""
+    from gt_core.observe.guard_causes import cause_lines  # noqa: PLC0415 (cycle-free, lazy)
+
+    causes = cause_lines(r)
+    if not causes:
+        return []
+    call = (r["causes"][0].get("line"), r["causes"][0].get("code"))
+    at = f" at {call[0]}: {call[1]}" if call[0] and call[1] else f" at {call[0]}" if call[0] else ""
+    return [f"    recompile {r['compile_id']}{at}:", *(f"      {c}" for c in causes)]
 
 
 def _fmt(x: float | None, unit: str) -> str:

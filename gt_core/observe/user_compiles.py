@@ -10,6 +10,7 @@ import re
 
 from gt_core.observe import events as ev
 from gt_core.observe.causes import budget_message, explain, explain_id, short_reason
+from gt_core.observe.guard_causes import cause_reasons
 
 __all__ = ["summarize_user_compiles"]
 
@@ -122,7 +123,9 @@ def _compiled(u: dict, e: dict) -> None:
 
 def _recompiled(u: dict, e: dict) -> None:
     u["recompile_reasons"].append(_recompile_text(e))
-    u["recompiles"].append({k: e.get(k, "") for k in ("compile_id", "reason", "where", "source")})
+    r = {k: e.get(k, "") for k in ("compile_id", "reason", "where", "source")}
+    r["causes"] = list(e.get("causes") or [])  # every failing guard of the entries it missed
+    u["recompiles"].append(r)
 
 
 def _graph_break(u: dict, e: dict) -> None:
@@ -169,11 +172,23 @@ _FOLD = {  # one handler per event type: what it adds to its function's entry
 
 
 def _explained(u: dict, e: dict, seen: set) -> None:
-    """The event's cause and fix: one line per cause; the first occurrence words it, later
-    ones count (a budget's latest words stand)."""
+    """The event's causes and fixes: its reason's, and a recompile's every other cause (each
+    failing guard that every entry it tried rejects); one line per cause, counted once per
+    event."""
     kind, text = _explain_event(e)
-    x = explain(kind, text, fn=u["function"], limit=e.get("limit"))
-    key = (kind, x["id"] if x["id"] != "unknown" else x["cause"])
+    texts = [text, *cause_reasons(e.get("causes") or [])] if kind == "recompile" else [text]
+    keys: set = set()
+    for t in texts:
+        x = explain(kind, t, fn=u["function"], limit=e.get("limit"))
+        key = (kind, x["id"] if x["id"] != "unknown" else x["cause"])
+        if key not in keys:
+            keys.add(key)
+            _explanation(u, e, seen, kind, t, x, key)
+
+
+def _explanation(u: dict, e: dict, seen: set, kind: str, text: str, x: dict, key) -> None:
+    """One cause of an event: the first occurrence words it, later ones count (a budget's
+    latest words stand)."""
     if key in seen:
         old = next(y for y in u["explanations"] if (y["kind"], y["key"]) == key)
         if kind == "budget":  # the latest budget is the one that matters

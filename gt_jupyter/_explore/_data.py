@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 
 from gt_core.observe.graph import consumed, diff_text, graph_data
+from gt_core.observe.guard_causes import cause_lines
 
 from ._groups import auto_open, chain, groups, ops_of, shown_as
 
@@ -235,6 +236,7 @@ def user_rows(u: dict) -> list[dict]:
         rows.append(
             {"what": f"recompile {r['compile_id']}", "detail": f"failed guard {r['reason']}{where}"}
         )
+        rows += [{"what": "", "detail": f"  {c}"} for c in cause_lines(r)]
     for b in u["graph_breaks"]:
         rows.append(
             {"what": "graph break", "detail": f"{b['reason']} at {b['where']} (×{b['count']})"}
