@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-from gt_core.compile import aliases
 from gt_core.hotpath import numerics
 from gt_core.hotpath.blocks import Block, Occurrence
 from gt_core.hotpath.outbox import reason
@@ -46,9 +45,7 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
     verdict = None
     threads = None
     try:
-        args = aliases.call_args(inputs, block.aliases, runner.scalars(block, occ))
-        with runner.judge.threads(block) as threads:
-            got, ms = runner.timer("compiled", fn, *args)
+        got, ms, threads = runner.call_compiled(block, occ, fn, inputs)
         pairs = _pairs(block, [*got, *inputs], [*want, *saved.tensors], oracle)
         verdict = numerics.compare(pairs)
         why = verdict.words()

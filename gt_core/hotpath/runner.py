@@ -6,13 +6,12 @@ it is known (on a GPU once the run has ended there: gt_core.hotpath.clock), neve
 
 from __future__ import annotations
 
-import torch
-
 from gt_core.compile import aliases
 from gt_core.errors import CompiledRunFailed
 from gt_core.hotpath import checking, clock
 from gt_core.hotpath.blocks import Block, Occurrence
 from gt_core.hotpath.outbox import reason
+from gt_core.hotpath.scalar_inputs import ScalarInputs
 from gt_core.observe import events as ev
 from gt_core.observe.report import Status
 from gt_core.stream.instructions import OP
@@ -37,6 +36,7 @@ class Runner:
         self.timings = clock.Timings()  # (times of runs still running on the device)
         self.agree = _alone  # a first compiled run's check, agreed by a worker group's ranks
         self.said_off: set[str] = set()  # blocks said to run eagerly with compiling off
+        self.scalar_inputs = ScalarInputs(ex.device)
 
     def run(self, block: Block, occ: Occurrence) -> None:
         """Run an occurrence compiled if we can, else eagerly; compile the block when due."""
@@ -93,11 +93,18 @@ class Runner:
     def run_compiled(self, block: Block, occ: Occurrence, fn, inputs=None) -> None:
         if inputs is None:
             inputs = self.ex.lookup(occ.inputs)
+        outs, ms, threads = self.call_compiled(block, occ, fn, inputs)
+        self.bind(block, occ, outs)
+        self.timings.then(ms, lambda ms: self.judge.compiled_ran(block, ms, threads))
+
+    def call_compiled(self, block: Block, occ: Occurrence, fn, inputs: list):
+        """One timed call of ``block``'s compiled ``fn`` on an occurrence's ``inputs``, at
+        the judge's thread count: (outputs, ms, that count)."""
         args = aliases.call_args(inputs, block.aliases, self.scalars(block, occ))
         with self.judge.threads(block) as threads:
             outs, ms = self.timer("compiled", fn, *args)
-        self.bind(block, occ, outs)
-        self.timings.then(ms, lambda ms: self.judge.compiled_ran(block, ms, threads))
+        self.scalar_inputs.ran(block.sig, outs)
+        return outs, ms, threads
 
     def _see_aliases(self, block: Block, occ: Occurrence) -> None:
         """Take how this occurrence's inputs share memory as what the block compiles for."""
@@ -154,14 +161,10 @@ class Runner:
         return False
 
     def scalars(self, block: Block, occ: Occurrence) -> list:
-        """The occurrence's lifted scalars as the compiled block takes them (0-d tensors)."""
-        if not block.scalar_dtypes:
-            return []
-        dev = self.ex.device
-        return [
-            torch.tensor(v, dtype=dt, device=dev)
-            for v, dt in zip(occ.scalars, block.scalar_dtypes, strict=True)
-        ]
+        """The occurrence's lifted scalars as the compiled block takes them (0-d tensors,
+        valid until the block's next run: see ScalarInputs)."""
+        sharded = self.ex.sharding is not None
+        return self.scalar_inputs.of(block.sig, occ.scalars, block.scalar_dtypes, fresh=sharded)
 
     def run_eager(self, block: Block, occ: Occurrence):
         """Run an occurrence eagerly; its time (Runner.timer's), or None if it failed midway.
