@@ -325,9 +325,7 @@ def test_a_capture_without_inductor_stops_the_compile_process(inprocess):
 def own_cache(tmp_path, monkeypatch):
     """Inductor's cache, and gt's block cache beside it, in a folder of the test's own."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    block_cache._folder.cache_clear()
-    yield tmp_path / "gt_blocks"
-    block_cache._folder.cache_clear()
+    return tmp_path / "gt_blocks"
 
 
 def _mm_job(rows=3):
@@ -382,3 +380,96 @@ def test_the_block_cache_key_holds_the_job_its_metadata_and_options():
     assert k != block_cache.key(_mm_job(rows=4)[0:2][0], _mm_job(rows=4)[1], {})
     assert k != block_cache.key(job, metas, {"triton.cudagraphs": True})
     assert block_cache.key(("graph", lambda: 0), metas, {}) is None  # (does not pickle)
+
+
+def test_the_block_cache_follows_inductors_cache_dir(tmp_path, monkeypatch):
+    """A block kept beside one inductor cache is not found beside another (its kernels are
+    not there: loading it would build them in the worker, outside the compile process)."""
+    job, metas, _ = _mm_job()
+    k = block_cache.key(job, metas, {})
+    art = tmp_path / "a.bin"
+    art.write_bytes(b"artifact")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "one"))
+    block_cache.keep(k, str(art), {"phases": {}})
+    assert block_cache.lookup(k, str(tmp_path / "got.bin")) is not None
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "two"))
+    assert block_cache.lookup(k, str(tmp_path / "got.bin")) is None
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "one"))
+    assert block_cache.lookup(k, str(tmp_path / "got.bin")) == {"phases": {}}
+
+
+def test_a_block_retired_while_it_compiles_is_cancelled_and_compiles_again_if_revived(
+    inductor_background, monkeypatch
+):
+    """A hot path retired while its block compiles (a longer period took its instructions)
+    stops that compile: the block is hot again, an event says why, the report notes it; and
+    a block revived later compiles again. (The compile here waits until it is no longer
+    wanted, as a long cold compile would.)"""
+    import threading
+    import time
+
+    from gt_core.compile.process import CompileCancelled
+    from gt_core.observe.report import Status
+
+    started, asked, calls = threading.Event(), [], []
+
+    def slow(self, *args, wanted=None, **kwargs):
+        started.set()
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("compiled again")  # (the revived block's compile: it ends here)
+        while wanted():
+            asked.append(1)
+            time.sleep(0.01)
+        raise CompileCancelled("no longer wanted: stopped while it compiled")
+
+    monkeypatch.setattr(CompileProcess, "compile_block", slow)
+    monkeypatch.setattr(CompileProcess, "warm", lambda self: None)
+    with gt_core.capture():
+        _sgd(6)
+        gt_core.wait()
+        assert started.wait(30), "the block's compile never started"
+        engine = gt_core.client.capture.session().transport.engine
+        (block,) = [b for b in engine.blocks.values() if b.status == Status.COMPILING]
+        engine.matcher.retire(block, "a test retired it")
+        assert until(lambda: _events(ev.COMPILE_CANCELLED), timeout=30)
+        assert block.status == Status.HOT and block.compile_due and asked
+        (e,) = _events(ev.COMPILE_CANCELLED)
+        assert e["signature"] == block.sig and "a test retired it" in e["reason"]
+        (p,) = gt_core.report().to_data()["hot_paths"]
+        assert p["status"] == "retired" and any("compile cancelled" in n for n in p["notes"])
+        assert _events(ev.COMPILE_FAILED) == []
+        engine.matcher.revive(block, "a test revived it", client_match=True)
+        _sgd(6)
+        gt_core.wait()
+        assert until(lambda: _events(ev.COMPILE_FAILED), timeout=30)
+        assert len(_events(ev.COMPILE_STARTED)) == 2 and len(calls) == 2  # (compiled again)
+        assert "compiled again" in _events(ev.COMPILE_FAILED)[0]["reason"]
+
+
+@pytest.mark.inductor
+def test_a_compile_no_longer_wanted_stops_the_compile_process_under_it(own_cache):
+    """The compile process is stopped under a compile that is no longer wanted (with the C++
+    builds it started); the next compile starts it again and equals eager."""
+    from gt_core.compile.process import CompileCancelled
+
+    job, metas, (x, w) = _mm_job()
+    cp = CompileProcess()
+    try:
+        asked = []
+
+        def wanted():
+            asked.append(cp.pid)
+            return len(asked) < 3  # (wanted at the start, then no more)
+
+        with pytest.raises(CompileCancelled, match="stopped while it compiled"):
+            cp._compile(job, metas, None, wanted=wanted)
+        assert cp.pid is None and asked[1] is not None  # (it ran, and was stopped)
+        assert not list(own_cache.glob("*.bin"))  # (nothing kept)
+        with pytest.raises(CompileCancelled, match="not started"):
+            cp._compile(job, metas, None, wanted=lambda: False)
+        assert cp.pid is None
+        fn, _, info = cp._compile(job, metas, None, wanted=lambda: True)
+        assert_close(fn(x, w)[0], x @ w)
+    finally:
+        cp.close()

@@ -38,13 +38,19 @@ from gt_core.compile import block_cache, explain, repair
 from gt_core.stream.instructions import qualified_name
 from gt_core.stream.meta import ValueMeta, value_meta
 
-__all__ = ["CompileProcess", "CompileProcessDied", "end_group"]
+__all__ = ["CompileProcess", "CompileProcessDied", "CompileCancelled", "end_group"]
 
 _NICE = 19  # the compile process yields the CPU to the client and the worker
+_WANTED_EVERY_S = 0.2  # how often a compile under way asks whether it is still wanted
 
 
 class CompileProcessDied(RuntimeError):
     """The compile process exited while compiling a block (it is restarted for the next one)."""
+
+
+class CompileCancelled(RuntimeError):
+    """The compile was no longer wanted (``wanted()`` turned false): not started, or the
+    compile process was stopped under it (it is restarted for the next one)."""
 
 
 class CompileProcess:
@@ -112,12 +118,17 @@ class CompileProcess:
         metas = [value_meta(t) for t in examples]
         return self._compile(("graph", pickle.dumps(gm)), metas, mode)[:2]
 
-    def compile_block(self, canon, ops: dict, out_paths, scalar_dtypes, device, mode, shared=None):
+    def compile_block(
+        self, canon, ops: dict, out_paths, scalar_dtypes, device, mode, shared=None, wanted=None
+    ):
         """Compile a hot block (as ``build_graph`` takes it, for inductor, its inputs sharing
         memory as ``shared`` says: see aliases): (callable, seconds, info), info its code,
         phases and cache use (see explain).
 
         The graph is built in the compile process, so not even that Python runs here.
+        ``wanted()``, asked before the compile starts and every _WANTED_EVERY_S while it runs:
+        once false, the compile is dropped (the process stopped under it) and
+        CompileCancelled raised.
         """
         from gt_core.compile import aliases
 
@@ -125,9 +136,9 @@ class CompileProcess:
         scalars = [ValueMeta((), (), dt, device) for dt in scalar_dtypes]
         metas = aliases.metas(list(canon.input_meta), shared, scalars)
         job = ("block", canon, names, out_paths, len(scalar_dtypes), shared, device)
-        return self._compile(job, metas, mode)
+        return self._compile(job, metas, mode, wanted=wanted)
 
-    def _compile(self, job: tuple, metas: list, mode: str | None, look: bool = True):
+    def _compile(self, job: tuple, metas: list, mode: str | None, look=True, wanted=None):
         from torch._inductor import list_mode_options
 
         options = list_mode_options(mode) if mode not in (None, "default") else {}
@@ -140,7 +151,7 @@ class CompileProcess:
             if hit:
                 info.update(cache=block_cache.KEPT, phases={})
             else:
-                info = self._compile_there(job, metas, options, path)
+                info = self._compile_there(job, metas, options, path, wanted)
                 block_cache.keep(k, path, info)
         t1 = time.perf_counter()
         try:
@@ -149,15 +160,21 @@ class CompileProcess:
             if not hit:
                 raise
             block_cache.forget(k)  # (a kept artifact this torch cannot load: compiled anew)
-            return self._compile(job, metas, mode, look=False)
+            return self._compile(job, metas, mode, look=False, wanted=wanted)
         info["phases"]["load"] = round(time.perf_counter() - t1, 4)
         return fn, time.perf_counter() - t0, info
 
-    def _compile_there(self, job: tuple, metas: list, options: dict, path: str) -> dict:
+    def _compile_there(self, job: tuple, metas: list, options: dict, path: str, wanted) -> dict:
         """The compile process compiles ``job`` to ``path``: its info (code, phases, cache)."""
+        if wanted is not None and not wanted():
+            raise CompileCancelled("no longer wanted: not started")
         self._ensure_running()
         try:
             self._conn.send((job, metas, options, path))
+            while not self._conn.poll(_WANTED_EVERY_S):
+                if wanted is not None and not wanted():
+                    self._stop()  # (with the C++ builds it started)
+                    raise CompileCancelled("no longer wanted: stopped while it compiled")
             status, reason, evicted, info = self._conn.recv()
         except (EOFError, OSError) as exc:
             code = self._stop()

@@ -19,7 +19,7 @@ from gt_core.compile.lower import (
     replay_here,
     uses_cudagraphs,
 )
-from gt_core.compile.process import CompileProcess
+from gt_core.compile.process import CompileCancelled, CompileProcess
 from gt_core.compile.rng import keep_rng_in_threads
 from gt_core.hotpath.blocks import Block
 from gt_core.hotpath.outbox import reason
@@ -180,10 +180,14 @@ class Compiler:
         """Compile, set the block's function and status, and publish the outcome."""
         graphs = self._graphs(o)
         failure = None
+        t0 = time.perf_counter()
         with repair.evictions() as evicted:
             try:
                 with cudagraph_skips() if graphs else contextlib.nullcontext() as skips:
                     fn, seconds, info = self._compiled_fn(block, cp, o)
+            except CompileCancelled:
+                self._cancelled(block, time.perf_counter() - t0)
+                return
             except Exception as exc:
                 failure = exc
         for e in evicted:  # damaged files of inductor's cache it removed first (see repair)
@@ -208,6 +212,14 @@ class Compiler:
                 ev.COMPILE_FINISHED, signature=block.sig, seconds=seconds, **info, **extra
             )
 
+    def _cancelled(self, block: Block, seconds: float) -> None:
+        """``block`` was retired while it compiled: hot again, to compile if it runs again
+        (revived); the cores its compile held are the loop's."""
+        block.move(Status.HOT)
+        block.compile_due = True
+        why = f"its hot path was retired ({block.retired}) while it compiled"
+        self.outbox.emit(ev.COMPILE_CANCELLED, signature=block.sig, reason=why, seconds=seconds)
+
     def _compiled_fn(self, block: Block, cp: CompileProcess | None, o: Options):
         """(compiled callable, seconds, info: its code, phases, cache use): in the compile
         process, or here (where a compile cut short left damaged files in inductor's cache,
@@ -221,7 +233,10 @@ class Compiler:
                 self.device,
                 o.mode,
                 block.aliases,
+                wanted=lambda: block.retired is None,
             )
+        if block.retired is not None:
+            raise CompileCancelled("no longer wanted: not started")
         return repair.retrying(lambda: self._compile_here(block, o))
 
     def _compile_here(self, block: Block, o: Options):

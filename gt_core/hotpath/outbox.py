@@ -21,6 +21,7 @@ _DEBUG_LINES = frozenset(
         ev.DETECTED,
         ev.COMPILE_FINISHED,
         ev.COMPILE_FAILED,
+        ev.COMPILE_CANCELLED,
         ev.CACHE_EVICTED,
         ev.RECOMPILE,
         ev.FALLBACK,

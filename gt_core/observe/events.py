@@ -39,6 +39,9 @@ COMPILE_STARTED = (
 # None)[, cudagraphs, cudagraph_skips]
 COMPILE_FINISHED = "compile.finished"
 COMPILE_FAILED = "compile.failed"  # signature, reason
+# signature, reason, seconds: its hot path was retired while it compiled, so the compile was
+# stopped (the cores go back to the loop); it compiles again if it runs again
+COMPILE_CANCELLED = "compile.cancelled"
 CACHE_EVICTED = "compile.cache_evicted"  # signature, files, reason: damaged, removed, recompiled
 RECOMPILE = "recompile"  # signature, previous, reason
 FALLBACK = "fallback"  # signature, reason (a compiled run failed; eager from now on)

@@ -181,6 +181,12 @@ class Fold:
         p.update(fallback_reason=e.get("reason"), checked=_check(e))
         _enter(p, Status.REVERTED, e.get("t"))
 
+    def _cancelled(self, e, sig, i) -> None:
+        p = self.path(sig)
+        p["notes"].append(f"compile cancelled after {e.get('seconds', 0):.1f} s: {e.get('reason')}")
+        if p["status"] == Status.COMPILING:  # (its retirement not folded: hot again)
+            _enter(p, Status.HOT, e.get("t"))
+
     def _retired(self, e, sig, i) -> None:
         p = self.path(sig)
         _enter(p, Status.RETIRED, e.get("t"))
@@ -281,6 +287,7 @@ _HANDLERS = {
     ev.COMPILE_STARTED: Fold._compile_started,
     ev.COMPILE_FINISHED: Fold._compile_finished,
     ev.COMPILE_FAILED: Fold._failed,
+    ev.COMPILE_CANCELLED: Fold._cancelled,
     ev.FALLBACK: Fold._failed,
     **dict.fromkeys(ev.VERDICTS, Fold._verdict),
     ev.CHECK_FAILED: Fold._check_failed,

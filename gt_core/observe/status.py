@@ -41,6 +41,7 @@ TRANSITIONS: dict[Status, dict[Status, str]] = {
     Status.COMPILING: {
         Status.COMPILED: "the compile finished",
         Status.FAILED: "the compile raised",
+        Status.HOT: "its hot path was retired meanwhile: the compile was cancelled",
     },
     Status.COMPILED: {
         Status.COMPILING: "a run's inputs share memory otherwise: compiled again for them",
