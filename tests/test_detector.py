@@ -65,6 +65,27 @@ def test_fewer_repeats_than_the_threshold_are_not_detected(case):
     assert repeating_period(noise + block * (threshold - 1), threshold, MIN_SEQ) is None
 
 
+def _period_by_definition(keys: list, t: int, min_seq: int):
+    n = len(keys)
+    for p in range(min_seq, n // t + 1):
+        if _periodic(keys[n - t * p :], p):
+            return p
+    return None
+
+
+@given(
+    st.lists(st.integers(0, 3), max_size=120)
+    | repeats(distinct=False).map(lambda c: c[0] + c[1] * c[2]),
+    st.integers(2, 5),
+    st.integers(1, 6),
+)
+def test_the_period_found_is_the_shortest_by_definition(stream, threshold, min_seq):
+    want = _period_by_definition(stream, threshold, min_seq)
+    assert repeating_period(stream, threshold, min_seq) == want
+    # searched on hashes that collide often, confirmed on the keys themselves
+    assert repeating_period([k % 2 for k in stream], threshold, min_seq, exact=stream) == want
+
+
 def test_periods_shorter_than_min_seq_are_not_blocks():
     assert repeating_period([1, 2, 3] * 10, 3, MIN_SEQ) == 6  # twice the period: long enough
     assert repeating_period([1, 2, 3] * 10, 3, 7) == 9

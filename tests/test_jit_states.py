@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import assert_close
 from torch import nn
 
 import gt_core
@@ -931,3 +932,43 @@ def test_a_hand_written_learning_rate_flows_once_it_changed_and_a_threshold_is_c
     assert any("entry 0 of a list" in f for e in prepared for f in e["flowing"]), prepared
     flips = [e for e in _events() if (e.get("cause") or {}).get("kind") == "test_flips"]
     assert flips and "> 0.5 is False now, True when recorded" in flips[0]["reason"], flips
+
+
+def test_no_hot_path_is_searched_inside_a_jit_call(inprocess):
+    """An audited call runs its Python recorded, as the first two did; its instructions are
+    the jit block's, so no period is searched inside them: an optimizer's alike
+    per-parameter updates, with a learning rate a schedule changes every call, became a new
+    hot path (reported as a recompile) at each audit. Its results stay eager's."""
+
+    def run(on_worker):
+        gt_core.configure(jit_audit=4, auto_compile=True, background=False, threshold=3)
+        ctx = gt_core.capture() if on_worker else contextlib.nullcontext()
+        with ctx:
+            torch.manual_seed(0)
+            model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(4)])
+            opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0 / (1 + i))
+            x = torch.randn(16, 8)
+
+            def step():
+                loss = model(x).square().mean()
+                loss.backward()
+                opt.step()
+                sched.step()
+                opt.zero_grad()
+                return loss
+
+            fn = gt_core.jit(step) if on_worker else step
+            for _ in range(40):
+                fn()
+            return [p.detach().clone() for p in model.parameters()], fn
+
+    want, _ = run(False)
+    got, fn = run(True)
+    for a, b in zip(got, want, strict=True):
+        assert_close(a, b)
+    (entry,) = fn.entries.values()
+    assert entry.audited >= 5 and entry.replayed >= 20
+    data = gt_core.report().to_data()
+    assert [p["signature"] for p in data["hot_paths"]] == [entry.sig]
+    assert [e for e in data["events"] if e["type"] == "recompile"] == []

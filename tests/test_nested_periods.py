@@ -241,6 +241,7 @@ def test_joined_occurrences_read_back_as_their_instructions_however_the_window_c
     class Block:
         sig, nones, freed_inputs = "b", (None,) * 3, ()
         keys = tuple(local_key(i) for i in occurrence(0))
+        hashes = tuple(map(hash, keys))
         entry_paths = ([()], [()], None)
 
     expanded = []

@@ -37,14 +37,35 @@ class Cut:
     gap: int  # instructions still to run before the next occurrence begins
 
 
-def repeating_period(keys: list, threshold: int, min_seq: int) -> int | None:
-    """The shortest period p >= min_seq whose last ``threshold`` repeats end the keys, or None."""
+def repeating_period(
+    keys: list, threshold: int, min_seq: int, exact: list | None = None
+) -> int | None:
+    """The shortest period p >= min_seq whose last ``threshold`` repeats end the keys, or None.
+
+    ``exact``: when given, ``keys`` are its hashes: periods are searched on them and
+    confirmed on ``exact`` (a collision costs a comparison, never a wrong period). Only the
+    places where the last key occurred before can end a period: ``list.index`` finds them
+    (this runs every few dozen instructions over a history of thousands), nearest first;
+    the keys just before each are compared before whole periods are.
+    """
     n, t = len(keys), threshold
     if n < t * min_seq:
         return None
-    last = keys[-1]
-    for p in range(min_seq, n // t + 1):
-        if keys[n - 1 - p] == last and keys[n - t * p : n - p] == keys[n - (t - 1) * p : n]:
+    found, at, end = [], n - 1 - n // t, n - min_seq
+    while True:
+        try:
+            at = keys.index(keys[-1], at, end)
+        except ValueError:
+            break
+        found.append(at)
+        at += 1
+    for at in reversed(found):
+        p = n - 1 - at
+        m = min(3, (t - 1) * p - 1)  # (the keys before the last that lie in the repeats)
+        if m > 0 and keys[at - m : at] != keys[n - 1 - m : n - 1]:
+            continue
+        a, b = slice(n - t * p, n - p), slice(n - (t - 1) * p, n)
+        if keys[a] == keys[b] and (exact is None or exact[a] == exact[b]):
             return p
     return None
 

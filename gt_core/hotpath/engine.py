@@ -141,14 +141,18 @@ class Engine:
         for ins in instrs:
             try:
                 barrier = ins.code in BARRIERS
-                if barrier and not self._after_barrier and self.matcher.idle:
+                # (no period is searched inside a jit call: its boundaries are known, and
+                # its instructions are its block's; after it, see _barrier)
+                search = self.matcher.idle and not self.signals.jit_open
+                if barrier and not self._after_barrier and search:
                     # Before a barrier (once per run of them) the history most often ends
                     # where a step does (a sync to log every few steps, a batch's uploads):
                     # a step repeated just threshold times between syncs is found there.
                     self._detect(at_barrier=True)
                 self._after_barrier = barrier
                 self.step(ins)
-                if self.matcher.idle and len(self.history) >= self.next_detect:
+                search = self.matcher.idle and not self.signals.jit_open
+                if search and len(self.history) >= self.next_detect:
                     self._detect()
             except Exception as exc:  # (the executor fails ops itself: this is gt's own fault)
                 self._fault(ins, exc)
@@ -202,7 +206,13 @@ class Engine:
 
     def _barrier(self, ins) -> None:
         if ins.code == MARK:
-            self.signals.mark(ins.name, ins.phase, ins.force)
+            if self.signals.mark(ins.name, ins.phase, ins.force):
+                # A jit call alike its block (an audit, a call recorded again): its
+                # instructions are that block's, so no period is searched inside them (an
+                # optimizer's per-parameter updates found as a hot path at every audit).
+                self.history.clear()
+                self.next_detect = 0
+                return
         elif ins.code == SYNC and self.options.compile_all:
             self.signals.compile_segment()
         if self.matcher.idle:
@@ -235,31 +245,15 @@ class Engine:
         )
         if not o.auto_compile or n < since:
             return
-        p = repeating_period(self.history.keys, o.threshold, o.min_seq)
+        H = self.history
+        p = repeating_period(H.hashes, o.threshold, o.min_seq, exact=H.keys)
         if p is None or not self._adopt_period(p):
             self.next_detect = n + max(o.min_seq, 32)
 
     def _adopt_period(self, p: int) -> bool:
         """Make the block of period ``p`` (unless known) and expect its next occurrence."""
-        H, o, ex = self.history, self.options, self.ex
-
-        def unresolved(ins):  # an op the worker cannot find fails every time: no block has it
-            return ins.code == OP and ins.op in ex.unresolved
-
-        def lift(a, b):
-            return lift_positions(ex.ops[a.op], a, b, H.meta_of)
-
-        # Cut at sync points, and at ops whose arguments change from one period to the next,
-        # unless only floats change where they can be lifted into tensor inputs. (Detection
-        # reads the last threshold + 1 periods, and best_cut three: the rest stays unread.)
-        instrs = H.read_from(len(H) - (o.threshold + 3) * p)
-        lifts, barriers = changes(instrs, p, o.threshold, unresolved, lift)
-        since = periodic_since(H.keys, p, o.threshold)
-
-        def is_view(ins):
-            return ex.ops[ins.op].is_view
-
-        c = cut(instrs, p, o.threshold, o.min_seq, lifts, barriers, since, is_view)
+        H = self.history
+        c = period_cut(H, self.options, self.ex, p)
         if c is None:
             return False
         try:
@@ -280,8 +274,7 @@ class Engine:
             paths = H.out_paths_of(range(begin, end))
             dtypes = tuple(namer.dtypes) if c.lift else ()
             block = self.registry.form(canon, namer, paths, p, lift=c.lift, scalar_dtypes=dtypes)
-            block.op_ms = H.profile(c.occurrences, c.length)
-            block.keys, block.entry_paths = tuple(H.keys[begin:end]), tuple(H.paths[begin:end])
+            H.stamp(block, c.occurrences, c.length)
             inner = H.runs_within(c.occurrences, c.length)
             nesting.retire_nested(block, inner, self.blocks, self.matcher)
             H.ran(block.sig, c.occurrences)  # (a longer period may hold these too)
@@ -289,3 +282,26 @@ class Engine:
                 block, len(c.occurrences), recording_t=H.when_recorded(c.occurrences[0])
             )
         return True
+
+
+def period_cut(H: History, o, ex, p: int):
+    """Where the last occurrences of period ``p`` in history ``H`` begin, how long they are
+    and what of them is lifted (detector.cut), or None.
+
+    Cut at sync points, and at ops whose arguments change from one period to the next,
+    unless only floats change where they can be lifted into tensor inputs. (Detection reads
+    the last threshold + 1 periods, and best_cut three: the rest stays unread.)"""
+
+    def unresolved(ins):  # an op the worker cannot find fails every time: no block has it
+        return ins.code == OP and ins.op in ex.unresolved
+
+    def lift(a, b):
+        return lift_positions(ex.ops[a.op], a, b, H.meta_of)
+
+    def is_view(ins):
+        return ex.ops[ins.op].is_view
+
+    instrs = H.read_from(len(H) - (o.threshold + 3) * p)
+    lifts, barriers = changes(instrs, p, o.threshold, unresolved, lift)
+    since = periodic_since(H.keys, p, o.threshold)
+    return cut(instrs, p, o.threshold, o.min_seq, lifts, barriers, since, is_view)

@@ -29,6 +29,7 @@ class History:
         self._joined: list = []  # [position, length, Occurrence] of joined occurrences not yet read
         self.runs: list = []  # [position, signature] of blocks' occurrences (joined, or found)
         self.keys: list = []
+        self.hashes: list = []  # hash of each key: detection searches these (ints compare fast)
         self.paths: list = []  # out paths of the OP instructions' results (None for others)
         # ms each OP instruction took to run (None for others): a block's profile, read
         # when it is found (how the time of an occurrence splits over its ops and lines)
@@ -86,10 +87,20 @@ class History:
         elif ins.code == RNG:
             ins = ins._replace(state=None)
         self._instrs.append(ins)
-        self.keys.append(local_key(ins))
+        key = local_key(ins)
+        self.keys.append(key)
+        self.hashes.append(hash(key))
         self.paths.append(out_paths(result) if ins.code == OP else None)
         self.ms.append(ms)
         return self._bound(window)
+
+    def stamp(self, block, occurrences, length: int) -> None:
+        """Give a block found at ``occurrences`` its ops' times there, and the keys, hashes
+        and out paths of its last occurrence: join reads them back for each later one."""
+        block.op_ms = self.profile(occurrences, length)
+        begin, end = occurrences[-1], occurrences[-1] + length
+        block.keys, block.hashes = tuple(self.keys[begin:end]), tuple(self.hashes[begin:end])
+        block.entry_paths = tuple(self.paths[begin:end])
 
     def join(self, block, occ, window: int) -> int:
         """Record an occurrence of a detected ``block``, with the keys and out paths of the
@@ -99,6 +110,10 @@ class History:
         self._joined.append([len(self._instrs), len(keys), occ])
         self._instrs.extend(nones)
         self.keys.extend(keys)
+        # (the hashes it was found with; hashed anew for a block that came without them,
+        # so keys and hashes never fall out of step)
+        hashes = block.hashes
+        self.hashes.extend(hashes if len(hashes) == len(keys) else map(hash, keys))
         self.paths.extend(block.entry_paths)
         self.ms.extend(nones)  # (a block's run is timed whole, not per op)
         for j in block.freed_inputs:  # (an input it frees may be an input of a longer block)
@@ -126,7 +141,13 @@ class History:
         kept = [m for m in self._since if m[0] > drop]
         before = [m for m in self._since if m[0] <= drop][-1:]  # (what the first kept began in)
         self._since = [[max(0, at - drop), t] for at, t in before + kept]
-        del self._instrs[:drop], self.keys[:drop], self.paths[:drop], self.ms[:drop]
+        del (
+            self._instrs[:drop],
+            self.keys[:drop],
+            self.hashes[:drop],
+            self.paths[:drop],
+            self.ms[:drop],
+        )
         if len(self.freed_meta) > 4 * window:
             self.freed_meta.clear()
         return drop
@@ -135,7 +156,7 @@ class History:
         """Forget the instructions (an occurrence of a block not detected here ran: the period
         starts again)."""
         self._instrs.clear(), self._joined.clear(), self.runs.clear(), self._since.clear()
-        self.keys.clear()
+        self.keys.clear(), self.hashes.clear()
         self.paths.clear(), self.ms.clear()
 
     def ran(self, sig: str, begins) -> None:

@@ -58,8 +58,9 @@ class Signals:
             return block.sig, block.plan
         return None
 
-    def mark(self, name: str, phase: str, force: tuple = ()) -> None:
-        """A signal's "enter" or "exit" mark, just recorded in the history."""
+    def mark(self, name: str, phase: str, force: tuple = ()) -> bool:
+        """A signal's "enter" or "exit" mark, just recorded in the history. True where it
+        ends a jit call whose instructions are its block's (known, or made now)."""
         jit = name.startswith(JIT_SIGNAL)
         if not jit:  # (a jit call's marks are its own events, published by the client)
             self.outbox.emit(ev.SIGNAL, name=name, phase=phase)
@@ -67,23 +68,23 @@ class Signals:
         if phase == "enter":
             self.start[name] = n
             self.jit_open = jit
-            return
+            return False
         self.jit_open = False
         start = self.start.pop(name, None)
         if start is None or start < 0:
-            return
+            return False
         seg = [i for i in range(start, n - 1) if self.history[i].code in (OP, FREE)]
         # A jit call's uploads (tensors it makes from host data) are inputs of its block: the
         # client replays it with the values kept, where they were equal on two calls.
         between = (OP, FREE, PUT) if jit else (OP, FREE)
         if not seg or any(self.history[i].code not in between for i in range(seg[0], seg[-1] + 1)):
-            return
+            return False
         instrs = [self.history[i] for i in seg]
         lift = self._jit_lift(name, instrs, force) if jit else None
         try:
             canon, namer = self.registry.canonicalize(instrs, lift)
         except Mismatch:
-            return
+            return False
         spec = {"compile": True} if jit else self.options.signals.get(name, {})
         # (a lifted segment is alike the last one: they differed only in the lifted floats)
         alike = lift is not None or self.seen.get(name) == canon.id
@@ -91,18 +92,20 @@ class Signals:
             if jit and alike:
                 self.jit_ready[name] = canon.id
             self.seen[name] = canon.id
-            return
+            return jit and alike
         if alike and spec.get("compile"):
             paths = self.history.out_paths_of(seg)
             if lift:  # made when the client asks for it: the lifted floats are settings it sends
                 kw = dict(lift=lift, scalar_dtypes=tuple(namer.dtypes))
                 self.lifted[name] = (canon, namer, paths, len(seg) + 2, kw)
                 self.seen[name] = canon.id
-                return
+                return jit
             block = self.registry.form(canon, namer, paths, len(seg) + 2, signal=name)
             self.registry.adopt(block)
             if jit:
                 self.jit_ready[name] = block.sig
+                self.seen[name] = canon.id
+                return True
             else:
                 self.outbox.emit(ev.SIGNAL, name=name, phase="compile", signature=canon.id)
         elif not jit and self.seen.get(name) != canon.id:
@@ -111,6 +114,7 @@ class Signals:
                 ev.RECORDING, signature=canon.id, ops=canon.ops, n_ops=len(canon.ops), signal=name
             )
         self.seen[name] = canon.id
+        return False
 
     def _jit_lift(self, name: str, instrs: list, force: tuple = ()) -> dict | None:
         """The floats to lift into inputs of a jit call's block: those that differ from the

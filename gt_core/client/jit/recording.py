@@ -182,10 +182,11 @@ def differ(a: Recording, b: Recording, ops: dict) -> JitReason | None:
     what = differs(a.program, b.program, a.settings, b.settings)
     if what is not None:
         return JitReason("value_read", n=b.reads, what=what)
+    va, vb = _Values(a), _Values(b)
     for (i, where, x, site), (_, _, y, _) in zip(a.floats(), b.floats(), strict=True):
-        if x != y and not _flows(a, b, site, x, y):
+        if x != y and not _flows(a, b, site, x, y, va, vb):
             return JitReason("python_number", op=str(ops.get(i, i)), arg=where, old=x, new=y)
-    _by_origin(a, b)
+    _by_origin(a, b, va, vb)
     for (_, _, x, _), (_, _, y, where) in zip(a.puts, b.puts, strict=True):
         if x.shape != y.shape or x.dtype != y.dtype or not torch.equal(x, y):
             return JitReason("host_data_changes", line=_line(where), old=_brief(x), new=_brief(y))
@@ -295,22 +296,32 @@ def _number(v) -> bool:
     return type(v) is float or (type(v) is tuple and all(type(x) is float for x in v))
 
 
-def _flows(a: Recording, b: Recording, site, x: float, y: float) -> bool:
+class _Values(dict):
+    """The number each expression gives in one recorded call (``agree`` of it alone),
+    computed once: an optimizer's expressions repeat for every parameter."""
+
+    def __init__(self, rec: Recording):
+        super().__init__()
+        self.groups, self.reads = rec.settings, _reads(rec)
+
+    def __missing__(self, expr):
+        v = self[expr] = agree((expr,), self.groups, self.reads)
+        return v
+
+
+def _flows(a: Recording, b: Recording, site, x: float, y: float, va, vb) -> bool:
     """Whether the number at ``site`` (``x`` in call ``a``, ``y`` in ``b``) is an expression
     of each call's optimizer settings; if so, it flows (``b.flowing``). Every expression that
     gives both numbers is kept (two param groups with one lr: either could be the origin), and
     a replay sends the number only while they all agree (``settings.agree``)."""
-    found = tuple(
-        expr
-        for expr in _unwritten(a, b, b.knob_floats.get(site, ()))
-        if agree((expr,), a.settings, _reads(a)) == x and agree((expr,), b.settings, _reads(b)) == y
-    )
+    exprs = _unwritten(a, b, b.knob_floats.get(site, ()))
+    found = tuple(e for e in exprs if va[e] == x and vb[e] == y)
     if found:
         b.flowing[site] = found
     return bool(found)
 
 
-def _by_origin(a: Recording, b: Recording) -> None:
+def _by_origin(a: Recording, b: Recording, va, vb) -> None:
     """The numbers ``b`` passed inside its optimizers' steps that flow by their origin
     (``b.forced``) though both calls passed the same: kept in ``b.flowing`` with the
     expressions that gave them on both calls."""
@@ -319,12 +330,7 @@ def _by_origin(a: Recording, b: Recording) -> None:
         exprs = b.forced.get(site)
         if not exprs or site in b.flowing or site not in values:
             continue
-        found = tuple(
-            e
-            for e in _unwritten(a, b, exprs)
-            if agree((e,), a.settings, _reads(a)) == values[site]
-            and agree((e,), b.settings, _reads(b)) == y
-        )
+        found = tuple(e for e in _unwritten(a, b, exprs) if va[e] == values[site] and vb[e] == y)
         if found:
             b.flowing[site] = found
 
