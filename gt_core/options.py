@@ -74,6 +74,7 @@ class Options:
     worker_threads: int | None = None  # the worker process's CPU threads, fixed (None: shared)
     flush_at: int = 512  # instructions the client batches before it sends them
     jit_audit: int = 256  # gt_core.jit records (audits) 1 replay in this many; 0: the first only
+    user_eager_every: int = 10  # 1 call in this many of a user's compiled function runs eagerly
     worker_imports: tuple = ()  # modules the worker imports at its start (their torch.library ops)
     # signal name -> axis: a worker group shards the tensors made inside it (gt_core.worker_process.shard)
     shard: dict = field(default_factory=dict)
@@ -204,6 +205,7 @@ RULES: dict = {
     "worker_threads": (lambda v: v is None or _int(1)(v), "an integer >= 1, or None (shared)"),
     "flush_at": (_int(1), "an integer >= 1"),
     "jit_audit": (_int(0), "an integer >= 0 (0: only the first replay after each recording)"),
+    "user_eager_every": (_int(0), "an integer >= 0 (0: no call runs eagerly to compare)"),
     "workers": (_int(1, 64), "an integer from 1 to 64 (ranks of a local worker group)"),
     "worker_imports": (
         lambda v: isinstance(v, tuple) and all(isinstance(m, str) and m for m in v),
@@ -314,6 +316,7 @@ ENV = {  # environment variable -> option
     "GT_WORKER_THREADS": "worker_threads",
     "GT_FLUSH_AT": "flush_at",
     "GT_JIT_AUDIT": "jit_audit",
+    "GT_USER_EAGER_EVERY": "user_eager_every",
     "GT_WORKER_IMPORTS": "worker_imports",
 }
 

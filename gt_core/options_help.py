@@ -30,5 +30,6 @@ HELP = {  # option -> what it does
     "worker_threads": "a fixed count of the worker process's CPU threads (a capture's own applies from its start); none: eager's count for ops run eagerly, shared for compiled runs, see below",
     "flush_at": "instructions the client batches before it sends them to the worker",
     "jit_audit": "`gt_core.jit` records (audits) one replayed call in this many and compares it with the replay; `0`: only the first after each recording",
+    "user_eager_every": "diagnostics of your own `torch.compile`: one call in this many of a compiled function runs eagerly (at most 5 per function, only where the inputs equal the last compiled call's), so its compiled calls are timed against eager on the same inputs; `0`: none, and the report says the comparison is off",
     "worker_imports": "modules the worker imports when it starts, before serving (comma-separated; a tuple in `configure`): where a project's own `torch.library` ops are defined, so the worker knows them. An op the worker does not know fails at the next sync, naming it; a module that fails to import fails the worker's start",
 }

@@ -264,9 +264,24 @@ def user_rows(data: dict) -> list[dict]:
             "graph breaks": len(u.get("graph_breaks", [])),
             "limit hit": bool(u.get("limit_hit")),
             "cudagraph skips": len(u.get("cudagraph_skips", [])),
+            **_call_columns(u.get("calls") or {}),
         }
         for u in data.get("user_compiles", [])
     ]
+
+
+def _call_columns(c: dict) -> dict:
+    """A function's calls in the table: how many, how many ran compiled or eagerly, and the
+    compiled calls against eager on the same inputs ("-": not measured)."""
+    outcomes = c.get("outcomes") or {}
+    eager = sum(outcomes.get(o, 0) for o in ("eager", "partly_eager", "eager_sample"))
+    speedup = c.get("speedup")
+    return {
+        "calls": c.get("calls", 0),
+        "compiled calls": outcomes.get("compiled", 0),
+        "eager calls": eager,
+        "vs eager": f"{speedup:.2f}x" if speedup else "-",
+    }
 
 
 def summary(data: dict) -> dict:

@@ -89,10 +89,8 @@ class GTMagics(Magics):
         check_options(
             self.gt, core, options
         )  # also with --local: a bad value is a mistake there too
-        if args.local:
-            run_in = diagnostics_module().diagnostics()
-        else:
-            run_in = _both(core.capture(**options), diagnostics_module().diagnostics())
+        explained = diagnostics_module().diagnostics(eager_every=core.config()["user_eager_every"])
+        run_in = explained if args.local else _both(core.capture(**options), explained)
         code, last = _compile(self.shell, cell)
         log = core.events_log()
         start = log.mark()

@@ -95,6 +95,11 @@ class GT(Configurable):
     # -- what gt tells
     debug = Option(0, "0, 1 or 2: a line per detection, compile, fallback (GT_DEBUG_COMPILE)")
     log = Option(None, "events as JSON lines (GT_INSTRUCTION_LOG)")
+    user_eager_every = Option(
+        10,
+        "one call in this many of your torch.compile'd function runs eagerly, to compare "
+        "(GT_USER_EAGER_EVERY)",
+    )
 
     def __init__(self, parent=None, **kw):
         # IPython keeps every `%config GT.x = v` in the shell's config, refused ones too, and

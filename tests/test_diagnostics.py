@@ -552,7 +552,9 @@ def test_compiles_outside_the_block_are_not_reported():
     with gt_core.diagnostics():
         f(torch.randn(3))  # cached: no compile
     f(torch.randn(4))
-    assert user_events() == []
+    calls = user_events(ev.USER_CALLS)  # (the one call inside: counted, ran compiled)
+    assert [e for e in user_events() if e["type"] != ev.USER_CALLS] == []
+    assert [(e["calls"], e["outcomes"]) for e in calls] == [(1, {"compiled": 1})]
 
 
 # -- data ----------------------------------------------------------------------------------

@@ -52,9 +52,14 @@ _lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def diagnostics(log: ev.EventLog | None = None):
+def diagnostics(log: ev.EventLog | None = None, eager_every: int | None = None):
     """Capture every torch.compile'd function's compiles, recompiles, graph breaks and skips
-    inside the block as ``user.*`` events (in ``gt_core.events_log()`` unless ``log``).
+    inside the block as ``user.*`` events (in ``gt_core.events_log()`` unless ``log``), and
+    each call's outcome and time (``user.calls``).
+
+    ``eager_every``: one call in this many of a compiled function runs eagerly, to time the
+    compiled calls against (see :mod:`.calls`); 0: none. None: ``GT_USER_EAGER_EVERY``
+    (Options.user_eager_every).
 
     In [1]: with gt_core.diagnostics():
        ...:     for _ in range(12): y = step(x)
@@ -66,7 +71,11 @@ def diagnostics(log: ev.EventLog | None = None):
         _state["depth"] += 1
         watcher = _state["watcher"]
         if watcher is None:  # the outermost block (of any thread) hooks in
-            watcher = _state["watcher"] = Watcher(log)
+            if eager_every is None:
+                from gt_core.options import from_env  # noqa: PLC0415 (read when a block opens)
+
+                eager_every = from_env().user_eager_every
+            watcher = _state["watcher"] = Watcher(log, eager_every)
             with (
                 _hooks.disable_current_modes()
             ):  # inside a capture: torch._dynamo's import unrecorded

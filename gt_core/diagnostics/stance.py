@@ -18,7 +18,15 @@ from collections.abc import Callable
 
 from gt_core.diagnostics import torch_hooks as hooks
 
-__all__ = ["hooked", "routing", "entry_name", "entered", "display_name", "in_worker"]
+__all__ = [
+    "hooked",
+    "routing",
+    "observing",
+    "entry_name",
+    "entered",
+    "display_name",
+    "in_worker",
+]
 
 
 class _InWorker(threading.local):
@@ -30,7 +38,8 @@ class _InWorker(threading.local):
 in_worker = _InWorker()
 
 _lock = threading.Lock()
-_state = {"users": 0, "original": None}
+# observer: called at each call of a compiled function not routed (see observing)
+_state = {"users": 0, "original": None, "observer": None}
 _local = threading.local()  # .entry: the name of the compiled function entered last
 # id -> a weak reference to each compiled function entered while the hook was in (what
 # diagnostics reads the cache entries of as a block ends), in order of first entry
@@ -72,9 +81,10 @@ def _hook(callback):
     original = _state["original"]
     if callback is None or callback is False:
         return original(callback)
-    name = None
+    name = fn = None
+    frame = sys._getframe(1)  # the caller: Dynamo's wrapper
     try:
-        fn = hooks.compiled_fn_of(sys._getframe(1))  # the caller: Dynamo's wrapper
+        fn = hooks.compiled_fn_of(frame)
         name = display_name(fn) if fn is not None else None
         _local.entry = name
         ref = _entered.get(id(fn))
@@ -89,6 +99,9 @@ def _hook(callback):
         if not skip():
             on_routed(name or "?")
             return None  # run the function's Python eagerly: its ops reach gt's stream
+    observer = _state["observer"]
+    if observer is not None and observer(name or "?", fn, frame):
+        return None  # this call runs eagerly: a sample the compiled calls are measured against
     return original(callback)
 
 
@@ -137,3 +150,16 @@ def routing(on_routed: Callable[[str], None], skip: Callable[[], bool]):
                 stack.pop()
             if not stack:
                 _routes.pop(tid, None)
+
+
+@contextlib.contextmanager
+def observing(observer: Callable[[str, object, object], bool]):
+    """Call ``observer(name, fn, frame)`` at each call of a compiled function while the block
+    runs (``frame``: Dynamo's wrapper's); True runs that call's Python eagerly. Calls that a
+    capture routes are not observed: they run through gt's stream."""
+    with hooked():
+        _state["observer"] = observer
+        try:
+            yield
+        finally:
+            _state["observer"] = None

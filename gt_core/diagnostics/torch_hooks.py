@@ -20,6 +20,8 @@ __all__ = [
     "RESUME",
     "artifact_enabled",
     "cache_entries",
+    "call_cleanups",
+    "call_inputs",
     "compilation_metrics",
     "compiled_fn_of",
     "counted_cudagraph_skips",
@@ -30,6 +32,7 @@ __all__ = [
     "guard_scope",
     "hook_recompile_check",
     "hook_compilation_event",
+    "hook_guard_complete",
     "in_backward",
     "innermost_fn",
     "is_module_wrapper",
@@ -136,6 +139,49 @@ def compiled_fn_of(frame):
     """The function a call of a compiled function runs, from the frame of Dynamo's wrapper
     that asked ``_callback_from_stance`` (its local ``fn``), or None."""
     return frame.f_locals.get("fn")
+
+
+def call_cleanups(frame) -> list | None:
+    """The list of callables Dynamo's wrapper calls as a compiled function's call ends
+    (its local ``cleanups``, run in its ``finally``), from the wrapper's frame that asked
+    ``_callback_from_stance``; None where the frame has none (a ``with`` block)."""
+    cleanups = frame.f_locals.get("cleanups")
+    return cleanups if type(cleanups) is list else None
+
+
+def call_inputs(frame) -> tuple[tuple, dict]:
+    """The positional and keyword arguments of a compiled function's call, from the frame
+    of Dynamo's wrapper (its locals ``args`` and ``kwargs``)."""
+    f_locals = frame.f_locals
+    return tuple(f_locals.get("args") or ()), dict(f_locals.get("kwargs") or {})
+
+
+def hook_guard_complete(on_result: Callable[[bool], None]) -> Callable[[], None]:
+    """Call ``on_result(hit)`` each time Dynamo has checked a frame's guards against its
+    cache entries (True: an entry fits and its compiled code runs; False: none fits, so the
+    frame compiles, or past the recompile limit runs eagerly); returns the undo. A frame
+    with no entry yet is not checked. A hook already set (guard collectives) keeps its say.
+
+    Raises ``ImportError`` where this torch has no ``set_guard_complete_hook``.
+    """
+    from torch._C._dynamo.eval_frame import set_guard_complete_hook
+
+    previous = None
+
+    def guard_complete(hit: bool) -> bool:
+        if previous is not None:
+            hit = previous(hit)
+        on_result(bool(hit))
+        return hit
+
+    previous = set_guard_complete_hook(guard_complete)
+
+    def undo():
+        current = set_guard_complete_hook(previous)
+        if current is not guard_complete:  # (another hook went in after ours: it stays)
+            set_guard_complete_hook(current)
+
+    return undo
 
 
 def in_backward() -> bool:

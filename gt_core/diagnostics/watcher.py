@@ -14,6 +14,7 @@ import threading
 from gt_core.diagnostics import stance as _stance
 from gt_core.diagnostics import torch_hooks as hooks
 from gt_core.diagnostics.breaks import BreakEvents
+from gt_core.diagnostics.calls import Calls
 from gt_core.diagnostics.compiles import CompileEvents
 from gt_core.diagnostics.guards import entries_of
 from gt_core.diagnostics.names import Names, in_gt, is_ours
@@ -43,13 +44,14 @@ class _Tap(logging.Filter):
 class Watcher:
     """The state of one diagnostics block: hooks in place, what was seen so far."""
 
-    def __init__(self, log: ev.EventLog):
+    def __init__(self, log: ev.EventLog, eager_every: int = 0, clock=None):
         self.log = log
         self.lock = threading.RLock()  # records and log lines come from any thread
         self.names = Names()
         self.breaks = BreakEvents(self.emit, self.names)
         self.compiles = CompileEvents(self.emit, self.names, self.breaks)
         self.skips = SkipEvents(self.emit, self.names)
+        self.calls = Calls(self.emit, eager_every, **({"clock": clock} if clock else {}))
         self.done: set[int] = set()  # ids of metrics records handled
         self.kept: list = []  # ...kept alive, so that no new record can reuse their ids
         self.undo: list = []
@@ -79,8 +81,10 @@ class Watcher:
         self.started = True
         try:
             self.undo.append(hooks.hook_compilation_event(self._on_record))
+            live = True
         except Exception as exc:
             self.unavailable("torch._dynamo.utils.log_compilation_event (live compile events)", exc)
+            live = False
         try:
             self.undo.append(hooks.hook_recompile_check(self._on_recompile_check))
         except Exception as exc:
@@ -89,6 +93,8 @@ class Watcher:
                 "(every cause of a recompile)",
                 exc,
             )
+        if live:  # (else a call that compiled would count as one that ran eagerly)
+            self._watch_calls()
         self._tap(hooks.GRAPH_BREAK_LOG, self.on_break_log, debug=True)
         self._tap(hooks.LIMIT_LOG, self.on_limit_log)
         # Dynamo also warns about .item() breaks on its own: the graph-break event says it all.
@@ -103,9 +109,23 @@ class Watcher:
                 "torch._dynamo.eval_frame._callback_from_stance (names of modules)", exc
             )
 
+    def _watch_calls(self) -> None:
+        """Each call's outcome and time (see .calls)."""
+        try:
+            self.undo.append(hooks.hook_guard_complete(self.calls.guard))
+        except Exception as exc:
+            self.unavailable(
+                "torch._C._dynamo.eval_frame.set_guard_complete_hook (each call's outcome)", exc
+            )
+            return
+        cm = _stance.observing(self.calls.begin)
+        cm.__enter__()
+        self.undo.append(lambda: cm.__exit__(None, None, None))
+
     def stop(self) -> None:
         try:
             self.sweep()
+            self.calls.flush()
             self.entries()
         finally:
             for undo in reversed(self.undo):
@@ -154,6 +174,8 @@ class Watcher:
             if is_ours(m):
                 self.compiles.causes.pop(cid, None)  # (found where gt's own frame recompiled)
                 return
+            if not m.fail_type:  # (past the limit, or failed: the call runs eagerly)
+                self.calls.compiled_now()
             frame = cid.split("/")[0]
             fn = self.names.of_record(m, frame)
             if m.fail_type:

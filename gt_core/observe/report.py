@@ -132,6 +132,8 @@ class Report:
             for r in p["cudagraph_skips"]:
                 lines.append(f"    cudagraphs skipped: {r}")
         lines += ["  " + x for x in jit_summary.lines(d["jit"])]
+        from gt_core.observe.user_compiles import calls_text  # noqa: PLC0415 (cycle-free, lazy)
+
         for u in d["user_compiles"]:
             split = ", ".join(
                 f"{k.removesuffix('_s')} {v:.2f} s" for k, v in u["time_split"].items() if v
@@ -142,6 +144,9 @@ class Report:
                 f"{len(u['recompile_reasons'])} recompile(s), {len(u['graph_breaks'])} graph break(s)"
                 + (", recompile limit hit" if u["limit_hit"] else "")
             )
+            calls = calls_text(u)
+            if calls:
+                lines.append(f"    {calls}")
             for r in u["recompiles"]:
                 lines += _recompile_lines(r)
             for x in u["explanations"]:

@@ -12,7 +12,7 @@ from gt_core.observe import events as ev
 from gt_core.observe.causes import budget_message, explain, explain_id, short_reason
 from gt_core.observe.guard_causes import cause_reasons
 
-__all__ = ["summarize_user_compiles"]
+__all__ = ["calls_text", "summarize_user_compiles"]
 
 _KIND = {
     ev.USER_RECOMPILE: "recompile",
@@ -46,6 +46,7 @@ def _new(function: str) -> dict:
         "routed": False,
         "explanations": [],
         "entries": [],  # its cache entries as the block ended: {compile_id, code, guards}
+        "calls": None,  # its calls' outcomes and times, the latest user.calls snapshot
     }
 
 
@@ -168,7 +169,50 @@ _FOLD = {  # one handler per event type: what it adds to its function's entry
     ev.USER_ROUTED: _routed,
     ev.USER_COMPILE: _compiled,
     ev.USER_ENTRIES: lambda u, e: u["entries"].extend(e.get("entries") or []),
+    ev.USER_CALLS: lambda u, e: u.update(
+        calls={k: e.get(k) for k in _CALL_FIELDS if k in e} | {"t": e.get("t")}
+    ),
 }
+_CALL_FIELDS = ("calls", "outcomes", "median_ms", "samples", "speedup", "compared", "eager_every")
+_OUTCOME_WORDS = {
+    "compiled": "compiled",
+    "compiling": "compiling",
+    "eager": "eagerly (no cached graph fitted, none compiled)",
+    "partly_eager": "partly eagerly",
+    "eager_sample": "eagerly as samples",
+}
+
+
+def calls_text(u: dict) -> str:
+    """A function's calls in words: how many ran which way, their median times, and the
+    compiled calls against eager on the same inputs (or why that is not measured)."""
+    c = u.get("calls")
+    if not c or not c.get("calls"):
+        return ""
+    outcomes, ms = c.get("outcomes") or {}, c.get("median_ms") or {}
+    words = []
+    for o, n in outcomes.items():
+        how = _OUTCOME_WORDS.get(o, o)
+        if o == "eager" and u.get("limit_hit"):
+            how = "eagerly (past the recompile limit, no cached graph fitted)"
+        at = f", median {ms[o]:.3g} ms" if o in ms else ""
+        words.append(f"{n} {how}{at}")
+    text = f"{c['calls']} call(s): " + "; ".join(words)
+    if c.get("speedup"):
+        n = c.get("compared", 0)
+        text += (
+            f". Compiled {c['speedup']:.3g}x eager on the same inputs "
+            f"({n} eager sample(s) against the compiled calls' median)"
+        )
+    elif not c.get("eager_every"):
+        text += ". Compiled vs eager: not measured (eager samples off: GT_USER_EAGER_EVERY=0)"
+    elif outcomes.get("compiled"):
+        every = c["eager_every"]
+        text += (
+            f". Compiled vs eager: not measured yet (every {every}th call runs eagerly as a "
+            "sample where its inputs equal the last compiled call's)"
+        )
+    return text
 
 
 def _explained(u: dict, e: dict, seen: set) -> None:

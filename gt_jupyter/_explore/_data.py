@@ -9,6 +9,7 @@ import difflib
 
 from gt_core.observe.graph import consumed, diff_text, graph_data
 from gt_core.observe.guard_causes import cause_lines
+from gt_core.observe.user_compiles import calls_text
 
 from ._groups import auto_open, chain, groups, ops_of, shown_as
 
@@ -231,6 +232,9 @@ def user_rows(u: dict) -> list[dict]:
         {"what": "compiles", "detail": f"{u['compiles']} ({u['compile_seconds']:.3f} s: {split})"},
         {"what": "compile ids", "detail": ", ".join(str(c) for c in u["compile_ids"])},
     ]
+    calls = calls_text(u)
+    if calls:
+        rows.append({"what": "calls", "detail": calls})
     for r in u["recompiles"]:
         where = f" at {r['where']}: {r['source']}" if r.get("where") else ""
         rows.append(

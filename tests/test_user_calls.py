@@ -1,0 +1,207 @@
+"""Each call of a user's compiled function: its outcome (compiled, compiling, eagerly), its
+time, and eager samples that time the compiled calls against eager on the same inputs.
+
+Outcomes are checked against what torch did (a counting backend counts the graphs that ran,
+the cache entries count the compiles); times come from an injected clock where a number is
+asserted, so no test depends on the machine's speed.
+"""
+
+import pytest
+import torch
+
+import gt_core
+from gt_core.diagnostics.calls import SAMPLES, Calls, inputs_key
+from gt_core.observe import events as ev
+from gt_core.observe.user_compiles import calls_text
+from gt_jupyter._tables import user_rows
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    torch._dynamo.reset()
+    gt_core.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class Counting:
+    """A backend that runs the graph as it is and counts its runs and its compiles."""
+
+    def __init__(self):
+        self.runs = 0
+        self.compiled_at: list[int] = []  # the call index at each compile
+        self.call = 0
+
+    def __call__(self, gm, example_inputs):
+        self.compiled_at.append(self.call)
+
+        def run(*args):
+            self.runs += 1
+            return gm(*args)
+
+        return run
+
+
+def calls_of(name: str) -> dict:
+    u = next(u for u in gt_core.report().to_data()["user_compiles"] if u["function"] == name)
+    return u
+
+
+def _loop(x, n):
+    for _ in range(n):
+        x = x.sin()
+    return x
+
+
+def test_calls_past_the_limit_count_as_eager_and_cached_values_as_compiled():
+    """A loop count takes 5 values with a recompile limit of 3: the first call of 1, 2 and 3
+    compiles; later calls of those run compiled; every call of 4 or 5 runs eagerly. Each
+    count is what torch's cache and the backend's runs say."""
+    backend = Counting()
+    f = torch.compile(_loop, backend=backend)
+    ns = [1 + i % 5 for i in range(40)]
+    with torch._dynamo.config.patch(recompile_limit=3), gt_core.diagnostics(eager_every=0):
+        for n in ns:
+            f(torch.randn(3), n)
+    c = calls_of("_loop")["calls"]
+    assert len(backend.compiled_at) == 3
+    past = sum(n > 3 for n in ns)
+    assert c["calls"] == 40
+    assert c["outcomes"] == {"compiled": 40 - 3 - past, "compiling": 3, "eager": past}
+    assert backend.runs == 40 - past  # (graphs ran in exactly the compiled and compiling calls)
+    text = calls_text(calls_of("_loop"))
+    assert f"{past} eagerly (past the recompile limit" in text
+    assert "not measured (eager samples off" in text
+
+
+def test_eager_samples_run_eagerly_give_eagers_result_and_are_capped():
+    backend = Counting()
+    f = torch.compile(lambda x: (x @ x).relu().sum(), backend=backend)
+    x = torch.randn(16, 16)
+    with gt_core.diagnostics(eager_every=4):
+        got = [f(x) for _ in range(60)]
+    c = calls_of("<lambda>")["calls"]
+    assert c["samples"] == SAMPLES and c["outcomes"]["eager_sample"] == SAMPLES
+    assert c["outcomes"] == {"compiled": 60 - 1 - SAMPLES, "compiling": 1, "eager_sample": SAMPLES}
+    assert backend.runs == 60 - SAMPLES  # (a sample runs no graph)
+    want = (x @ x).relu().sum()
+    assert all(torch.equal(g, want) for g in got)
+    assert c["speedup"] is not None and c["compared"] == SAMPLES
+
+
+def test_a_sample_never_moves_a_recompile():
+    """Samples are taken only where the inputs equal the last compiled call's: the calls
+    that compile are the same with samples on and off."""
+    shapes = [3] * 5 + [4] * 5 + [3] * 3 + [5] * 6
+
+    def compiled_at(every):
+        torch._dynamo.reset()
+        backend = Counting()
+        f = torch.compile(lambda x: x.cos() * 2, backend=backend, dynamic=False)
+        with gt_core.diagnostics(eager_every=every):
+            for i, s in enumerate(shapes):
+                backend.call = i
+                f(torch.ones(s))
+        return backend.compiled_at
+
+    assert compiled_at(2) == compiled_at(0) == [0, 5, 13]
+
+
+def test_a_graph_break_resumed_compiled_is_a_compiled_call():
+    def g(x):
+        y = x.sin()
+        torch._dynamo.graph_break()
+        return y.cos()
+
+    f = torch.compile(g, backend="eager")
+    with gt_core.diagnostics(eager_every=0):
+        for _ in range(6):
+            f(torch.ones(3))
+    assert calls_of("g")["calls"]["outcomes"] == {"compiling": 1, "compiled": 5}
+
+
+def test_calls_in_the_report_text_and_the_dashboard_table():
+    f = torch.compile(lambda x: x + 1, backend="eager")
+    with gt_core.diagnostics(eager_every=3):
+        for _ in range(12):
+            f(torch.ones(2))
+    text = str(gt_core.report())
+    assert "12 call(s): " in text and "x eager on the same inputs" in text
+    row = user_rows(gt_core.report().to_data())[0]
+    assert row["calls"] == 12 and row["compiled calls"] >= 1 and row["vs eager"].endswith("x")
+
+
+# -- the tally itself, on made-up frames and an injected clock ------------------------------
+class _Frame:
+    def __init__(self, *args):
+        self.f_locals = {"cleanups": [], "args": args, "kwargs": {}}
+
+
+class _Clock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def _run(calls: Calls, clock: _Clock, ms: float, hit: bool = True, compiles=False, arg=1.0):
+    frame = _Frame(arg)
+    sample = calls.begin("f", None, frame)
+    if not sample:
+        calls.guard(hit)
+    if compiles:
+        calls.compiled_now()
+    clock.t += ms / 1e3
+    for cleanup in frame.f_locals["cleanups"]:
+        cleanup()
+    return sample
+
+
+def test_the_speedup_is_each_samples_eager_time_over_the_compiled_median():
+    events, clock = [], _Clock()
+    calls = Calls(lambda t, **f: events.append((t, f)), every=3, clock=clock, emit_every_s=1e9)
+    _run(calls, clock, 100.0, hit=False, compiles=True)  # (the first call compiles)
+    taken = [_run(calls, clock, 2.0 if i % 3 != 2 else 8.0) for i in range(9)]
+    assert taken == [False, False, True] * 3  # (the third compiled call after each sample)
+    calls.flush()
+    t, snap = events[-1]
+    assert t == ev.USER_CALLS and snap["function"] == "f"
+    assert snap["outcomes"] == {"compiled": 6, "compiling": 1, "eager_sample": 3}
+    assert snap["median_ms"] == {"compiled": 2.0, "compiling": 100.0, "eager_sample": 8.0}
+    assert snap["speedup"] == 4.0 and snap["compared"] == 3
+
+
+def test_a_call_with_hits_and_misses_ran_partly_eagerly():
+    events, clock = [], _Clock()
+    calls = Calls(lambda t, **f: events.append(f), every=0, clock=clock)
+    frame = _Frame(1.0)
+    calls.begin("f", None, frame)
+    calls.guard(True), calls.guard(False)  # (a resume function past its limit)
+    frame.f_locals["cleanups"][0]()
+    calls.flush()
+    assert events[-1]["outcomes"] == {"partly_eager": 1}
+
+
+def test_snapshots_are_published_at_most_every_emit_every_s():
+    events, clock = [], _Clock()
+    calls = Calls(lambda t, **f: events.append(f), every=0, clock=clock, emit_every_s=1.0)
+    for _ in range(5):
+        _run(calls, clock, 100.0)  # (0.1 s a call)
+    assert len(events) == 1  # (the first, then none within the second)
+    clock.t += 1.0
+    _run(calls, clock, 1.0)
+    assert len(events) == 2 and events[-1]["calls"] == 6
+
+
+def test_inputs_key_tells_shapes_numbers_grad_mode_and_train_eval_apart():
+    m = torch.nn.Linear(2, 2)
+    x = torch.ones(2, 3)
+    k = inputs_key(m.forward, (x, 1), {})
+    assert k == inputs_key(m.forward, (torch.zeros(2, 3), 1), {})
+    assert k != inputs_key(m.forward, (torch.ones(3, 2).t(), 1), {})  # (strides)
+    assert k != inputs_key(m.forward, (x, 2), {})
+    with torch.no_grad():
+        assert k != inputs_key(m.forward, (x, 1), {})
+    m.eval()
+    assert k != inputs_key(m.forward, (x, 1), {})
