@@ -11,6 +11,7 @@ import html
 from gt_core.observe import feeding, ranks
 from gt_core.observe.jit_summary import counts as jit_counts
 from gt_core.observe.status import Status, sequence
+from gt_core.observe.user_compiles import compiling_text
 
 from . import _bundles, _figures, _graphs
 from ._svg_marks import title_of
@@ -90,7 +91,8 @@ def headline(data: dict) -> str:
         parts.append(f"{s['user_compiles']} torch.compile function(s)")
     if data.get("jit"):  # a refusal may come before any hot path: said here all the same
         parts.append(jit_counts(data["jit"]))
-    return "gt: " + ", ".join(parts)
+    busy = [compiling_text(u) for u in data.get("user_compiles", []) if u.get("compiling")]
+    return "gt: " + ", ".join(busy + parts)
 
 
 def data_line(data: dict) -> str:

@@ -38,6 +38,16 @@ class CompileEvents:
 
     def compiled(self, m, fn: str, cid: str) -> None:
         self.functions.add(fn)
+        if getattr(m, "is_forward", None) is False:  # AOT autograd's backward, at a first backward
+            us = m.backward_cumulative_compile_time_us
+            self.emit(
+                ev.USER_COMPILE,
+                function=fn,
+                compile_id=cid,
+                backward=True,
+                seconds=None if us is None else us / 1e6,
+            )
+            return
         causes = self.causes.pop(cid, [])
         total = m.entire_frame_compile_time_s
         backend = m.backend_compile_time_s

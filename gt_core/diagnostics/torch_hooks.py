@@ -9,6 +9,7 @@ import stays light.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable
 
@@ -32,6 +33,7 @@ __all__ = [
     "guard_scope",
     "hook_recompile_check",
     "hook_compilation_event",
+    "hook_compile_phases",
     "hook_guard_complete",
     "in_backward",
     "innermost_fn",
@@ -81,6 +83,36 @@ def hook_compilation_event(on_record: Callable) -> Callable[[], None]:
 
     utils.log_compilation_event = log_compilation_event
     return lambda: setattr(utils, "log_compilation_event", original)
+
+
+def hook_compile_phases(on_start: Callable[[str], None], on_end: Callable[[str], None]):
+    """Call ``on_start(name)`` and ``on_end(name)`` where each phase Dynamo times begins and
+    ends (``dynamo_timed`` tells its chromium event logger, on the compiling thread: the
+    names are its keys, ``dynamo``, ``bytecode_tracing``, ``backend_compile``...); returns
+    the undo.
+
+    Raises ``AttributeError`` where this torch has no ``get_chromium_event_logger``.
+    """
+    logger = _dynamo_utils().get_chromium_event_logger()
+    start, end = logger.log_event_start, logger.log_event_end
+
+    def log_event_start(event_name, *args, **kwargs):
+        with contextlib.suppress(Exception):  # (a diagnostics bug never breaks a compile)
+            on_start(event_name)
+        return start(event_name, *args, **kwargs)
+
+    def log_event_end(event_name, *args, **kwargs):
+        with contextlib.suppress(Exception):
+            on_end(event_name)
+        return end(event_name, *args, **kwargs)
+
+    logger.log_event_start, logger.log_event_end = log_event_start, log_event_end
+
+    def undo():
+        for name in ("log_event_start", "log_event_end"):
+            logger.__dict__.pop(name, None)  # (the class's methods show again)
+
+    return undo
 
 
 def counted_cudagraph_skips() -> int:

@@ -18,6 +18,7 @@ from gt_core.diagnostics.calls import Calls
 from gt_core.diagnostics.compiles import CompileEvents
 from gt_core.diagnostics.guards import entries_of
 from gt_core.diagnostics.names import Names, in_gt, is_ours
+from gt_core.diagnostics.progress import Progress
 from gt_core.diagnostics.recompile_causes import causes_of
 from gt_core.diagnostics.skips import SkipEvents
 from gt_core.diagnostics.torch_hooks import recompile_limit
@@ -44,14 +45,15 @@ class _Tap(logging.Filter):
 class Watcher:
     """The state of one diagnostics block: hooks in place, what was seen so far."""
 
-    def __init__(self, log: ev.EventLog, eager_every: int = 0, clock=None):
+    def __init__(self, log: ev.EventLog, eager_every: int = 0):
         self.log = log
         self.lock = threading.RLock()  # records and log lines come from any thread
         self.names = Names()
         self.breaks = BreakEvents(self.emit, self.names)
         self.compiles = CompileEvents(self.emit, self.names, self.breaks)
         self.skips = SkipEvents(self.emit, self.names)
-        self.calls = Calls(self.emit, eager_every, **({"clock": clock} if clock else {}))
+        self.calls = Calls(self.emit, eager_every)
+        self.progress = Progress(self.emit)
         self.done: set[int] = set()  # ids of metrics records handled
         self.kept: list = []  # ...kept alive, so that no new record can reuse their ids
         self.undo: list = []
@@ -95,6 +97,14 @@ class Watcher:
             )
         if live:  # (else a call that compiled would count as one that ran eagerly)
             self._watch_calls()
+        try:
+            self.undo.append(hooks.hook_compile_phases(self.progress.started, self.progress.ended))
+            self.progress.start()
+            self.undo.append(self.progress.stop)
+        except Exception as exc:
+            self.unavailable(
+                "torch._dynamo.utils.get_chromium_event_logger (a compile's live progress)", exc
+            )
         self._tap(hooks.GRAPH_BREAK_LOG, self.on_break_log, debug=True)
         self._tap(hooks.LIMIT_LOG, self.on_limit_log)
         # Dynamo also warns about .item() breaks on its own: the graph-break event says it all.

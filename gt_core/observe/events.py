@@ -99,6 +99,10 @@ USER_ENTRIES = "user.entries"
 # median_ms {outcome: ms}, samples, speedup (eager / compiled on the same inputs), compared,
 # eager_every: a snapshot of its calls so far (gt_core.diagnostics.calls), the latest wins
 USER_CALLS = "user.calls"
+# function, backward, phase (in words; "done" at its end), seconds so far, cache (inductor's
+# FX graph cache: "hit", "miss" or None while unknown), done: a compile under way
+# (gt_core.diagnostics.progress), published about every second while it runs
+USER_COMPILING = "user.compiling"
 # The client's log: per-step events it no longer keeps one by one (never sent, never logged)
 FOLDED = "folded"  # of (a type), signature, n, counts {key: n}, totals {key: sum}, last (event)
 

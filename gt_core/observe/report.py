@@ -132,7 +132,10 @@ class Report:
             for r in p["cudagraph_skips"]:
                 lines.append(f"    cudagraphs skipped: {r}")
         lines += ["  " + x for x in jit_summary.lines(d["jit"])]
-        from gt_core.observe.user_compiles import calls_text  # noqa: PLC0415 (cycle-free, lazy)
+        from gt_core.observe.user_compiles import (  # noqa: PLC0415 (cycle-free, lazy)
+            calls_text,
+            compiling_text,
+        )
 
         for u in d["user_compiles"]:
             split = ", ".join(
@@ -144,9 +147,14 @@ class Report:
                 f"{len(u['recompile_reasons'])} recompile(s), {len(u['graph_breaks'])} graph break(s)"
                 + (", recompile limit hit" if u["limit_hit"] else "")
             )
-            calls = calls_text(u)
-            if calls:
-                lines.append(f"    {calls}")
+            if u["backward_compiles"]:
+                lines.append(
+                    f"    {u['backward_compiles']} backward compile(s) in "
+                    f"{u['backward_seconds']:.2f} s (AOT autograd, at a first backward)"
+                )
+            for text in (compiling_text(u), calls_text(u)):
+                if text:
+                    lines.append(f"    {text}")
             for r in u["recompiles"]:
                 lines += _recompile_lines(r)
             for x in u["explanations"]:

@@ -12,7 +12,7 @@ from gt_core.observe import events as ev
 from gt_core.observe.causes import budget_message, explain, explain_id, short_reason
 from gt_core.observe.guard_causes import cause_reasons
 
-__all__ = ["calls_text", "summarize_user_compiles"]
+__all__ = ["calls_text", "compiling_text", "summarize_user_compiles"]
 
 _KIND = {
     ev.USER_RECOMPILE: "recompile",
@@ -47,6 +47,9 @@ def _new(function: str) -> dict:
         "explanations": [],
         "entries": [],  # its cache entries as the block ended: {compile_id, code, guards}
         "calls": None,  # its calls' outcomes and times, the latest user.calls snapshot
+        "compiling": None,  # a compile under way: {phase, seconds, cache, backward, t}
+        "backward_compiles": 0,  # AOT autograd's compiles of its backward (at a first backward)
+        "backward_seconds": 0.0,
     }
 
 
@@ -109,6 +112,10 @@ def summarize_user_compiles(events: list[dict]) -> list[dict]:
 
 
 def _compiled(u: dict, e: dict) -> None:
+    if e.get("backward"):  # (a compile of its own, not a recompile of the function)
+        u["backward_compiles"] += 1
+        u["backward_seconds"] = round(u["backward_seconds"] + (e.get("seconds") or 0.0), 6)
+        return
     if not e.get("resume"):
         u["compiles"] += 1
     u["graphs"] += e.get("graphs", 0) or 0
@@ -169,6 +176,7 @@ _FOLD = {  # one handler per event type: what it adds to its function's entry
     ev.USER_ROUTED: _routed,
     ev.USER_COMPILE: _compiled,
     ev.USER_ENTRIES: lambda u, e: u["entries"].extend(e.get("entries") or []),
+    ev.USER_COMPILING: lambda u, e: _compiling(u, e),
     ev.USER_CALLS: lambda u, e: u.update(
         calls={k: e.get(k) for k in _CALL_FIELDS if k in e} | {"t": e.get("t")}
     ),
@@ -183,6 +191,28 @@ _OUTCOME_WORDS = {
 }
 
 
+def _compiling(u: dict, e: dict) -> None:
+    """A compile under way (the latest word on it), or its end."""
+    done = e.get("done")
+    u["compiling"] = (
+        None if done else {k: e.get(k) for k in ("phase", "seconds", "cache", "backward", "t")}
+    )
+
+
+def compiling_text(u: dict) -> str:
+    """A compile under way in words ('' if none): which function, which phase, how long."""
+    c = u.get("compiling")
+    if not c:
+        return ""
+    what = f"{u['function']}'s backward" if c.get("backward") else u["function"]
+    cache = ", inductor's cache missed" if c.get("cache") == "miss" else ""
+    return f"compiling {what}: {c.get('phase')} · {c.get('seconds') or 0:.0f} s so far{cache}"
+
+
+def _ms(ms: float) -> str:
+    return f"{ms / 1e3:.3g} s" if ms >= 1e3 else f"{ms:.3g} ms"
+
+
 def calls_text(u: dict) -> str:
     """A function's calls in words: how many ran which way, their median times, and the
     compiled calls against eager on the same inputs (or why that is not measured)."""
@@ -195,7 +225,7 @@ def calls_text(u: dict) -> str:
         how = _OUTCOME_WORDS.get(o, o)
         if o == "eager" and u.get("limit_hit"):
             how = "eagerly (past the recompile limit, no cached graph fitted)"
-        at = f", median {ms[o]:.3g} ms" if o in ms else ""
+        at = f", median {_ms(ms[o])}" if o in ms else ""
         words.append(f"{n} {how}{at}")
     text = f"{c['calls']} call(s): " + "; ".join(words)
     if c.get("speedup"):
