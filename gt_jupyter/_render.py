@@ -91,6 +91,8 @@ def headline(data: dict) -> str:
         parts.append(f"{s['user_compiles']} torch.compile function(s)")
     if data.get("jit"):  # a refusal may come before any hot path: said here all the same
         parts.append(jit_counts(data["jit"]))
+    if not s["ops"] and not s["hot_paths"] and s["user_compiles"]:
+        parts = parts[2:]  # (a cell of torch.compile alone, --local: nothing was recorded)
     busy = [compiling_text(u) for u in data.get("user_compiles", []) if u.get("compiling")]
     return "gt: " + ", ".join(busy + parts)
 

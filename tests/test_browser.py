@@ -296,3 +296,52 @@ def _figures_in(data: dict) -> int:
         return 1
     html = data.get("text/html", "")
     return html.count("data:image/svg+xml") + html.count("data:image/png") + ("image/png" in data)
+
+
+LOCAL_CELL = """%%gt --local
+import os, time, torch
+def slow_backend(gm, example_inputs):  # a compile of 10 s at least, until the test says go
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 10 or not os.path.exists({go!r}):
+        time.sleep(0.05)
+    return gm
+f = torch.compile(lambda x: x.sin() + 1, backend=slow_backend)
+print(f(torch.ones(3)).sum().item())
+"""
+
+
+def test_a_local_cell_says_which_compile_runs_its_phase_and_time_while_it_runs(
+    lab, browser, shots, tmp_path
+):
+    """A compile of 10 s and more: the headline names the function, the phase and the
+    seconds so far, advancing while the cell runs; it says nothing of it once done. The
+    compile ends only when the test has seen that (a file it writes), so no timing flakes."""
+    go = tmp_path / "go"
+    _lab.write_notebook(
+        lab.root / "local.ipynb", ["%load_ext gt_jupyter", LOCAL_CELL.format(go=str(go))]
+    )
+    page = Page(browser, lab, "local.ipynb")
+    shots.append(page)
+    p = page.page
+    run_all(p)
+    heads = p.locator(".gt-dash b")
+    headline = lambda: heads.first.inner_text() if heads.count() else ""  # noqa: E731
+    progress = re.compile(r"compiling <lambda>: the backend · (\d+) s so far")
+    seen: list[int] = []
+
+    def advanced() -> bool:
+        m = progress.search(headline())
+        if m and (not seen or seen[-1] != int(m[1])):
+            seen.append(int(m[1]))
+        return bool(seen) and seen[-1] >= 9
+
+    try:
+        assert _wait(advanced, 120, step=0.2), f"no live compile progress: {headline()!r} {seen}"
+    finally:
+        go.write_text("go")
+    running = lambda: "[*]:" in p.locator(".jp-InputArea-prompt").all_inner_texts()  # noqa: E731
+    assert _wait(lambda: not running(), 60)
+    assert _wait(lambda: "compiling" not in headline(), 30), headline()
+    print(f"\nbrowser: compile progress seen at {seen} s; final headline {headline()!r}")
+    assert len(seen) >= 3 and seen == sorted(seen)
+    assert page.real_errors() == [], page.real_errors()
