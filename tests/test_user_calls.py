@@ -149,7 +149,7 @@ def _run(calls: Calls, clock: _Clock, ms: float, hit: bool = True, compiles=Fals
     frame = _Frame(arg)
     sample = calls.begin("f", None, frame)
     if not sample:
-        calls.guard(hit)
+        calls.guard(hit, None)
     if compiles:
         calls.compiled_now()
     clock.t += ms / 1e3
@@ -177,7 +177,7 @@ def test_a_call_with_hits_and_misses_ran_partly_eagerly():
     calls = Calls(lambda t, **f: events.append(f), every=0, clock=clock)
     frame = _Frame(1.0)
     calls.begin("f", None, frame)
-    calls.guard(True), calls.guard(False)  # (a resume function past its limit)
+    calls.guard(True, None), calls.guard(False, None)  # (a resume function past its limit)
     frame.f_locals["cleanups"][0]()
     calls.flush()
     assert events[-1]["outcomes"] == {"partly_eager": 1}
@@ -205,3 +205,88 @@ def test_inputs_key_tells_shapes_numbers_grad_mode_and_train_eval_apart():
         assert k != inputs_key(m.forward, (x, 1), {})
     m.eval()
     assert k != inputs_key(m.forward, (x, 1), {})
+
+
+class _Code:
+    def __init__(self, filename):
+        self.co_filename = filename
+
+
+class _Caller:
+    """A frame that called a checked one: the user's, at a graph break's line."""
+
+    def __init__(self, filename, line):
+        self.f_code, self.f_lineno = _Code(filename), line
+
+
+def test_time_between_graphs_is_the_break_sites_whose_resume_function_comes_next():
+    """graph 0 (2 ms), the break at cell.py:3 runs its Python (5 ms) and calls its resume
+    function, graph 1 (1 ms), the break at cell.py:6 (0.5 ms), graph 2 (1 ms): each break's
+    time is the time from the graph before it to the check of its resume function."""
+    events, clock = [], _Clock()
+    calls = Calls(lambda t, **f: events.append(f), every=0, clock=clock)
+    graph = calls.wrap_graph(lambda ms: setattr(clock, "t", clock.t + ms / 1e3))
+    for _ in range(2):
+        frame = _Frame(1.0)
+        calls.begin("f", None, frame)
+        calls.guard(True, None)  # (the function's own frame)
+        graph(2.0)
+        clock.t += 0.005
+        calls.guard(True, _Caller("cell.py", 3))
+        graph(1.0)
+        clock.t += 0.0005
+        calls.guard(True, _Caller("cell.py", 6))
+        graph(1.0)
+        frame.f_locals["cleanups"][0]()
+    calls.flush()
+    snap = events[-1]
+    assert snap["outcomes"] == {"compiled": 2} and snap["graph_ms"] == pytest.approx(4.0)
+    assert snap["breaks"] == [
+        {"where": "cell.py:3", "calls": 2, "ms": pytest.approx(10.0)},
+        {"where": "cell.py:6", "calls": 2, "ms": pytest.approx(1.0)},
+    ]
+
+
+def _two_breaks(x):
+    y = x.sin()
+    print("", end="")
+    y = y * 2
+    torch._dynamo.graph_break()
+    return y.cos()
+
+
+def test_a_real_functions_breaks_are_counted_in_calls_at_their_lines():
+    f = torch.compile(_two_breaks, backend="eager")
+    with gt_core.diagnostics(eager_every=0):
+        for _ in range(7):
+            f(torch.ones(3))
+    u = calls_of("_two_breaks")
+    lines = {b["where"].rsplit(":", 1)[-1] for b in u["calls"]["breaks"]}
+    first = _two_breaks.__code__.co_firstlineno
+    assert lines == {str(first + 2), str(first + 4)}
+    assert all(b["calls"] == 6 for b in u["calls"]["breaks"])  # (the 6 compiled calls)
+    assert u["calls"]["graph_ms"] is not None
+
+
+def test_breaks_are_ranked_by_their_time_outside_the_graphs_in_calls():
+    from gt_core.observe.user_compiles import breaks_text, summarize_user_compiles
+
+    log = [
+        {"type": ev.USER_GRAPH_BREAK, "function": "f", "reason": "print", "where": "c.py:3"},
+        {"type": ev.USER_GRAPH_BREAK, "function": "f", "reason": ".item()", "where": "c.py:5"},
+        {
+            "type": ev.USER_CALLS,
+            "function": "f",
+            "calls": 41,
+            "outcomes": {"compiled": 40},
+            "breaks": [
+                {"where": "c.py:5", "calls": 40, "ms": 80.0},
+                {"where": "c.py:3", "calls": 40, "ms": 2.0},
+            ],
+        },
+    ]
+    u = summarize_user_compiles(log)[0]
+    assert [b["where"] for b in u["graph_breaks"]] == ["c.py:5", "c.py:3"]
+    assert breaks_text(u)[0] == (
+        "graph break at c.py:5: in 40 compiled call(s), 80 ms outside the graphs (2 ms a call)"
+    )

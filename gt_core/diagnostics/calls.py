@@ -86,6 +86,24 @@ class _Call:
     hits: int = 0
     misses: int = 0
     compiled: bool = False  # a compile ran while the call was open
+    mark: float = 0.0  # when the last graph began or ended, or the last frame was checked
+    graph_ms: float = 0.0  # in its graphs
+    sites: dict = field(default_factory=dict)  # break site "file:line" -> ms outside the graphs
+
+    def __post_init__(self):
+        self.mark = self.t0
+
+    def checked(self, now: float, site: str | None) -> None:
+        """A frame was checked; ``site``: the graph break whose resume function it is. The
+        time since the last graph ended ran outside the graphs: at that break (its Python
+        ran eagerly, then called the resume function), or in Dynamo's own work."""
+        if site is not None:
+            self.sites[site] = self.sites.get(site, 0.0) + (now - self.mark) * 1e3
+        self.mark = now
+
+    def graph(self, began: float, ended: float) -> None:
+        self.graph_ms += (ended - began) * 1e3
+        self.mark = ended
 
     def outcome(self) -> str:
         if self.sample:
@@ -109,6 +127,8 @@ class _Tally:
     since_sample: int = 0  # compiled calls since the last eager sample
     samples: int = 0
     ratios: list = field(default_factory=list)  # each sample: eager ms / compiled median ms
+    graph_ms: list = field(default_factory=list)  # each compiled call's ms in its graphs
+    sites: dict = field(default_factory=dict)  # break site -> [calls, total ms outside graphs]
 
     def times(self, outcome: str, key) -> list:
         kept = self.ms.get((outcome, key))
@@ -176,14 +196,41 @@ class Calls:
         cleanups.append(lambda: self._end(call, stack))
         return sample
 
-    def guard(self, hit: bool) -> None:
-        """A frame's guards were checked (Dynamo's guard-complete hook)."""
+    def guard(self, hit: bool, caller) -> None:
+        """A frame's guards were checked (Dynamo's guard-complete hook); ``caller``: the
+        frame that called it (at a graph break's line, for a resume function)."""
         stack = getattr(self.local, "open", None)
-        if stack:
-            if hit:
-                stack[-1].hits += 1
-            else:
-                stack[-1].misses += 1
+        if not stack:
+            return
+        call = stack[-1]
+        if hit:
+            call.hits += 1
+        else:
+            call.misses += 1
+        site = None
+        if caller is not None and not hooks.is_call_wrapper(caller):
+            site = f"{caller.f_code.co_filename}:{caller.f_lineno}"
+        call.checked(self.clock(), site)
+
+    def wrap_graph(self, fn):
+        """``fn``, a graph Dynamo compiled, timed into the call that runs it (the time
+        between graphs is then outside them: see _Call.checked). Outside a call it runs as
+        it is."""
+        if in_gt():
+            return fn
+        local, clock = self.local, self.clock
+
+        def graph(*args, **kwargs):
+            stack = getattr(local, "open", None)
+            if not stack:
+                return fn(*args, **kwargs)
+            call, began = stack[-1], clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                call.graph(began, clock())
+
+        return graph
 
     def compiled_now(self) -> None:
         """A compile record was made on this thread: every call open here compiled."""
@@ -206,6 +253,12 @@ class Calls:
                 tally.since_sample = 0
             elif outcome == "compiled":
                 tally.since_sample += 1
+                tally.graph_ms.append(call.graph_ms)
+                del tally.graph_ms[:-_KEPT]
+                for site, site_ms in call.sites.items():
+                    seen = tally.sites.setdefault(site, [0, 0.0])
+                    seen[0] += 1
+                    seen[1] += site_ms
             kept = tally.times(outcome, call.key)
             kept.append(ms)
             del kept[:-_KEPT]
@@ -239,4 +292,10 @@ class Calls:
             "speedup": round(statistics.median(t.ratios), 3) if t.ratios else None,
             "compared": len(t.ratios),
             "eager_every": self.every,
+            # (of the compiled calls: ms in graphs, and outside them at each graph break)
+            "graph_ms": round(statistics.median(t.graph_ms), 4) if t.graph_ms else None,
+            "breaks": [
+                {"where": site, "calls": n, "ms": round(ms, 4)}
+                for site, (n, ms) in sorted(t.sites.items(), key=lambda kv: -kv[1][1])
+            ],
         }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import sys
 from collections.abc import Callable
 
 __all__ = [
@@ -35,6 +36,8 @@ __all__ = [
     "hook_compilation_event",
     "hook_compile_phases",
     "hook_guard_complete",
+    "hook_compiled_graphs",
+    "is_call_wrapper",
     "in_backward",
     "innermost_fn",
     "is_module_wrapper",
@@ -188,11 +191,14 @@ def call_inputs(frame) -> tuple[tuple, dict]:
     return tuple(f_locals.get("args") or ()), dict(f_locals.get("kwargs") or {})
 
 
-def hook_guard_complete(on_result: Callable[[bool], None]) -> Callable[[], None]:
-    """Call ``on_result(hit)`` each time Dynamo has checked a frame's guards against its
-    cache entries (True: an entry fits and its compiled code runs; False: none fits, so the
-    frame compiles, or past the recompile limit runs eagerly); returns the undo. A frame
-    with no entry yet is not checked. A hook already set (guard collectives) keeps its say.
+def hook_guard_complete(on_result: Callable[[bool, object], None]) -> Callable[[], None]:
+    """Call ``on_result(hit, caller)`` each time Dynamo has checked a frame's guards against
+    its cache entries (True: an entry fits and its compiled code runs; False: none fits, so
+    the frame compiles, or past the recompile limit runs eagerly); ``caller``: the Python
+    frame that called the checked one (Dynamo's wrapper for a compiled function's own frame,
+    the user's frame at a graph break's line for a resume function); returns the undo. A
+    frame with no entry yet is not checked. A hook already set (guard collectives) keeps its
+    say.
 
     Raises ``ImportError`` where this torch has no ``set_guard_complete_hook``.
     """
@@ -203,7 +209,7 @@ def hook_guard_complete(on_result: Callable[[bool], None]) -> Callable[[], None]
     def guard_complete(hit: bool) -> bool:
         if previous is not None:
             hit = previous(hit)
-        on_result(bool(hit))
+        on_result(bool(hit), sys._getframe(1))
         return hit
 
     previous = set_guard_complete_hook(guard_complete)
@@ -214,6 +220,29 @@ def hook_guard_complete(on_result: Callable[[bool], None]) -> Callable[[], None]
             set_guard_complete_hook(current)
 
     return undo
+
+
+def is_call_wrapper(frame) -> bool:
+    """Whether ``frame`` is Dynamo's wrapper around a call of a compiled function."""
+    return frame.f_code.co_filename.replace("\\", "/").endswith("_dynamo/eval_frame.py")
+
+
+def hook_compiled_graphs(wrap: Callable) -> Callable[[], None]:
+    """Pass each graph a backend compiles (what ``OutputGraph.call_user_compiler`` returns
+    to Dynamo, which calls it with the graph's inputs) through ``wrap(fn)``, whose result
+    Dynamo installs in its place; returns the undo. A graph wrapped stays wrapped after it.
+
+    Raises ``AttributeError`` where this torch has no ``OutputGraph.call_user_compiler``.
+    """
+    from torch._dynamo.output_graph import OutputGraph
+
+    original = OutputGraph.call_user_compiler
+
+    def call_user_compiler(self, gm, example_inputs):
+        return wrap(original(self, gm, example_inputs))
+
+    OutputGraph.call_user_compiler = call_user_compiler
+    return lambda: setattr(OutputGraph, "call_user_compiler", original)
 
 
 def in_backward() -> bool:

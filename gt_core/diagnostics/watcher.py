@@ -128,6 +128,12 @@ class Watcher:
                 "torch._C._dynamo.eval_frame.set_guard_complete_hook (each call's outcome)", exc
             )
             return
+        try:
+            self.undo.append(hooks.hook_compiled_graphs(self.calls.wrap_graph))
+        except Exception as exc:
+            self.unavailable(
+                "torch._dynamo.output_graph.OutputGraph.call_user_compiler (time in graphs)", exc
+            )
         cm = _stance.observing(self.calls.begin)
         cm.__enter__()
         self.undo.append(lambda: cm.__exit__(None, None, None))

@@ -133,6 +133,7 @@ class Report:
                 lines.append(f"    cudagraphs skipped: {r}")
         lines += ["  " + x for x in jit_summary.lines(d["jit"])]
         from gt_core.observe.user_compiles import (  # noqa: PLC0415 (cycle-free, lazy)
+            breaks_text,
             calls_text,
             compiling_text,
         )
@@ -152,7 +153,7 @@ class Report:
                     f"    {u['backward_compiles']} backward compile(s) in "
                     f"{u['backward_seconds']:.2f} s (AOT autograd, at a first backward)"
                 )
-            for text in (compiling_text(u), calls_text(u)):
+            for text in (compiling_text(u), calls_text(u), *breaks_text(u)):
                 if text:
                     lines.append(f"    {text}")
             for r in u["recompiles"]:

@@ -12,7 +12,7 @@ from gt_core.observe import events as ev
 from gt_core.observe.causes import budget_message, explain, explain_id, short_reason
 from gt_core.observe.guard_causes import cause_reasons
 
-__all__ = ["calls_text", "compiling_text", "summarize_user_compiles"]
+__all__ = ["breaks_text", "calls_text", "compiling_text", "summarize_user_compiles"]
 
 _KIND = {
     ev.USER_RECOMPILE: "recompile",
@@ -103,6 +103,7 @@ def summarize_user_compiles(events: list[dict]) -> list[dict]:
         if u["limit_hit"]:
             _budget_spent(u)
         _checked(u)
+        _ranked(u)
         for x in u["explanations"]:
             for k in ("key", "guard", "line", "compile_ids", "specialize_float"):
                 del x[k]
@@ -181,7 +182,17 @@ _FOLD = {  # one handler per event type: what it adds to its function's entry
         calls={k: e.get(k) for k in _CALL_FIELDS if k in e} | {"t": e.get("t")}
     ),
 }
-_CALL_FIELDS = ("calls", "outcomes", "median_ms", "samples", "speedup", "compared", "eager_every")
+_CALL_FIELDS = (
+    "calls",
+    "outcomes",
+    "median_ms",
+    "samples",
+    "speedup",
+    "compared",
+    "eager_every",
+    "graph_ms",
+    "breaks",
+)
 _OUTCOME_WORDS = {
     "compiled": "compiled",
     "compiling": "compiling",
@@ -207,6 +218,28 @@ def compiling_text(u: dict) -> str:
     what = f"{u['function']}'s backward" if c.get("backward") else u["function"]
     cache = ", inductor's cache missed" if c.get("cache") == "miss" else ""
     return f"compiling {what}: {c.get('phase')} · {c.get('seconds') or 0:.0f} s so far{cache}"
+
+
+def _ranked(u: dict) -> None:
+    """Each graph break with what it cost at run time (its site's calls and the time outside
+    the graphs there, from ``user.calls``), the costliest first."""
+    cost = {b["where"]: b for b in (u.get("calls") or {}).get("breaks") or ()}
+    for b in u["graph_breaks"]:
+        seen = cost.get(b["where"])
+        b["calls"] = seen["calls"] if seen else None
+        b["outside_ms"] = seen["ms"] if seen else None
+    u["graph_breaks"].sort(key=lambda b: -(b["outside_ms"] or 0.0))
+
+
+def breaks_text(u: dict) -> list[str]:
+    """Each graph break that ran in a compiled call: where, in how many calls, and the time
+    outside the graphs there, the costliest first."""
+    return [
+        f"graph break at {b['where']}: in {b['calls']} compiled call(s), "
+        f"{_ms(b['outside_ms'])} outside the graphs ({_ms(b['outside_ms'] / b['calls'])} a call)"
+        for b in u["graph_breaks"]
+        if b.get("calls")
+    ]
 
 
 def _ms(ms: float) -> str:

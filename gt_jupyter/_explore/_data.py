@@ -241,9 +241,17 @@ def user_rows(u: dict) -> list[dict]:
             {"what": f"recompile {r['compile_id']}", "detail": f"failed guard {r['reason']}{where}"}
         )
         rows += [{"what": "", "detail": f"  {c}"} for c in cause_lines(r)]
-    for b in u["graph_breaks"]:
+    for b in u["graph_breaks"]:  # (the costliest first: see user_compiles._ranked)
+        ran = (
+            f"; in {b['calls']} compiled call(s), {b['outside_ms']:.3g} ms outside the graphs"
+            if b.get("calls")
+            else ""
+        )
         rows.append(
-            {"what": "graph break", "detail": f"{b['reason']} at {b['where']} (×{b['count']})"}
+            {
+                "what": "graph break",
+                "detail": f"{b['reason']} at {b['where']} (×{b['count']} traced{ran})",
+            }
         )
         for f in b.get("stack", ()):  # the user's stack down to the break
             text = f" {f['text']}" if f["text"] else ""
