@@ -188,3 +188,24 @@ def start_listener(command: list, key_file, **env) -> tuple:
     line = proc.stdout.readline()
     assert line.startswith("gt remote worker: listening on 127.0.0.1:"), line
     return proc, f"127.0.0.1:{int(line.rsplit(':', 1)[1])}"
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo's caches and gt's events empty before and after (tests of the user's compiles)."""
+    import torch  # noqa: PLC0415
+
+    torch._dynamo.reset()
+    gt_core.reset()
+    yield
+    torch._dynamo.reset()
+
+
+class ManualClock:
+    """A clock a test moves by hand (``t``, seconds): timings without sleeps or load."""
+
+    def __init__(self, t: float = 100.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t

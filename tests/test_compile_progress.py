@@ -7,6 +7,7 @@ sleeps); one test watches a real compile.
 
 import pytest
 import torch
+from conftest import ManualClock
 
 import gt_core
 from gt_core.diagnostics.progress import Progress, phase_words
@@ -14,25 +15,11 @@ from gt_core.observe import events as ev
 from gt_core.observe.user_compiles import compiling_text, summarize_user_compiles
 from gt_jupyter._render import headline
 
-
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    gt_core.reset()
-    yield
-    torch._dynamo.reset()
-
-
-class _Clock:
-    def __init__(self):
-        self.t = 100.0
-
-    def __call__(self):
-        return self.t
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _progress():
-    events, clock = [], _Clock()
+    events, clock = [], ManualClock()
     p = Progress(lambda t, **f: events.append({"type": t, **f}), every_s=1.0, clock=clock)
     return p, events, clock
 

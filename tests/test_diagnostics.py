@@ -22,12 +22,7 @@ from gt_core.observe.user_compiles import summarize_user_compiles
 HERE = __file__
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    gt_core.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def user_events(kind=None):

@@ -14,12 +14,7 @@ from gt_core.observe.guard_causes import cause_text
 HERE = __file__
 
 
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    gt_core.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def line_of(text: str) -> int:

@@ -8,6 +8,7 @@ asserted, so no test depends on the machine's speed.
 
 import pytest
 import torch
+from conftest import ManualClock
 
 import gt_core
 from gt_core.diagnostics.calls import SAMPLES, Calls, inputs_key
@@ -15,13 +16,7 @@ from gt_core.observe import events as ev
 from gt_core.observe.user_compiles import calls_text
 from gt_jupyter._tables import user_rows
 
-
-@pytest.fixture(autouse=True)
-def fresh():
-    torch._dynamo.reset()
-    gt_core.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 class Counting:
@@ -137,15 +132,7 @@ class _Frame:
         self.f_locals = {"cleanups": [], "args": args, "kwargs": {}}
 
 
-class _Clock:
-    def __init__(self):
-        self.t = 0.0
-
-    def __call__(self):
-        return self.t
-
-
-def _run(calls: Calls, clock: _Clock, ms: float, hit: bool = True, compiles=False, arg=1.0):
+def _run(calls: Calls, clock: ManualClock, ms: float, hit: bool = True, compiles=False, arg=1.0):
     frame = _Frame(arg)
     sample = calls.begin("f", None, frame)
     if not sample:
@@ -159,7 +146,7 @@ def _run(calls: Calls, clock: _Clock, ms: float, hit: bool = True, compiles=Fals
 
 
 def test_the_speedup_is_each_samples_eager_time_over_the_compiled_median():
-    events, clock = [], _Clock()
+    events, clock = [], ManualClock()
     calls = Calls(lambda t, **f: events.append((t, f)), every=3, clock=clock, emit_every_s=1e9)
     _run(calls, clock, 100.0, hit=False, compiles=True)  # (the first call compiles)
     taken = [_run(calls, clock, 2.0 if i % 3 != 2 else 8.0) for i in range(9)]
@@ -173,7 +160,7 @@ def test_the_speedup_is_each_samples_eager_time_over_the_compiled_median():
 
 
 def test_a_call_with_hits_and_misses_ran_partly_eagerly():
-    events, clock = [], _Clock()
+    events, clock = [], ManualClock()
     calls = Calls(lambda t, **f: events.append(f), every=0, clock=clock)
     frame = _Frame(1.0)
     calls.begin("f", None, frame)
@@ -184,7 +171,7 @@ def test_a_call_with_hits_and_misses_ran_partly_eagerly():
 
 
 def test_snapshots_are_published_at_most_every_emit_every_s():
-    events, clock = [], _Clock()
+    events, clock = [], ManualClock()
     calls = Calls(lambda t, **f: events.append(f), every=0, clock=clock, emit_every_s=1.0)
     for _ in range(5):
         _run(calls, clock, 100.0)  # (0.1 s a call)
@@ -223,7 +210,7 @@ def test_time_between_graphs_is_the_break_sites_whose_resume_function_comes_next
     """graph 0 (2 ms), the break at cell.py:3 runs its Python (5 ms) and calls its resume
     function, graph 1 (1 ms), the break at cell.py:6 (0.5 ms), graph 2 (1 ms): each break's
     time is the time from the graph before it to the check of its resume function."""
-    events, clock = [], _Clock()
+    events, clock = [], ManualClock()
     calls = Calls(lambda t, **f: events.append(f), every=0, clock=clock)
     graph = calls.wrap_graph(lambda ms: setattr(clock, "t", clock.t + ms / 1e3))
     for _ in range(2):
