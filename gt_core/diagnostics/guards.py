@@ -11,8 +11,10 @@ import re
 
 from gt_core.diagnostics import torch_hooks as hooks
 
-__all__ = ["explain", "entries_of"]
+__all__ = ["codes_of", "explain", "entries_of"]
 
+# What torch.nn.Module.compile() hands torch.compile: the module's own call.
+_MODULE_CALLS = ("__call__", "_call_impl", "_wrapped_call_impl")
 # Guard-tree lines that only give structure (which object a guard reads), not a check.
 _STRUCTURE = re.compile(r"^\s*(?:\|\s*)*\+- (?:\w*GuardManager|GuardManager)\b")
 
@@ -31,10 +33,13 @@ def _resolve(fn_or_name, frame):
     raise NameError(f"gt_core.diagnostics.explain: no function named {fn_or_name!r} in scope")
 
 
-def _codes(obj) -> tuple[str, list]:
+def codes_of(obj) -> tuple[str, list]:
     """(name, the code objects Dynamo may have compiled for ``obj``)."""
     from gt_core.diagnostics.stance import display_name
 
+    owner = getattr(obj, "__self__", None)
+    if hasattr(owner, "_modules") and getattr(obj, "__name__", "") in _MODULE_CALLS:
+        obj = owner  # model.compile(): torch.compile of its _call_impl, which Dynamo skips
     mod = getattr(obj, "_orig_mod", None)
     if mod is not None:  # torch.compile(module)
         codes = [type(mod).forward.__code__]
@@ -119,11 +124,12 @@ def _entry_lines(entries) -> list[str]:
     return lines
 
 
-def entries_of(fn) -> list[dict]:
-    """{compile_id, code, guards} of each cache entry of compiled ``fn`` and its resume
-    functions, each with its own guards whole (not those on global state)."""
+def entries_of(codes: list) -> list[dict]:
+    """{compile_id, code, guards} of each cache entry of ``codes`` (a compiled function's:
+    :func:`codes_of`) and their resume functions, each with its own guards whole (not those
+    on global state)."""
     out = []
-    for code in _with_resumes(_codes(fn)[1]):
+    for code in _with_resumes(codes):
         for e in hooks.cache_entries(code):
             guards = [g for g in _guards(e) if not _AMBIENT.match(g)]
             out.append({"compile_id": str(e.compile_id), "code": code.co_name, "guards": guards})
@@ -133,7 +139,7 @@ def entries_of(fn) -> list[dict]:
 def explain(fn_or_name, frame) -> str:
     """The text of ``gt_core.diagnostics.explain`` (``frame``: where a name is looked up)."""
     obj = _resolve(fn_or_name, frame)
-    name, codes = _codes(obj)
+    name, codes = codes_of(obj)
     lines, total = [], 0
     for code in _with_resumes(codes):
         entries = hooks.cache_entries(code)
