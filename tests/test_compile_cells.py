@@ -8,12 +8,16 @@ after it (the oracle), once under ``gt_core.diagnostics()``. The checks:
 - causes: each failing guard torch's verbose log names for a recompile is among gt's causes
   of that recompile, for the same cache entry, with its input's name and the cell's line
   where torch gives one; each cause gt names is true of that entry's guards;
-- graph breaks, the recompile limit, failures and compile time: torch's, site by site;
+- graph breaks, the recompile limit, failures and compile time: torch's, site by site, and
+  so are the counts on each function's line of the text report;
 - statements: each explanation's ``cause`` and ``fix`` is read by a checker of its kind,
   which holds it to what torch did; a fix that is mechanical (a config, ``dynamic=True``,
   ``mark_dynamic``, a change to each call's inputs) is applied to a re-run of the cell and
   must have the effect it promises. An explanation without a checker fails: no statement
-  goes unread.
+  goes unread. No fix advises a setting the cell ran with already; each place an
+  explanation names is one torch named.
+
+Compile ids are the same in every run of a cell: each starts from ``torch._dynamo.reset()``.
 """
 
 from __future__ import annotations
@@ -158,8 +162,10 @@ def source_line(where: str) -> str:
         return f.read().splitlines()[int(line) - 1].strip()
 
 
-def functions_of(name: str) -> dict[str, dict]:
-    return {u["function"]: u for u in gt(name).data}
+def order(cid: str) -> tuple[int, int]:
+    """A compile id (``frame/compile``) as numbers, to order compiles."""
+    frame, compile = cid.split("/")[:2]
+    return int(frame), int(compile)
 
 
 def recompiled_ids(t: Run) -> set[str]:
@@ -447,22 +453,21 @@ class Said:
         codes = self.codes()
         return [g for c, g in run.entries.items() if run.entry_code[c] in codes]
 
-    def removes(self, run: Run, value) -> None:
-        """A fix of one cause: the re-run compiled no more than the cell did, and what the
-        cause names no longer differs between the function's entries (``value(guards)``,
-        one per entry), so it recompiles nothing; where it was the recompiles' only cause,
-        fewer compiles."""
+    def removes(self, run: Run, value, input: str, field: str) -> None:
+        """A fix of one cause (``input``'s ``field``: ``size[0]``, ``dtype``, ``""``): the
+        re-run compiled no more than the cell did, and what the cause names no longer differs
+        between the function's entries (``value(guards)``, one per entry), so it recompiles
+        nothing; where it was the only cause of its recompiles, fewer compiles."""
         assert self.compiles(run) <= self.compiles(self.t)
         assert len({value(g) for g in self.entries_in(run)}) == 1, self.entries_in(run)
-        if all(
-            len({(c["input"], c["field"]) for c in self.causes_of(r)}) == 1
-            for r in self.recompiles()
-        ):
+        mine = [
+            r
+            for r in self.u["recompiles"]
+            if any((c["input"], c["field"]) == (input, field) for c in self.causes_of(r))
+        ]
+        assert mine
+        if all(len({(c["input"], c["field"]) for c in self.causes_of(r)}) == 1 for r in mine):
             assert self.compiles(run) < self.compiles(self.t)
-
-    def recompiles(self) -> list[dict]:
-        """gt's recompiles this explanation counts (those whose reasons it explains)."""
-        return self.u["recompiles"][: self.x["count"]]
 
     def causes_of(self, recompile: dict) -> list[dict]:
         """Its causes that failed every entry the call tried (what made it compile)."""
@@ -565,9 +570,12 @@ def _shape_change(s: Said):
         f"compile with `dynamic=True`, or call `torch._dynamo.mark_dynamic({name}, {dim})` "
         "before the first call; or pad inputs to a few fixed sizes (buckets)"
     )
-    size = functools.partial(size_at, name=name, dim=dim)  # (None: dynamic)
-    s.removes(s.fixed(compile=(("dynamic", True),)), lambda g: size(g) or "dynamic")
-    s.removes(s.fixed(before=Mark(name, dim)), lambda g: size(g) or "dynamic")
+
+    def size(guards):
+        return size_at(guards, name, dim) or "dynamic"  # (sizes 0 and 1 are never dynamic)
+
+    s.removes(s.fixed(compile=(("dynamic", True),)), size, name, f"size[{dim}]")
+    s.removes(s.fixed(before=Mark(name, dim)), size, name, f"size[{dim}]")
 
 
 @checks("shape_kept_static")
@@ -605,7 +613,10 @@ def _dtype_change(s: Said):
     assert before_after(dtypes, _DTYPES[m["old"]], _DTYPES[m["new"]]), dtypes
     assert s.x["fix"] == "cast inputs to one dtype before the call"
     s.removes(
-        s.fixed(before=Cast(m["name"], dtypes[0])), lambda g: _tensor_guard(g, m["name"])["dtype"]
+        s.fixed(before=Cast(m["name"], dtypes[0])),
+        lambda g: _tensor_guard(g, m["name"])["dtype"],
+        m["name"],
+        "dtype",
     )
 
 
@@ -616,7 +627,12 @@ def _requires_grad_change(s: Said):
     assert (
         s.x["fix"] == "pass it the same way every call: `.detach()` it, or set requires_grad once"
     )
-    s.removes(s.fixed(before=Detach(m["name"])), lambda g: _tensor_guard(g, m["name"])["grad"])
+    s.removes(
+        s.fixed(before=Detach(m["name"])),
+        lambda g: _tensor_guard(g, m["name"])["grad"],
+        m["name"],
+        "requires_grad",
+    )
 
 
 def _once_per_mode(modes: list, calls: list[_cells.Call]) -> None:
@@ -637,7 +653,12 @@ def _grad_mode_change(s: Said):
         "expected if it runs both ways: each grad mode compiles once and later calls reuse its "
         "graph; to save that recompile, call it under one mode"
     )
-    s.removes(s.fixed(before=OneMode(calls[0].grad)), lambda g: global_state(g)["grad_mode"])
+    s.removes(
+        s.fixed(before=OneMode(calls[0].grad)),
+        lambda g: global_state(g)["grad_mode"],
+        "grad_mode",
+        "",
+    )
 
 
 @checks("train_eval_switch")
@@ -673,7 +694,10 @@ def _value_made_dynamic(s: Said):
     (cid,) = _value_recompiles(s, expr, value)  # "that one recompile is the whole cost"
     assert value_guards(s, expr) == [value]  # only the first graph holds it to a number
     assert not any(
-        expr in code_part(f.text) for c, fs in s.failures().items() if c > cid for f in fs
+        expr in code_part(f.text)
+        for c, fs in s.failures().items()
+        if order(c) > order(cid)
+        for f in fs
     )
     f = re.fullmatch(
         r"nothing to do: that one recompile is the whole cost \(to avoid it, (?P<how>.+)\)",
