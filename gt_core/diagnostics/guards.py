@@ -10,11 +10,10 @@ from __future__ import annotations
 import re
 
 from gt_core.diagnostics import torch_hooks as hooks
+from gt_core.diagnostics.compiled import codes_of
 
-__all__ = ["codes_of", "explain", "entries_of"]
+__all__ = ["explain", "entries_of"]
 
-# What torch.nn.Module.compile() hands torch.compile: the module's own call.
-_MODULE_CALLS = ("__call__", "_call_impl", "_wrapped_call_impl")
 # Guard-tree lines that only give structure (which object a guard reads), not a check.
 _STRUCTURE = re.compile(r"^\s*(?:\|\s*)*\+- (?:\w*GuardManager|GuardManager)\b")
 
@@ -31,33 +30,6 @@ def _resolve(fn_or_name, frame):
         if obj is not None:
             return obj
     raise NameError(f"gt_core.diagnostics.explain: no function named {fn_or_name!r} in scope")
-
-
-def codes_of(obj) -> tuple[str, list]:
-    """(name, the code objects Dynamo may have compiled for ``obj``)."""
-    from gt_core.diagnostics.stance import display_name
-
-    owner = getattr(obj, "__self__", None)
-    if hasattr(owner, "_modules") and getattr(obj, "__name__", "") in _MODULE_CALLS:
-        obj = owner  # model.compile(): torch.compile of its _call_impl, which Dynamo skips
-    mod = getattr(obj, "_orig_mod", None)
-    if mod is not None:  # torch.compile(module)
-        codes = [type(mod).forward.__code__]
-        wrapper = hooks.innermost_fn(getattr(obj, "forward", None) or obj)
-        if getattr(wrapper, "__code__", None) is not None:
-            codes.append(wrapper.__code__)  # Dynamo's frame around torch.nn modules
-        return type(mod).__name__, codes
-    if hasattr(obj, "forward") and hasattr(obj, "_modules"):  # a module compiled in place
-        return type(obj).__name__, [type(obj).forward.__code__]
-    inner = hooks.innermost_fn(obj)
-    inner = getattr(inner, "__func__", inner)
-    code = getattr(inner, "__code__", None)
-    if code is None:
-        raise TypeError(
-            f"gt_core.diagnostics.explain: expected a function or module compiled with "
-            f"torch.compile, got {type(obj).__name__}"
-        )
-    return display_name(obj if not hasattr(obj, "_torchdynamo_orig_callable") else inner), [code]
 
 
 def _with_resumes(codes: list) -> list:
@@ -126,7 +98,7 @@ def _entry_lines(entries) -> list[str]:
 
 def entries_of(codes: list) -> list[dict]:
     """{compile_id, code, guards} of each cache entry of ``codes`` (a compiled function's:
-    :func:`codes_of`) and their resume functions, each with its own guards whole (not those
+    :func:`~gt_core.diagnostics.compiled.codes_of`) and their resume functions, each with its own guards whole (not those
     on global state)."""
     out = []
     for code in _with_resumes(codes):

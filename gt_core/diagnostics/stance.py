@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable
 
 from gt_core.diagnostics import torch_hooks as hooks
+from gt_core.diagnostics.compiled import codes_of, display_name
 
 __all__ = ["hooked", "routing", "entry_name", "entered", "display_name", "in_worker"]
 
@@ -44,19 +45,6 @@ _gone: list[tuple[str, list]] = []
 _routes: dict[int, list] = {}
 
 
-def display_name(fn) -> str:
-    """A readable name of what torch.compile wrapped: function, method or module class."""
-    fn = getattr(fn, "__wrapped__", fn)  # external_utils.wrap_inline keeps the module here
-    owner = getattr(fn, "__self__", None)
-    if owner is not None and fn.__name__ in ("__call__", "_call_impl", "_wrapped_call_impl"):
-        return type(owner).__name__
-    if not hasattr(fn, "__qualname__") and hasattr(fn, "forward"):
-        return type(fn).__name__
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
-    name = name.rsplit("<locals>.", 1)[-1]  # named as the compile records name it
-    return name[: -len(".forward")] if name.endswith(".forward") else name
-
-
 def entered() -> list[tuple[str, list]]:
     """(display name, code objects) of each compiled function entered while the hook was in,
     alive or gone since."""
@@ -77,8 +65,6 @@ def _forget(key: int):
 
 
 def _codes_of(fn) -> list:
-    from gt_core.diagnostics.guards import codes_of  # (guards names functions by this module)
-
     try:
         return codes_of(fn)[1]
     except Exception:  # not a function Dynamo compiles code of: nothing to read
