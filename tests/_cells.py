@@ -73,6 +73,26 @@ def dynamic_true():
 
 
 @cell
+def dynamic_true_size_one():
+    def step(x):
+        return x.cos() + 1
+
+    f = torch.compile(step, backend="eager", dynamic=True)
+    for n in (3, 5, 1):
+        f(torch.randn(n, 2))
+
+
+@cell
+def dynamic_size_one():
+    def step(x):
+        return x * 2
+
+    f = torch.compile(step, backend="eager")
+    for n in (4, 8, 16, 1):
+        f(torch.randn(n))
+
+
+@cell
 def dynamic_false():
     def step(x):
         return x.cos() + 1
@@ -714,6 +734,8 @@ def _compile_with(change: Change, run: Run):
         return go
 
     def compile(model=None, **kwargs):
+        if model is None:  # @torch.compile(...)
+            return lambda model: compile(model, **kwargs)
         kwargs = {**kwargs, **dict(change.compile)}
         run.compile_kwargs.append(dict(kwargs))
         if change.count:

@@ -372,6 +372,17 @@ class Mark:
 
 
 @dataclass(frozen=True)
+class MarkUnbacked:
+    """Before each call: ``torch._dynamo.decorators.mark_unbacked(input, dim)``."""
+
+    name: str
+    dim: int
+
+    def __call__(self, inputs):
+        torch._dynamo.decorators.mark_unbacked(inputs[self.name], self.dim)
+
+
+@dataclass(frozen=True)
 class Cast:
     """Before each call: the input cast to one dtype."""
 
@@ -456,10 +467,12 @@ class Said:
     def removes(self, run: Run, value, input: str, field: str) -> None:
         """A fix of one cause (``input``'s ``field``: ``size[0]``, ``dtype``, ``""``): the
         re-run compiled no more than the cell did, and what the cause names no longer differs
-        between the function's entries (``value(guards)``, one per entry), so it recompiles
-        nothing; where it was the only cause of its recompiles, fewer compiles."""
+        between the function's entries (``value(guards)``, one per entry; None: an entry that
+        another cause made), so it recompiles nothing; where it was the only cause of its
+        recompiles, fewer compiles."""
         assert self.compiles(run) <= self.compiles(self.t)
-        assert len({value(g) for g in self.entries_in(run)}) == 1, self.entries_in(run)
+        values = {value(g) for g in self.entries_in(run)} - {None}
+        assert len(values) == 1, self.entries_in(run)
         mine = [
             r
             for r in self.u["recompiles"]
@@ -572,10 +585,37 @@ def _shape_change(s: Said):
     )
 
     def size(guards):
-        return size_at(guards, name, dim) or "dynamic"  # (sizes 0 and 1 are never dynamic)
+        n = size_at(guards, name, dim)  # (None: dynamic; 0 and 1: the size_one cause's)
+        return "dynamic" if n is None else None if n in (0, 1) else n
 
     s.removes(s.fixed(compile=(("dynamic", True),)), size, name, f"size[{dim}]")
     s.removes(s.fixed(before=Mark(name, dim)), size, name, f"size[{dim}]")
+
+
+@checks("size_one")
+def _size_one(s: Said):
+    m = re.fullmatch(
+        r"input `(?P<name>[^`]+)` has a size of 0 or 1 at dimension (?P<dim>\d+): torch keeps "
+        r"those sizes apart \(a dynamic size is one of 2 or more\), so it compiles a graph for "
+        r"that size",
+        s.x["cause"],
+    )
+    name, dim = m["name"], int(m["dim"])
+    assert {0, 1} & {v[0][dim] for v in s.seen(name)}
+    static = [size_at(g, name, dim) for g in s.entries().values()]
+    small = [n for n in static if n in (0, 1)]
+    assert small and len(small) == len(set(small)), static  # a graph for it, once
+    dynamic = s.fixed(compile=(("dynamic", True),))  # what a dynamic size is on this torch
+    ranges = {
+        user_names(code_part(g.split(": ", 1)[-1])) for gs in s.entries_in(dynamic) for g in gs
+    }
+    assert f"2 <= {name}.size()[{dim}]" in ranges, ranges
+    assert s.x["fix"] == (
+        "expected once per such size; to share one graph, call "
+        f"`torch._dynamo.decorators.mark_unbacked({name}, {dim})` before the first call (torch "
+        "then assumes nothing of that size)"
+    )
+    assert s.compiles(s.fixed(before=MarkUnbacked(name, dim))) < s.compiles(s.t)
 
 
 @checks("shape_kept_static")

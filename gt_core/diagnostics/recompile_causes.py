@@ -123,8 +123,9 @@ class _Walk:
         for kind, leaf, parts in hooks.leaf_guards(manager, root=root):
             if parts and hooks.leaf_passes(leaf, value) is False:
                 for c in self.describe(kind, parts, value, source):
-                    c["guard"], c["read_at"] = kind, self.read_at(parts)
-                    c["source"] = source
+                    c["guard"], c["source"] = kind, source
+                    if not c.get("read_at"):
+                        c["read_at"] = self.read_at(parts)
                     self.causes.append(c)
         for child_source, child in hooks.guard_children(manager):
             try:
@@ -172,6 +173,7 @@ class _Walk:
             else:
                 out.append(_cause(who, "", None, None))
             out[-1]["check"] = _check_text(part)
+            out[-1]["read_at"] = _read_at(part, self.filename)  # (each part has its own)
         return out
 
 

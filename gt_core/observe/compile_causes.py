@@ -66,6 +66,16 @@ COMPILE_CAUSES: tuple[Cause, ...] = (
         "the first call; or pad inputs to a few fixed sizes (buckets)",
     ),
     Cause(
+        "size_one",
+        ("recompile",),
+        r"^2 <= (?P<name>\S+?)\.size\(\)\[(?P<dim>\d+)\]$",
+        "input `{name}` has a size of 0 or 1 at dimension {dim}: torch keeps those sizes apart "
+        "(a dynamic size is one of 2 or more), so it compiles a graph for that size",
+        "expected once per such size; to share one graph, call "
+        "`torch._dynamo.decorators.mark_unbacked({name}, {dim})` before the first call (torch "
+        "then assumes nothing of that size)",
+    ),
+    Cause(
         "shape_kept_static",
         ("recompile",),
         None,
