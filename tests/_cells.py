@@ -158,6 +158,16 @@ def requires_grad_change():
 
 
 @cell
+def stride_change():
+    def step(w):
+        return torch.ones(2, 3) @ w
+
+    f = torch.compile(step, backend="eager")
+    f(torch.randn(3, 2))
+    f(torch.randn(2, 3).t())  # the same shape, transposed
+
+
+@cell
 def grad_mode():
     def step(x):
         return x * 3
@@ -560,7 +570,7 @@ class Logged:
 class Call:
     """One call of a compiled function in a re-run that watches its calls."""
 
-    inputs: dict  # its inputs by name: a tensor as (shape, dtype, requires_grad), a value as is
+    inputs: dict  # by name: a tensor as (shape, dtype, requires_grad, contiguous), else a value
     grad: bool  # grad mode
     training: tuple  # a module's (and its submodules') training flags; () for a function
     fits: bool  # whether the inputs passed the guards of a cached entry
@@ -570,7 +580,8 @@ class Call:
 
 def summary(value):
     if isinstance(value, torch.Tensor):
-        return (tuple(value.shape), str(value.dtype).removeprefix("torch."), value.requires_grad)
+        dtype = str(value.dtype).removeprefix("torch.")
+        return (tuple(value.shape), dtype, value.requires_grad, value.is_contiguous())
     if isinstance(value, (list, tuple)):
         return ("len", len(value))
     return value

@@ -402,6 +402,14 @@ class Detach:
 
 
 @dataclass(frozen=True)
+class Contiguous:
+    name: str
+
+    def __call__(self, inputs):
+        inputs[self.name] = inputs[self.name].contiguous()
+
+
+@dataclass(frozen=True)
 class ToTensor:
     """Before each call: a Python number passed as a 0-d tensor."""
 
@@ -464,22 +472,18 @@ class Said:
         codes = self.codes()
         return [g for c, g in run.entries.items() if run.entry_code[c] in codes]
 
-    def removes(self, run: Run, value, input: str, field: str) -> None:
-        """A fix of one cause (``input``'s ``field``: ``size[0]``, ``dtype``, ``""``): the
-        re-run compiled no more than the cell did, and what the cause names no longer differs
+    def removes(self, run: Run, value, this) -> None:
+        """A fix of one cause (``this(cause)``: whether one of gt's causes is it): the re-run
+        compiled no more than the cell did, and what the cause names no longer differs
         between the function's entries (``value(guards)``, one per entry; None: an entry that
         another cause made), so it recompiles nothing; where it was the only cause of its
         recompiles, fewer compiles."""
         assert self.compiles(run) <= self.compiles(self.t)
         values = {value(g) for g in self.entries_in(run)} - {None}
         assert len(values) == 1, self.entries_in(run)
-        mine = [
-            r
-            for r in self.u["recompiles"]
-            if any((c["input"], c["field"]) == (input, field) for c in self.causes_of(r))
-        ]
+        mine = [r for r in self.u["recompiles"] if any(this(c) for c in self.causes_of(r))]
         assert mine
-        if all(len({(c["input"], c["field"]) for c in self.causes_of(r)}) == 1 for r in mine):
+        if all(all(this(c) for c in self.causes_of(r)) for r in mine):
             assert self.compiles(run) < self.compiles(self.t)
 
     def causes_of(self, recompile: dict) -> list[dict]:
@@ -588,8 +592,11 @@ def _shape_change(s: Said):
         n = size_at(guards, name, dim)  # (None: dynamic; 0 and 1: the size_one cause's)
         return "dynamic" if n is None else None if n in (0, 1) else n
 
-    s.removes(s.fixed(compile=(("dynamic", True),)), size, name, f"size[{dim}]")
-    s.removes(s.fixed(before=Mark(name, dim)), size, name, f"size[{dim}]")
+    def this(c):
+        return (c["input"], c["field"]) == (name, f"size[{dim}]")
+
+    s.removes(s.fixed(compile=(("dynamic", True),)), size, this)
+    s.removes(s.fixed(before=Mark(name, dim)), size, this)
 
 
 @checks("size_one")
@@ -655,8 +662,24 @@ def _dtype_change(s: Said):
     s.removes(
         s.fixed(before=Cast(m["name"], dtypes[0])),
         lambda g: _tensor_guard(g, m["name"])["dtype"],
-        m["name"],
-        "dtype",
+        lambda c: (c["input"], c["field"]) == (m["name"], "dtype"),
+    )
+
+
+@checks("stride_change")
+def _stride_change(s: Said):
+    m = re.fullmatch(
+        r"input `(?P<name>[^`]+)` changed strides \(a transposed, sliced or non-contiguous "
+        r"tensor\)",
+        s.x["cause"],
+    )
+    name = m["name"]
+    assert len({v[3] for v in s.seen(name)}) == 2  # contiguous, then not
+    assert s.x["fix"] == f"pass `{name}.contiguous()`, or build it the same way on every call"
+    s.removes(
+        s.fixed(before=Contiguous(name)),
+        lambda g: _tensor_guard(g, name)["stride"],
+        lambda c: c["input"] == name and c["field"].startswith("stride"),
     )
 
 
@@ -670,8 +693,7 @@ def _requires_grad_change(s: Said):
     s.removes(
         s.fixed(before=Detach(m["name"])),
         lambda g: _tensor_guard(g, m["name"])["grad"],
-        m["name"],
-        "requires_grad",
+        lambda c: (c["input"], c["field"]) == (m["name"], "requires_grad"),
     )
 
 
@@ -696,8 +718,7 @@ def _grad_mode_change(s: Said):
     s.removes(
         s.fixed(before=OneMode(calls[0].grad)),
         lambda g: global_state(g)["grad_mode"],
-        "grad_mode",
-        "",
+        lambda c: c["input"] == "grad_mode",
     )
 
 
