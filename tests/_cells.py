@@ -759,6 +759,8 @@ def _compile_with(change: Change, run: Run):
         code = (module.forward if isinstance(module, torch.nn.Module) else inner).__code__
 
         def call(*args, **kw):
+            if torch.compiler.is_compiling():  # called from a compiled function: traced as is
+                return compiled(*args, **kw)
             inputs, names = _bound(compiled, args, kw)
             ctx = change.before(inputs) if change.before else None
             args = tuple(inputs[names[i]] if i < len(names) else a for i, a in enumerate(args))
