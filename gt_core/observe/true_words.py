@@ -38,7 +38,8 @@ def checked(u: dict) -> None:
 
     - a value's recompiles: the entry a recompile on the value made no longer guards its
       number: torch made it dynamic; one that does: it stayed specialized, and every entry
-      that guards it is a graph of its own;
+      that guards it is a graph of its own (an int read from state where no Python branch
+      reads it is not told to replace "the branch on it");
     - a shape's recompiles under automatic dynamic shapes: the entry made keeps the size
       static (the code needs it as an int): each size is a graph of its own, whatever
       ``dynamic`` says;
