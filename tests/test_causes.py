@@ -107,7 +107,12 @@ SKIPPED_CALL = (
             "fail_on_recompile",
             "stance",
         ),
-        ("budget", "kv_step: 6 of 8 recompiles used", "recompile_budget", "6 of 8"),
+        (
+            "budget",
+            "kv_step: 6 of the 8 graphs `recompile_limit` allows compiled",
+            "recompile_budget",
+            "6 of the 8",
+        ),
         ("failure", "Unsupported: Failed to trace builtin operator", "fullgraph", "fullgraph=True"),
     ],
 )
@@ -139,11 +144,17 @@ def test_short_reason_keeps_the_guard_or_the_break_type_and_explanation():
 
 
 def test_budget_message_counts_down_to_the_fallback():
-    assert budget_message("kv_step", 6, 8).startswith("kv_step: 6 of 8 recompiles used")
+    """The limit counts graphs (cache entries), the first compile's included: 6 graphs are
+    5 recompiles, so the message counts graphs, not recompiles."""
+    assert budget_message("kv_step", 6, 8).startswith(
+        "kv_step: 6 of the 8 graphs `recompile_limit` allows compiled"
+    )
     assert "2 more" in budget_message("kv_step", 6, 8)
     assert "the next recompile hits the limit" in budget_message("kv_step", 8, 8)
     hit = budget_message("kv_step", 8, 8, hit=True)
-    assert hit.startswith("kv_step: 8 of 8") and "calls that need a new graph run eagerly" in hit
+    assert (
+        hit.startswith("kv_step: 8 of the 8") and "calls that need a new graph run eagerly" in hit
+    )
     assert "from now on" not in hit  # (cached graphs still run: see test_diagnostics)
 
 
@@ -181,8 +192,8 @@ def test_budget_warns_while_recompiles_are_left():
     (u,) = summarize_user_compiles(_budget_events(limit_hit=False))
     (x,) = [x for x in u["explanations"] if x["kind"] == "budget"]
     assert x["cause"] == (
-        "kv_step: 8 of 8 recompiles used (the next recompile hits the limit: calls that need a "
-        "new graph then run eagerly)"
+        "kv_step: 8 of the 8 graphs `recompile_limit` allows compiled (the next recompile hits "
+        "the limit: calls that need a new graph then run eagerly)"
     )
     assert u["budget"]["used"] == 8 and not u["limit_hit"]
 
@@ -194,7 +205,9 @@ def test_after_the_limit_hit_no_row_says_the_fallback_is_still_ahead():
     assert kinds == ["limit_hit"]  # the limit hit says it all; the budget row would contradict it
     assert "still runs compiled, every other call runs eagerly" in u["explanations"][0]["cause"]
     assert "the next recompile" not in str(u)
-    assert u["budget"]["message"].startswith("kv_step: 8 of 8 recompiles used, then the limit")
+    assert u["budget"]["message"].startswith(
+        "kv_step: 8 of the 8 graphs `recompile_limit` allows compiled, then the limit"
+    )
 
 
 def test_the_table_is_consistent():

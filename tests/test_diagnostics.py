@@ -166,11 +166,15 @@ def test_an_int_argument_made_dynamic_is_said_to_be_dynamic():
 
 def test_an_int_loop_count_stays_specialized_and_dynamic_true_is_not_advised():
     """A loop count torch must know: every value compiles, whatever ``dynamic`` says, so
-    the words say it and do not advise ``dynamic=True`` as the fix."""
+    the words say it and do not advise ``dynamic=True`` as the fix. Five values are five
+    graphs (the first compile's included)."""
     f = torch.compile(_loop, backend="eager")
     u, x = _value_explained(f, [(torch.ones(3), n) for n in range(1, 6)])
     assert u["compiles"] == 5 and x["id"] == "int_argument", x
-    assert "torch kept it specialized (4 graphs so far): each new value compiles" in x["cause"]
+    assert (
+        "torch kept it specialized (5 graphs so far): each new value needs a graph of its own"
+        in x["cause"]
+    )
     assert "would not help" in x["cause"] and "dynamic=True" not in x["fix"]
     g = torch.compile(_loop, backend="eager", dynamic=True)  # (what the words claim)
     torch._dynamo.reset()
@@ -188,7 +192,7 @@ def test_an_int_read_from_an_object_stays_specialized():
     f = torch.compile(_times_cfg, backend="eager")
     u, x = _value_explained(f, [(torch.ones(3),)] * 5, before=set_n)
     assert u["compiles"] == 5 and x["id"] == "int_from_mutable_state", x
-    assert "torch kept it specialized (4 graphs so far)" in x["cause"]
+    assert "torch kept it specialized (5 graphs so far)" in x["cause"]
     assert "0-d tensor" in x["fix"]
 
 
@@ -262,8 +266,8 @@ def test_budget_warning_before_the_limit():
         run_kv(xs)
     budgets = user_events(ev.USER_BUDGET)
     assert [b["message"].split(" (")[0] for b in budgets] == [
-        "kv_step: 3 of 4 recompiles used",
-        "kv_step: 4 of 4 recompiles used",
+        "kv_step: 3 of the 4 graphs `recompile_limit` allows compiled",
+        "kv_step: 4 of the 4 graphs `recompile_limit` allows compiled",
     ]
     assert not user_events(ev.USER_LIMIT_HIT)
     (u,) = user_compiles()

@@ -20,8 +20,9 @@ reached through :mod:`gt_core.diagnostics.torch_hooks`):
 - the exception leaving the block: ``set_stance("fail_on_recompile")``.
 
 Derived: a ``user.budget`` event once a function has used 75% of
-``torch._dynamo.config.recompile_limit`` ("kv_step: 6 of 8 recompiles used"), before
-Dynamo silently runs it eagerly. A source that this torch lacks becomes a ``user.failure``
+``torch._dynamo.config.recompile_limit`` ("kv_step: 6 of the 8 graphs `recompile_limit`
+allows compiled": the limit counts graphs, the first compile's included), before Dynamo
+silently runs it eagerly. A source that this torch lacks becomes a ``user.failure``
 event naming it; the user's code runs as it would without diagnostics.
 
 Routed cells (``gt_core.capture()``, what ``%%gt`` enters): a ``torch.compile``'d function

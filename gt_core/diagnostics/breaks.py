@@ -14,6 +14,7 @@ from gt_core.observe.causes import short_reason
 __all__ = ["BreakEvents"]
 
 
+_SKIPPED = "Skipping the function and falling back to eager"
 _FRAME = re.compile(r'^  File "(.+?)", line (\d+), in (.+)$')
 
 
@@ -46,25 +47,31 @@ class BreakEvents:
         brk = {
             "reason": short_reason(msg),
             "where": f"{loc[1]}:{loc[2]}" if loc else "",
-            "detail": body[:1000],
+            "detail": body[:4000],
             "stack": user_stack(msg),
         }
         self.pending.setdefault(hooks.current_compile_id() or "?", []).append(brk)
         return True
 
+    def skipped(self, cid: str) -> bool:
+        """Whether Dynamo logged a break of compile ``cid`` that it could not resume from (in
+        a loop): it skips the whole function, which then runs eagerly; nothing raised."""
+        return any(_SKIPPED in b["detail"] for b in self.pending.get(cid, ()))
+
     def raised(self, m, cid: str, reason: str) -> None:
         """fullgraph=True: the break raised, and the failed compile's record says where."""
         where = m.fail_user_frame_filename or ""
         where = f"{where}:{m.fail_user_frame_lineno}" if where else ""
-        brk = {"reason": short_reason(reason), "where": where, "detail": reason[:1000]}
-        self.pending.setdefault(cid, [brk])
+        brk = {"reason": short_reason(reason), "where": where, "detail": reason[:4000]}
+        for b in self.pending.setdefault(cid, [brk]):
+            b["raised"] = True
 
     def flush(self, cid: str, fn: str, m) -> None:
         """The breaks of compile ``cid``, now that its record came."""
         logged = self.pending.pop(cid, None)
         if logged is None:  # no log record: the reasons from the metrics, without a place
             logged = [
-                {"reason": short_reason(r), "where": "", "detail": r[:1000]}
+                {"reason": short_reason(r), "where": "", "detail": r[:4000]}
                 for r in sorted(m.restart_reasons or ())
                 if "recompile limit" not in r
             ]

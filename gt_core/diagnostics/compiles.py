@@ -4,6 +4,7 @@ warning and the error a strict stance raises."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -20,6 +21,15 @@ _LIMIT = re.compile(
     re.S,
 )
 _BUDGET_SHARE = 0.75  # warn once this share of the recompile limit is used
+
+
+def _automatic_dynamic(m) -> bool | None:
+    """Whether the compile ran with automatic dynamic shapes (off under ``dynamic=False``):
+    a size that changed is then compiled dynamic, unless the code needs it as an int."""
+    try:
+        return bool(json.loads(m.dynamo_config)["automatic_dynamic_shapes"])
+    except Exception:  # no config recorded: unknown
+        return None
 
 
 class CompileEvents:
@@ -86,6 +96,7 @@ class CompileEvents:
                 source=source,
                 raw=m.recompile_reason,
                 specialize_float=m.specialize_float,
+                automatic_dynamic=_automatic_dynamic(m),
                 causes=causes,
             )
 
@@ -101,6 +112,8 @@ class CompileEvents:
                 self._limit(fn, cid, kind, limit, m.recompile_reason or "")
             return
         kind = "error_on_recompile" if m.fail_type == "RecompileError" else "compile_error"
+        if m.fail_type == "Unsupported" and self.breaks.skipped(cid):
+            return  # a break it could not resume from: the function runs eagerly, its break says
         if m.fail_type == "Unsupported":  # fullgraph=True: the graph break raised
             kind = "fullgraph"
             self.breaks.raised(m, cid, reason)

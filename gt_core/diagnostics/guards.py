@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from gt_core.diagnostics import torch_hooks as hooks
+from gt_core.diagnostics.compiled import codes_of
 
 __all__ = ["explain", "entries_of"]
 
@@ -29,30 +30,6 @@ def _resolve(fn_or_name, frame):
         if obj is not None:
             return obj
     raise NameError(f"gt_core.diagnostics.explain: no function named {fn_or_name!r} in scope")
-
-
-def _codes(obj) -> tuple[str, list]:
-    """(name, the code objects Dynamo may have compiled for ``obj``)."""
-    from gt_core.diagnostics.stance import display_name
-
-    mod = getattr(obj, "_orig_mod", None)
-    if mod is not None:  # torch.compile(module)
-        codes = [type(mod).forward.__code__]
-        wrapper = hooks.innermost_fn(getattr(obj, "forward", None) or obj)
-        if getattr(wrapper, "__code__", None) is not None:
-            codes.append(wrapper.__code__)  # Dynamo's frame around torch.nn modules
-        return type(mod).__name__, codes
-    if hasattr(obj, "forward") and hasattr(obj, "_modules"):  # a module compiled in place
-        return type(obj).__name__, [type(obj).forward.__code__]
-    inner = hooks.innermost_fn(obj)
-    inner = getattr(inner, "__func__", inner)
-    code = getattr(inner, "__code__", None)
-    if code is None:
-        raise TypeError(
-            f"gt_core.diagnostics.explain: expected a function or module compiled with "
-            f"torch.compile, got {type(obj).__name__}"
-        )
-    return display_name(obj if not hasattr(obj, "_torchdynamo_orig_callable") else inner), [code]
 
 
 def _with_resumes(codes: list) -> list:
@@ -119,11 +96,12 @@ def _entry_lines(entries) -> list[str]:
     return lines
 
 
-def entries_of(fn) -> list[dict]:
-    """{compile_id, code, guards} of each cache entry of compiled ``fn`` and its resume
-    functions, each with its own guards whole (not those on global state)."""
+def entries_of(codes: list) -> list[dict]:
+    """{compile_id, code, guards} of each cache entry of ``codes`` (a compiled function's:
+    :func:`~gt_core.diagnostics.compiled.codes_of`) and their resume functions, each with its own guards whole (not those
+    on global state)."""
     out = []
-    for code in _with_resumes(_codes(fn)[1]):
+    for code in _with_resumes(codes):
         for e in hooks.cache_entries(code):
             guards = [g for g in _guards(e) if not _AMBIENT.match(g)]
             out.append({"compile_id": str(e.compile_id), "code": code.co_name, "guards": guards})
@@ -133,7 +111,7 @@ def entries_of(fn) -> list[dict]:
 def explain(fn_or_name, frame) -> str:
     """The text of ``gt_core.diagnostics.explain`` (``frame``: where a name is looked up)."""
     obj = _resolve(fn_or_name, frame)
-    name, codes = _codes(obj)
+    name, codes = codes_of(obj)
     lines, total = [], 0
     for code in _with_resumes(codes):
         entries = hooks.cache_entries(code)

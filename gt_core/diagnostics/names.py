@@ -18,7 +18,15 @@ import threading
 from gt_core.diagnostics import stance as _stance
 from gt_core.diagnostics import torch_hooks as hooks
 
-__all__ = ["USER_FRAME", "Names", "in_gt", "is_ours", "last_user_frame", "user_call"]
+__all__ = [
+    "USER_FRAME",
+    "Names",
+    "in_gt",
+    "innermost_user",
+    "is_ours",
+    "last_user_frame",
+    "user_call",
+]
 
 _GT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # gt_core
 _EXAMPLES = os.path.join(_GT_DIR, "examples")  # user code, though it ships with gt
@@ -53,11 +61,22 @@ def _is_user_file(filename: str, torch_dir: str) -> bool:
     return not filename.startswith(_GT_DIR) or filename.startswith(_EXAMPLES)
 
 
+def _torch_dir() -> str:
+    torch = sys.modules.get("torch")
+    return os.path.dirname(torch.__file__) if getattr(torch, "__file__", None) else ""
+
+
+def innermost_user(frames: list[tuple[str, int, str]]) -> tuple[str, int, str] | None:
+    """The innermost of ``frames`` (``(file, line, source)``, outermost first) in the user's
+    code: not torch's (a torch.nn module's forward) nor gt's."""
+    torch_dir = _torch_dir()
+    return next((f for f in reversed(frames) if _is_user_file(f[0], torch_dir)), None)
+
+
 def user_call() -> tuple[str, str]:
     """(``file:line``, source line) of the innermost user frame on this thread's stack: while
     Dynamo compiles a call, the line that called the compiled function. ('', '') if none."""
-    torch = sys.modules.get("torch")
-    torch_dir = os.path.dirname(torch.__file__) if getattr(torch, "__file__", None) else ""
+    torch_dir = _torch_dir()
     frame = sys._getframe(1)
     while frame is not None:
         filename = frame.f_code.co_filename

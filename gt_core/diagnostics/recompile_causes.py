@@ -14,7 +14,7 @@ import json
 import re
 
 from gt_core.diagnostics import torch_hooks as hooks
-from gt_core.diagnostics.names import user_call
+from gt_core.diagnostics.names import innermost_user, user_call
 
 __all__ = ["causes_of", "input_name"]
 
@@ -30,6 +30,7 @@ _SOURCE = re.compile(r"[LG]\['[^']+'\](?:\.\w+\b(?!\()|\[[^\]]+\])*")
 _PROPERTY = re.compile(
     r"(?P<src>[LG]\['[^']+'\](?:\.\w+\b(?!\()|\[[^\]]+\])*)\.(?P<prop>size|stride)\(\)\[(?P<dim>\d+)\]"
 )
+_VALUE_MATCH = ("EQUALS_MATCH", "TRUE_MATCH", "FALSE_MATCH")  # a value's ``==`` guards
 _MODULE_PART = re.compile(r"\._(?:modules|parameters|buffers)\['(\w+)'\]")
 
 
@@ -102,11 +103,17 @@ def _global_state(part: str) -> list[dict]:
 
 
 class _Walk:
-    """One cache entry's guards, checked one leaf at a time against a call's locals."""
+    """One cache entry's guards, checked one leaf at a time against a call's locals.
 
-    def __init__(self, tree, filename: str):
+    ``first``: the first failing guard as Dynamo reports it (its code parts, the user stack
+    where the value was read): the one guard torch keeps a stack for, whose read is named at
+    the user's own line (a torch.nn module's attribute is read inside torch, called from
+    the user's forward)."""
+
+    def __init__(self, tree, filename: str, first: tuple[list, list]):
         self.root, self.globals, self.scope = tree
         self.filename = filename
+        self.first = first
         self.causes: list[dict] = []
 
     def value_of(self, source: str):
@@ -116,7 +123,9 @@ class _Walk:
         for kind, leaf, parts in hooks.leaf_guards(manager, root=root):
             if parts and hooks.leaf_passes(leaf, value) is False:
                 for c in self.describe(kind, parts, value, source):
-                    c["guard"], c["read_at"] = kind, _read_at(parts[0], self.filename)
+                    c["guard"], c["source"] = kind, source
+                    if not c.get("read_at"):
+                        c["read_at"] = self.read_at(parts)
                     self.causes.append(c)
         for child_source, child in hooks.guard_children(manager):
             try:
@@ -125,11 +134,18 @@ class _Walk:
                 continue
             self.visit(child, child_value, child_source)
 
+    def read_at(self, parts: list[str]) -> str:
+        first_parts, stack = self.first
+        user = innermost_user(stack) if parts == first_parts else None
+        if user is not None:
+            return f"{user[0]}:{user[1]}: {user[2]}"
+        return _read_at(parts[0], self.filename)
+
     def describe(self, kind: str, parts: list[str], value, source: str) -> list[dict]:
         name = input_name(source) if source != "L" else "global"
         if kind == "TENSOR_MATCH":
             found = _tensor(name, parts[0], value)
-        elif kind == "EQUALS_MATCH" and _EQUALS.search(parts[0]):
+        elif kind in _VALUE_MATCH and _EQUALS.search(parts[0]):
             found = [_cause(name, "", _EQUALS.search(parts[0])["value"], repr(value))]
         elif kind == "TYPE_MATCH" and _TYPE.search(parts[0]):
             found = [_cause(name, "type", _TYPE.search(parts[0])["type"], type(value).__name__)]
@@ -157,14 +173,16 @@ class _Walk:
             else:
                 out.append(_cause(who, "", None, None))
             out[-1]["check"] = _check_text(part)
+            out[-1]["read_at"] = _read_at(part, self.filename)  # (each part has its own)
         return out
 
 
 def causes_of(cache_entries, frame) -> list[dict]:
     """Every failing guard of each cache entry a call missed, newest entry first: ``{entry,
-    input, field, before, after, check, guard, line, code, read_at}``; ``guard``: the kind of
-    leaf guard (``TENSOR_MATCH``), ``line``/``code``: the user's call of the compiled
-    function, ``read_at``: where the guarded value was read."""
+    input, field, before, after, check, guard, source, line, code, read_at}``; ``guard``: the
+    kind of leaf guard (``TENSOR_MATCH``), ``source``: the guarded value as the guard reads
+    it (``G['n']``), ``line``/``code``: the user's call of the compiled function,
+    ``read_at``: where the guarded value was read, at the user's line where torch knows it."""
     line, code = user_call()
     filename = frame.f_code.co_filename
     out = []
@@ -173,7 +191,11 @@ def causes_of(cache_entries, frame) -> list[dict]:
             tree = hooks.guard_scope(entry, frame.f_locals)
             if tree is None:
                 continue
-            walk = _Walk(tree, filename)
+            try:
+                first = hooks.first_failure(entry, frame.f_locals)
+            except Exception:  # no stack: each read is named where the guard's comment says
+                first = ([], [])
+            walk = _Walk(tree, filename, first)
             walk.visit(walk.root, frame.f_locals, "L", root=True)
         except Exception:  # a guard tree this torch shapes otherwise: the reason alone
             continue

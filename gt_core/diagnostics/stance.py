@@ -17,6 +17,7 @@ import weakref
 from collections.abc import Callable
 
 from gt_core.diagnostics import torch_hooks as hooks
+from gt_core.diagnostics.compiled import codes_of, display_name
 
 __all__ = [
     "hooked",
@@ -41,35 +42,42 @@ _lock = threading.Lock()
 # observer: called at each call of a compiled function not routed (see observing)
 _state = {"users": 0, "original": None, "observer": None}
 _local = threading.local()  # .entry: the name of the compiled function entered last
-# id -> a weak reference to each compiled function entered while the hook was in (what
-# diagnostics reads the cache entries of as a block ends), in order of first entry
-_entered: dict[int, weakref.ref] = {}
+# id -> (a weak reference, its display name, the code objects Dynamo compiles for it) of each
+# compiled function entered while the hook was in, in order of first entry: diagnostics reads
+# the cache entries on those codes as a block ends
+_entered: dict[int, tuple] = {}
+# (name, codes) of those gone since: a function compiled inside a block may die before the
+# block ends, while its cache entries live on in its code (a nested function's code is a
+# constant of its parent's); kept until the hook's last user leaves
+_gone: list[tuple[str, list]] = []
 # thread id -> [(on_routed(name), skip()), ...] while that thread is inside gt_core.capture()
 _routes: dict[int, list] = {}
 
 
-def display_name(fn) -> str:
-    """A readable name of what torch.compile wrapped: function, method or module class."""
-    fn = getattr(fn, "__wrapped__", fn)  # external_utils.wrap_inline keeps the module here
-    owner = getattr(fn, "__self__", None)
-    if owner is not None and fn.__name__ in ("__call__", "_call_impl", "_wrapped_call_impl"):
-        return type(owner).__name__
-    if not hasattr(fn, "__qualname__") and hasattr(fn, "forward"):
-        return type(fn).__name__
-    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
-    name = name.rsplit("<locals>.", 1)[-1]  # named as the compile records name it
-    return name[: -len(".forward")] if name.endswith(".forward") else name
-
-
-def entered() -> list:
-    """The compiled functions entered while the hook was in, still alive."""
+def entered() -> list[tuple[str, list]]:
+    """(display name, code objects) of each compiled function entered while the hook was in,
+    alive or gone since."""
     with _lock:
-        return [fn for fn in (ref() for ref in _entered.values()) if fn is not None]
+        alive = [(name, codes) for ref, name, codes in _entered.values() if ref() is not None]
+        return alive + list(_gone)
 
 
 def _forget(key: int):
-    """The callback that drops a compiled function's entry once it is gone."""
-    return lambda _: _entered.pop(key, None)
+    """The callback that moves a compiled function's record to the gone once it dies."""
+
+    def forget(_) -> None:
+        record = _entered.pop(key, None)
+        if record is not None:
+            _gone.append(record[1:])
+
+    return forget
+
+
+def _codes_of(fn) -> list:
+    try:
+        return codes_of(fn)[1]
+    except Exception:  # not a function Dynamo compiles code of: nothing to read
+        return []
 
 
 def entry_name() -> str | None:
@@ -87,10 +95,11 @@ def _hook(callback):
         fn = hooks.compiled_fn_of(frame)
         name = display_name(fn) if fn is not None else None
         _local.entry = name
-        ref = _entered.get(id(fn))
-        if fn is not None and (ref is None or ref() is not fn):
+        record = _entered.get(id(fn))
+        if fn is not None and (record is None or record[0]() is not fn):
+            codes = _codes_of(fn)
             with _lock:
-                _entered[id(fn)] = weakref.ref(fn, _forget(id(fn)))
+                _entered[id(fn)] = (weakref.ref(fn, _forget(id(fn))), name, codes)
     except Exception:  # naming is a nicety; never let it break the call
         pass
     routes = _routes.get(threading.get_ident())
@@ -119,6 +128,7 @@ def _uninstall() -> None:
         if _state["users"] == 0:
             if hooks.stance_callback() is _hook:
                 hooks.set_stance_callback(_state["original"])
+            _gone.clear()
             # "original" stays: a call that looked the hook up just before still needs it
 
 

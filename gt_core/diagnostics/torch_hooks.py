@@ -29,6 +29,7 @@ __all__ = [
     "counted_cudagraph_skips",
     "current_compile_id",
     "disable_current_modes",
+    "first_failure",
     "global_state_now",
     "guard_children",
     "guard_scope",
@@ -336,6 +337,15 @@ def leaf_passes(leaf, value) -> bool | None:
         return bool(leaf(value))
     except TypeError:
         return None
+
+
+def first_failure(entry, f_locals: dict) -> tuple[list[str], list[tuple[str, int, str]]]:
+    """The first failing guard of a cache entry on a call's locals, as Dynamo's verbose
+    recompile log names it: its code parts, and the user stack torch recorded where the
+    guarded value was read, outermost first, each ``(file, line, source)`` ([] if none)."""
+    info = entry.guard_manager.check_verbose(f_locals)
+    stack = [(f.filename, f.lineno, (f.line or "").strip()) for f in (info.user_stack or ())]
+    return list(info.verbose_code_parts), stack
 
 
 def global_state_now() -> str:

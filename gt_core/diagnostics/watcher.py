@@ -229,12 +229,11 @@ class Watcher:
         """Each compiled function's cache entries as the block ends (``user.entries``): what
         torch kept, which the explanations check their words against (did a recompile make a
         value dynamic?)."""
-        for fn in _stance.entered():
-            name = _stance.display_name(fn)
+        for name, codes in _stance.entered():
             if name not in self.compiles.functions:
                 continue  # (compiled before this block)
             try:
-                found = entries_of(fn)
+                found = entries_of(codes)
             except Exception as exc:
                 self.unavailable("torch._C._dynamo.eval_frame._debug_get_cache_entry_list", exc)
                 return

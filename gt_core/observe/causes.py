@@ -130,17 +130,17 @@ def explain_id(cause_id: str, options: dict | None = None, **context) -> dict:
 
 
 def budget_message(function: str, used: int, limit: int, hit: bool = False) -> str:
-    """``"kv_step: 6 of 8 recompiles used"`` and what happens at the limit (``hit``: it did)."""
+    """``"kv_step: 6 of the 8 graphs `recompile_limit` allows compiled"`` and what happens at
+    the limit (``hit``: it did). The limit counts a function's graphs (its cache entries),
+    the first compile's included: 6 graphs are 5 recompiles."""
+    allowed = f"{used} of the {limit} graphs `recompile_limit` allows compiled"
     if hit:
-        return (
-            f"{function}: {used} of {limit} recompiles used, then the limit was hit: calls that "
-            "need a new graph run eagerly"
-        )
+        return f"{function}: {allowed}, then the limit was hit: calls that need a new graph run eagerly"
     left = limit - used
     then = "the next recompile" if left <= 0 else f"{left} more and the next"
     return (
-        f"{function}: {used} of {limit} recompiles used ({then} hits the limit: calls that "
-        "need a new graph then run eagerly)"
+        f"{function}: {allowed} ({then} hits the limit: calls that need a new graph then run "
+        "eagerly)"
     )
 
 

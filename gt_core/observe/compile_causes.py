@@ -66,6 +66,28 @@ COMPILE_CAUSES: tuple[Cause, ...] = (
         "the first call; or pad inputs to a few fixed sizes (buckets)",
     ),
     Cause(
+        "size_one",
+        ("recompile",),
+        r"^2 <= (?P<name>\S+?)\.size\(\)\[(?P<dim>\d+)\]$",
+        "input `{name}` has a size of 0 or 1 at dimension {dim}: torch keeps those sizes apart "
+        "(a dynamic size is one of 2 or more), so it compiles a graph for that size",
+        "expected once per such size; to share one graph, call "
+        "`torch._dynamo.decorators.mark_unbacked({name}, {dim})` before the first call (torch "
+        "then assumes nothing of that size)",
+    ),
+    Cause(
+        "shape_kept_static",
+        ("recompile",),
+        None,
+        "input `{name}` changed shape: dimension {dim} was {old}, now {new}; torch kept that "
+        "dimension static ({graphs} so far): the code needs it as a Python int (a loop count, "
+        "`range`, a branch on the size), so each new size needs a graph of its own and "
+        "`dynamic=True` would not help",
+        "expected if it takes a few sizes (each compiles once); with many, pad inputs to a few "
+        "fixed sizes (buckets), or keep the loop or branch on the size outside the compiled "
+        "function",
+    ),
+    Cause(
         "stride_change",
         ("recompile",),
         r"tensor '(?P<name>[^']+)' stride mismatch",
@@ -98,7 +120,8 @@ COMPILE_CAUSES: tuple[Cause, ...] = (
         ("recompile",),
         r"GLOBAL_STATE changed: grad_mode",
         "grad mode changed: the function was called both under `torch.no_grad()` and outside",
-        "compile one function for training and one for inference, or call it under one mode",
+        "expected if it runs both ways: each grad mode compiles once and later calls reuse its "
+        "graph; to save that recompile, call it under one mode",
     ),
     Cause(
         "global_state_change",
@@ -112,7 +135,7 @@ COMPILE_CAUSES: tuple[Cause, ...] = (
         ("recompile",),
         r"(?P<expr>\S+)\.training\s*==\s*(?P<value>True|False)",
         "a module switched between train() and eval() (`{expr}.training` was {value})",
-        "expected once per mode; compile separate functions for training and evaluation",
+        "nothing to do: each mode compiles once and later switches reuse its graph",
     ),
     Cause(
         "object_identity",
@@ -144,7 +167,7 @@ COMPILE_CAUSES: tuple[Cause, ...] = (
         "call whose inputs pass the guards of one of its cached graphs still runs compiled, "
         "every other call runs eagerly (uncompiled)",
         "fix the cause of its recompiles (above); raising `torch._dynamo.config.recompile_limit` "
-        "only delays the fallback",
+        "keeps more graphs, one per new value, so it helps only while the values are few",
     ),
     Cause(
         "recompile_budget",
@@ -186,6 +209,24 @@ COMPILE_CAUSES: tuple[Cause, ...] = (
         "this function's own torch.compile",
     ),
     # -- graph breaks ---------------------------------------------------------------------
+    # (first: what breaks a graph in a loop is named in the same text)
+    Cause(
+        "break_in_loop",
+        ("graph_break",),
+        r"Skipping the function and falling back to eager.*graph break in loop",
+        "a graph break inside a `for`/`while` loop: torch cannot resume a graph in a loop, so "
+        "it skips the whole function, which runs eagerly (uncompiled) on every call",
+        "move what breaks the graph (a `print`, an `.item()`, a call torch cannot trace) out of "
+        "the loop, or the loop out of the compiled function",
+    ),
+    Cause(
+        "frame_skipped",
+        ("graph_break",),
+        r"Skipping the function and falling back to eager",
+        "a graph break torch could not resume from: it skips the whole function, which runs "
+        "eagerly (uncompiled) on every call",
+        "remove the graph break named with it, or move it out of the compiled function",
+    ),
     Cause(
         "print",
         ("graph_break",),

@@ -90,7 +90,7 @@ USER_GRAPH_BREAK = "user.graph_break"
 USER_LIMIT_HIT = "user.limit_hit"
 USER_CUDAGRAPH_SKIP = "user.cudagraph_skip"
 USER_FAILURE = "user.failure"  # function, kind ("fail_on_recompile", "unavailable", ...), reason
-USER_BUDGET = "user.budget"  # function, used, limit, message ("kv_step: 6 of 8 recompiles used")
+USER_BUDGET = "user.budget"  # function, used, limit, message ("kv_step: 6 of the 8 graphs ...")
 USER_ROUTED = "user.routed"  # function, message (called inside capture: ran through gt's stream)
 # function, entries [{compile_id, code, guards}]: its cache entries as the block ends (each
 # entry's own guards, whole), what the explanations check their words against

@@ -7,6 +7,8 @@ Pure (no torch), like the report that shows them.
 
 from __future__ import annotations
 
+import re
+
 __all__ = ["cause_lines", "cause_reasons", "cause_text"]
 
 
@@ -42,14 +44,17 @@ def cause_lines(recompile: dict) -> list[str]:
 
 
 def _reason(c: dict) -> str:
-    """A cause in the words of Dynamo's own recompile reason for the guard."""
+    """A cause in the words of Dynamo's own recompile reason for the guard: a value by its
+    source as the guard reads it, locals bare (``G['n'] == 1``, ``n == 1``), so that a global
+    is told from an argument."""
     name, field = c.get("input", "?"), c.get("field") or ""
     if c.get("check"):
         return c["check"]
     if c.get("guard") == "GLOBAL_STATE":
         return f"GLOBAL_STATE changed: {name}"
-    if c.get("guard") == "EQUALS_MATCH":
-        return f"{name} == {c.get('before')}"
+    if c.get("guard") in ("EQUALS_MATCH", "TRUE_MATCH", "FALSE_MATCH"):
+        source = re.sub(r"\bL\['(\w+)'\]", r"\1", c.get("source") or name)
+        return f"{source} == {c.get('before')}"
     if c.get("guard") != "TENSOR_MATCH":
         return cause_text(c)
     if "[" in field:

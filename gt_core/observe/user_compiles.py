@@ -11,6 +11,7 @@ import re
 from gt_core.observe import events as ev
 from gt_core.observe.causes import budget_message, explain, explain_id, short_reason
 from gt_core.observe.guard_causes import cause_reasons
+from gt_core.observe.true_words import checked
 
 __all__ = ["breaks_text", "calls_text", "compiling_text", "summarize_user_compiles"]
 
@@ -102,10 +103,10 @@ def summarize_user_compiles(events: list[dict]) -> list[dict]:
     for u in fns.values():
         if u["limit_hit"]:
             _budget_spent(u)
-        _checked(u)
+        checked(u)
         _ranked(u)
         for x in u["explanations"]:
-            for k in ("key", "guard", "line", "compile_ids", "specialize_float"):
+            for k in _PRIVATE:
                 del x[k]
         u["compile_seconds"] = round(u["compile_seconds"], 6)
         u["time_split"] = {k: round(v, 6) for k, v in u["time_split"].items()}
@@ -286,11 +287,24 @@ def _explained(u: dict, e: dict, seen: set) -> None:
     texts = [text, *cause_reasons(e.get("causes") or [])] if kind == "recompile" else [text]
     keys: set = set()
     for t in texts:
-        x = explain(kind, t, fn=u["function"], limit=e.get("limit"))
+        x = _size_one(t) if kind == "recompile" else None
+        x = x or explain(kind, t, fn=u["function"], limit=e.get("limit"))
         key = (kind, x["id"] if x["id"] != "unknown" else x["cause"])
         if key not in keys:
             keys.add(key)
             _explanation(u, e, seen, kind, t, x, key)
+
+
+_TO_SIZE_ONE = re.compile(
+    r"^tensor '(?P<name>[^']+)' size mismatch at index (?P<dim>\d+)\. expected \d+, actual [01]$"
+)
+
+
+def _size_one(text: str) -> dict | None:
+    """A size changed to 0 or 1: torch specializes those sizes whatever ``dynamic`` says, so
+    the words are those of the size, not of a shape change (which ``dynamic=True`` fixes)."""
+    m = _TO_SIZE_ONE.match(short_reason(text))
+    return explain_id("size_one", name=m["name"], dim=m["dim"]) if m else None
 
 
 def _explanation(u: dict, e: dict, seen: set, kind: str, text: str, x: dict, key) -> None:
@@ -318,79 +332,27 @@ def _explanation(u: dict, e: dict, seen: set, kind: str, text: str, x: dict, key
             "line": _line(e),
             "compile_ids": [e.get("compile_id")],
             "specialize_float": e.get("specialize_float"),
+            "automatic_dynamic": e.get("automatic_dynamic"),
+            "raised": bool(e.get("raised")),  # a graph break that raised (fullgraph=True)
+            "text": text,
         }
     )
 
 
-# A recompile's guard on a Python number's value, and the causes that explain one.
-_VALUE = re.compile(r"^(?P<expr>.+?)\s*==\s*(?P<value>-?\d+(?P<float>\.\d*(?:e-?\d+)?)?)$")
-_VALUE_CAUSES = ("int_argument", "int_from_mutable_state", "float_constant")
+# What an explanation keeps while the summary is made, dropped from what it returns.
+_PRIVATE = (
+    "key",
+    "guard",
+    "line",
+    "compile_ids",
+    "specialize_float",
+    "automatic_dynamic",
+    "raised",
+    "text",
+)
 
 
 def _line(e: dict) -> str:
     """The user's source line an event happened at (a break's innermost frame)."""
     stack = e.get("stack") or []
     return (stack[-1].get("text") if stack else e.get("source")) or ""
-
-
-_STEERS = re.compile(r"^(?:if|elif|while)\b|\bif\b.+\belse\b")
-
-
-def _checked(u: dict) -> None:
-    """Words that are true for the torch that ran. A value's recompiles: each entry a
-    recompile on the value made is read (its guards, from ``user.entries``): one that no
-    longer guards the value's number made it dynamic; one that does kept it specialized.
-    Without the entries (a live view before the block ends) the catalogue's words stand,
-    which claim neither. An ``.item()`` break on a line that branches on it: the break stays
-    whatever ``capture_scalar_outputs`` says."""
-    made = {en["compile_id"]: en for en in u["entries"]}
-    for x in u["explanations"]:
-        if x["id"] == "item" and _STEERS.search(x["line"]):
-            x.update(explain_id("item_steers_python", line=x["line"]))
-            continue
-        m = _VALUE.match(x["guard"]) if x["id"] in _VALUE_CAUSES else None
-        entries = [made[c] for c in x["compile_ids"] if c in made] if m else []
-        if not entries:
-            continue
-        expr, value, is_float = m["expr"], m["value"], bool(m["float"])
-        # (a symbolic int's failed guard names the argument bare: ``n == 1``; entries: L['n'])
-        names = [expr, f"L['{expr}']"] if expr.isidentifier() else [expr]
-        held = re.compile("(?:" + "|".join(map(re.escape, names)) + r")\s*==\s*-?\d")
-        kept = [any(held.search(g) for g in en["guards"]) for en in entries]
-        if not kept[-1]:
-            avoid = (
-                " (to avoid it, pass it as a 0-d tensor)"
-                if is_float
-                else " (to avoid it, compile with `dynamic=True`)"
-            )
-            x.update(explain_id("value_made_dynamic", expr=expr, value=value, avoid=avoid))
-        else:
-            x.update(_specialized(x, is_float, len(entries)))
-
-
-def _specialized(x: dict, is_float: bool, n: int) -> dict:
-    """The words of ``x`` (a value's recompiles) where torch kept the value specialized."""
-    if is_float:
-        why = " (`specialize_float` was on)" if x["specialize_float"] else ""
-        fix = "pass it as a 0-d tensor instead of a Python float"
-        if x["specialize_float"]:
-            fix += " (or set `torch._dynamo.config.specialize_float = False`)"
-    elif x["id"] == "int_from_mutable_state":
-        why = (
-            "; torch reads an int of an object or a global as a constant, so `dynamic=True` "
-            "would not help"
-        )
-        fix = x["fix"]
-    else:
-        why = (
-            "; it steers Python control flow or a size torch must know (a loop count, "
-            "`range`, a shape), so `dynamic=True` would not help"
-        )
-        fix = (
-            "expected if it takes a few values (each compiles once); with many, call it with a "
-            "few fixed values (buckets), or keep the loop or branch on it outside the compiled "
-            "function"
-        )
-    graphs = f"{n} graph{'s' if n != 1 else ''}"
-    cause = f"{x['cause']}; torch kept it specialized ({graphs} so far): each new value "
-    return {"cause": cause + f"compiles another{why}", "fix": fix}
