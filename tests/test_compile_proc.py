@@ -347,6 +347,7 @@ def test_a_block_compiled_again_is_loaded_from_gt_s_cache_not_compiled(own_cache
     try:
         fn, _, info = first._compile(job, metas, None)
         assert info["cache"] != "kept" and first.pid is not None
+        made = {k: v for k, v in info["phases"].items() if k != "load"}
     finally:
         first.close()
     assert_close(fn(x, w)[0], x @ w)
@@ -356,6 +357,7 @@ def test_a_block_compiled_again_is_loaded_from_gt_s_cache_not_compiled(own_cache
     try:
         fn, _, info = again._compile(job, metas, None)
         assert info["cache"] == "kept" and again.pid is None  # (loaded: nothing compiled)
+        assert list(info["phases"]) == ["load"] and info["kept_phases"] == made  # (what it saved)
         assert_close(fn(x, w)[0], x @ w)
 
         (kept,) = own_cache.glob("*.bin")

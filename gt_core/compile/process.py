@@ -148,8 +148,8 @@ class CompileProcess:
             path = os.path.join(self._folder(), f"{next(self._ids)}.bin")
             info = block_cache.lookup(k, path) if look else None
             hit = info is not None
-            if hit:
-                info.update(cache=block_cache.KEPT, phases={})
+            if hit:  # (the phases of the compile that made it, kept with it: what it saved)
+                info.update(cache=block_cache.KEPT, phases={}, kept_phases=info.get("phases") or {})
             else:
                 info = self._compile_there(job, metas, options, path, wanted)
                 block_cache.keep(k, path, info)

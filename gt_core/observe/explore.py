@@ -45,6 +45,8 @@ def annotate(hot_paths: list[dict], events: list[dict]) -> None:
         p["canonical"] = annotated(detected, sites)
         p["code"] = done.get("code")
         p["compile_phases"] = dict(done.get("phases") or {})
+        # (a block loaded from gt's block cache: the phases of the compile that made it)
+        p["kept_phases"] = dict(done.get("kept_phases") or {})
         p["cache"] = done.get("cache")
         p["lines"] = lines(p["canonical"], (detected or {}).get("op_ms"))
 
