@@ -177,11 +177,11 @@ class Calls:
         eagerly, an eager sample."""
         if in_gt():
             return False
-        cleanups = hooks.call_cleanups(frame)
+        cleanups, args, kwargs = hooks.call_parts(frame)
         if cleanups is None:
             return False  # (its end cannot be seen: not counted)
-        args, kwargs = hooks.call_inputs(frame)
-        key = inputs_key(fn, args, kwargs)
+        # (the inputs matter to samples alone: with none taken, they are not read)
+        key = inputs_key(fn, args, kwargs) if self.every > 0 else None
         with self.lock:
             tally = self.tallies.setdefault(name, _Tally())
             sample = (

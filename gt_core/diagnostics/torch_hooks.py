@@ -22,8 +22,7 @@ __all__ = [
     "RESUME",
     "artifact_enabled",
     "cache_entries",
-    "call_cleanups",
-    "call_inputs",
+    "call_parts",
     "compilation_metrics",
     "compiled_fn_of",
     "counted_cudagraph_skips",
@@ -177,19 +176,15 @@ def compiled_fn_of(frame):
     return frame.f_locals.get("fn")
 
 
-def call_cleanups(frame) -> list | None:
-    """The list of callables Dynamo's wrapper calls as a compiled function's call ends
-    (its local ``cleanups``, run in its ``finally``), from the wrapper's frame that asked
-    ``_callback_from_stance``; None where the frame has none (a ``with`` block)."""
-    cleanups = frame.f_locals.get("cleanups")
-    return cleanups if type(cleanups) is list else None
-
-
-def call_inputs(frame) -> tuple[tuple, dict]:
-    """The positional and keyword arguments of a compiled function's call, from the frame
-    of Dynamo's wrapper (its locals ``args`` and ``kwargs``)."""
+def call_parts(frame) -> tuple[list | None, tuple, dict]:
+    """From the frame of Dynamo's wrapper that asked ``_callback_from_stance`` (its locals,
+    read once): the list of callables it calls as the compiled function's call ends (its
+    ``cleanups``, run in its ``finally``; None where the frame has none, a ``with`` block),
+    and the call's positional and keyword arguments."""
     f_locals = frame.f_locals
-    return tuple(f_locals.get("args") or ()), dict(f_locals.get("kwargs") or {})
+    cleanups = f_locals.get("cleanups")
+    args, kwargs = f_locals.get("args") or (), f_locals.get("kwargs") or {}
+    return (cleanups if type(cleanups) is list else None), tuple(args), dict(kwargs)
 
 
 def hook_guard_complete(on_result: Callable[[bool, object], None]) -> Callable[[], None]:
