@@ -277,3 +277,25 @@ def test_breaks_are_ranked_by_their_time_outside_the_graphs_in_calls():
     assert breaks_text(u)[0] == (
         "graph break at c.py:5: in 40 compiled call(s), 80 ms outside the graphs (2 ms a call)"
     )
+
+
+def test_a_library_model_with_a_decorated_forward_is_one_function_its_calls_and_compiles():
+    """transformers decorates forward (its code is the decorator's ``wrapper``): compiles and
+    calls are both named by what the user compiled, in one entry."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(
+        vocab_size=64,
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+    )
+    m = transformers.BertForSequenceClassification(cfg).eval()
+    f = torch.compile(m, backend="eager")
+    with gt_core.diagnostics(eager_every=0), torch.no_grad():
+        for n in [8] * 6 + [12] * 3:
+            f(input_ids=torch.zeros(2, n, dtype=torch.long))
+    (u,) = gt_core.report().to_data()["user_compiles"]
+    assert u["function"] == "BertForSequenceClassification"
+    assert u["compiles"] == 2 and u["calls"]["calls"] == 9
+    assert u["calls"]["outcomes"] == {"compiling": 2, "compiled": 7}

@@ -125,7 +125,9 @@ class Names:
         elif hooks.is_module_wrapper(f):
             name = _stance.entry_name() or "module"  # a torch.nn module, wrapped by Dynamo
         else:
-            name = _qualname(co, f, m.co_firstlineno or 0)
+            name = _stance.owner_of(f, co, m.co_firstlineno or 0) or _qualname(
+                co, f, m.co_firstlineno or 0
+            )
             if name.endswith(".forward"):  # torch.compile(model): named by its class
                 name = name[: -len(".forward")]
             self.by_code[(f, co)] = name

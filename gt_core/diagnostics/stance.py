@@ -23,6 +23,7 @@ __all__ = [
     "hooked",
     "routing",
     "observing",
+    "owner_of",
     "entry_name",
     "entered",
     "display_name",
@@ -60,6 +61,20 @@ def entered() -> list[tuple[str, list]]:
     with _lock:
         alive = [(name, codes) for ref, name, codes in _entered.values() if ref() is not None]
         return alive + list(_gone)
+
+
+def owner_of(filename: str, co_name: str, firstlineno: int) -> str | None:
+    """The display name of the compiled function entered whose own code this is (a record's
+    ``co_*`` fields), or None: a module's ``forward`` under a decorator of its library
+    compiles as the decorator's code (``wrapper``), and is named by what the user compiled."""
+    with _lock:
+        records = [(name, codes) for _, name, codes in _entered.values()] + list(_gone)
+    for name, codes in records:
+        for code in codes:
+            where = (code.co_filename, code.co_name, code.co_firstlineno)
+            if where == (filename, co_name, firstlineno):
+                return name
+    return None
 
 
 def _forget(key: int):
