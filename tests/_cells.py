@@ -576,6 +576,8 @@ class Call:
     fits: bool  # whether the inputs passed the guards of a cached entry
     compiles: int  # compiles made during the call
     graph_runs: int  # graphs of the counting backend run during the call
+    code: str = ""  # the compiled code's name (a module's forward, a function's own)
+    raised: bool = False  # an exception left the call
 
 
 def summary(value):
@@ -774,9 +776,17 @@ def _compile_with(change: Change, run: Run):
                 )
                 seen = {k: summary(v) for k, v in inputs.items()}
                 grad = torch.is_grad_enabled()
-                out = compiled(*args, **kw)
-            made = len([m for m in get_compilation_metrics()[before[0] :] if not m.fail_type])
-            run.calls.append(Call(seen, grad, training, fits, made, graph_runs[0] - before[1]))
+                raised = True
+                try:
+                    out = compiled(*args, **kw)
+                    raised = False
+                finally:
+                    made = get_compilation_metrics()[before[0] :]
+                    made = len([m for m in made if not m.fail_type])
+                    runs = graph_runs[0] - before[1]
+                    run.calls.append(
+                        Call(seen, grad, training, fits, made, runs, code.co_name, raised)
+                    )
             return out
 
         return call

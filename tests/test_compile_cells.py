@@ -359,6 +359,38 @@ def test_the_report_line_of_each_function_counts_as_torch_does(name):
         assert line.endswith(", recompile limit hit") == u["limit_hit"]
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_each_functions_calls_ran_as_torch_ran_them(name):
+    """How each call ran is torch's, counted from a re-run that watches every call with a
+    counting backend: a call an exception left raised; one that made a compile is
+    compiling; one that ran a graph and compiled nothing ran compiled (whole, partly, or as
+    one of gt's eager samples, each taken where a cached graph would have run); one that did
+    neither ran eagerly. The report's line says the same counts."""
+    g = gt(name)
+    watched = rerun(name, change=Change(count=True, watch=True)).calls
+    for u in g.data:
+        codes = Said(name, u, {}).codes()
+        mine = [c for c in watched if c.code in codes]
+        if not mine:
+            continue  # (a function called only from other compiled code: traced, not called)
+        c = u["calls"]
+        assert c is not None, f"{u['function']}: no calls counted"
+        got = Counter(c["outcomes"])
+        ran = got["compiled"] + got["partly_eager"] + got["eager_sample"]
+        raised = sum(1 for x in mine if x.raised)
+        compiling = sum(1 for x in mine if x.compiles and not x.raised)
+        graphs = sum(1 for x in mine if not (x.compiles or x.raised) and x.graph_runs)
+        assert (got["raised"], got["compiling"], ran, got["eager"]) == (
+            raised,
+            compiling,
+            graphs,
+            len(mine) - raised - compiling - graphs,
+        ), (u["function"], dict(got))
+        assert c["calls"] == len(mine)
+        assert f"{c['calls']} call(s): " in g.text
+        assert got["eager_sample"] <= sum(1 for x in mine if x.fits and not x.compiles)
+
+
 # -- statements ------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Mark:

@@ -299,3 +299,29 @@ def test_a_library_model_with_a_decorated_forward_is_one_function_its_calls_and_
     assert u["function"] == "BertForSequenceClassification"
     assert u["compiles"] == 2 and u["calls"]["calls"] == 9
     assert u["calls"]["outcomes"] == {"compiling": 2, "compiled": 7}
+
+
+def _checked(x):
+    if x.sum() > 0:  # (a graph break: the data decides)
+        return x * 2
+    raise ValueError("negative input")
+
+
+def test_a_call_an_exception_leaves_counts_as_raised_and_one_made_while_handling_does_not():
+    """The user's own error raised inside a compiled function is ``raised`` (not eager, not
+    timed); a call that succeeds inside an ``except`` block, where an exception is being
+    handled already, is counted by how it ran."""
+    f = torch.compile(_checked, backend="eager")
+    with gt_core.diagnostics(eager_every=0):
+        f(torch.ones(3))
+        for _ in range(2):
+            try:
+                f(-torch.ones(3))
+            except ValueError:
+                f(torch.ones(3))  # (inside the handler: it ran, compiled)
+    c = calls_of("_checked")["calls"]
+    assert c["calls"] == 5
+    # (the first negative call compiled its raising branch too: raised comes first)
+    assert c["outcomes"] == {"compiling": 1, "raised": 2, "compiled": 2}
+    assert "raised" not in c["median_ms"]
+    assert "2 raised an error" in calls_text(calls_of("_checked"))

@@ -14,7 +14,9 @@ Three sources, all per call on the calling thread:
 So a call is ``compiled`` (every frame checked fitted an entry), ``compiling`` (a compile ran
 in it: a first call, a recompile, a resume function's first compile), ``eager`` (no entry
 fitted and nothing compiled: past the limit, or a frame Dynamo skips), ``partly_eager`` (some
-frames fitted, others ran eagerly) or ``eager_sample``.
+frames fitted, others ran eagerly), ``eager_sample``, or ``raised`` (an exception left the
+call: a compile that failed, ``error_on_recompile``, the user's own error; it ran neither way
+to its end, and is not timed).
 
 Eager samples: one call in ``every`` runs eagerly on purpose (its stance callback None, as
 ``torch.compiler.set_stance("force_eager")`` would), so the compiled calls are timed against
@@ -29,6 +31,7 @@ against, so a sampled call changes no result beyond the compiler's rounding.
 from __future__ import annotations
 
 import statistics
+import sys
 import threading
 import time
 from collections import Counter
@@ -41,7 +44,7 @@ from gt_core.observe import events as ev
 
 __all__ = ["Calls", "OUTCOMES", "SAMPLES", "inputs_key"]
 
-OUTCOMES = ("compiled", "compiling", "eager", "partly_eager", "eager_sample")
+OUTCOMES = ("compiled", "compiling", "eager", "partly_eager", "eager_sample", "raised")
 SAMPLES = 5  # eager samples per function at most (each costs what compiling saves)
 _KEPT = 256  # call times kept per function and inputs (medians over the latest)
 _KEYS = 16  # distinct inputs whose times are kept per function (the first ones seen)
@@ -89,6 +92,10 @@ class _Call:
     mark: float = 0.0  # when the last graph began or ended, or the last frame was checked
     graph_ms: float = 0.0  # in its graphs
     sites: dict = field(default_factory=dict)  # break site "file:line" -> ms outside the graphs
+    # the exception being handled where the call began (a call made in an ``except`` block):
+    # one seen at its end that is not this one left the call
+    handling: BaseException | None = None
+    raised: bool = False
 
     def __post_init__(self):
         self.mark = self.t0
@@ -106,6 +113,8 @@ class _Call:
         self.mark = ended
 
     def outcome(self) -> str:
+        if self.raised:
+            return "raised"
         if self.sample:
             return "eager_sample"
         if self.compiled:
@@ -190,7 +199,7 @@ class Calls:
                 and tally.since_sample >= self.every - 1
                 and tally.last == (key, "compiled")
             )
-        call = _Call(name, key, self.clock(), sample)
+        call = _Call(name, key, self.clock(), sample, handling=sys.exc_info()[1])
         stack = self._open()
         stack.append(call)
         cleanups.append(lambda: self._end(call, stack))
@@ -241,6 +250,10 @@ class Calls:
         ms = (self.clock() - call.t0) * 1e3
         if call in stack:
             stack.remove(call)
+        # (Dynamo's wrapper runs its cleanups in a ``finally``: an exception leaving the call
+        # is the one being handled there)
+        leaving = sys.exc_info()[1]
+        call.raised = leaving is not None and leaving is not call.handling
         outcome = call.outcome()
         with self.lock:
             tally = self.tallies[call.name]
@@ -259,9 +272,10 @@ class Calls:
                     seen = tally.sites.setdefault(site, [0, 0.0])
                     seen[0] += 1
                     seen[1] += site_ms
-            kept = tally.times(outcome, call.key)
-            kept.append(ms)
-            del kept[:-_KEPT]
+            if outcome != "raised":  # (not timed: it ran neither way to its end)
+                kept = tally.times(outcome, call.key)
+                kept.append(ms)
+                del kept[:-_KEPT]
             tally.last = (call.key, outcome)
             self.changed.add(call.name)
             now = self.clock()

@@ -95,7 +95,7 @@ USER_ROUTED = "user.routed"  # function, message (called inside capture: ran thr
 # function, entries [{compile_id, code, guards}]: its cache entries as the block ends (each
 # entry's own guards, whole), what the explanations check their words against
 USER_ENTRIES = "user.entries"
-# function, calls, outcomes {compiled, compiling, eager, partly_eager, eager_sample: n},
+# function, calls, outcomes {compiled, compiling, eager, partly_eager, eager_sample, raised: n},
 # median_ms {outcome: ms}, samples, speedup (eager / compiled on the same inputs), compared,
 # eager_every: a snapshot of its calls so far (gt_core.diagnostics.calls), the latest wins
 USER_CALLS = "user.calls"

@@ -200,6 +200,7 @@ _OUTCOME_WORDS = {
     "eager": "eagerly (no cached graph fitted, none compiled)",
     "partly_eager": "partly eagerly",
     "eager_sample": "eagerly as samples",
+    "raised": "raised an error",
 }
 
 
