@@ -121,9 +121,8 @@ def test_no_module_is_named_like_a_lazy_public_name():
 # Underscore names another module still imports, each to be made public where it is defined
 # (the list only shrinks: an entry that no longer occurs fails as well).
 PRIVATE_IMPORTS_LEFT: set[str] = set()
-# A proxy's fields start with _gt_ to stay clear of torch.Tensor's names; the client's modules
-# share them. Torch's own private attributes (an OpOverload's _schema) are torch's interface.
-_SHARED_PRIVATE = re.compile(r"_gt_\w+|_schema|_opname|_overloadname")
+# Torch's own private attributes (an OpOverload's _schema) are torch's interface.
+_SHARED_PRIVATE = re.compile(r"_schema|_opname|_overloadname")
 
 
 def _module_name(path: Path) -> str:
@@ -275,3 +274,68 @@ def test_jit_states_change_only_through_the_table():
     for path in _sources():
         if path.name != "entry.py" and re.search(r"\.state\s*=\s*JitState", path.read_text()):
             raise AssertionError(f"{path.relative_to(ROOT)} sets a jit state outside the table")
+
+
+def _field_writes(tree: ast.AST, fields: set) -> list[int]:
+    """Lines that write one of ``fields``: ``x.f = ...`` (augmented, annotated, in a tuple,
+    or deleted too), ``setattr(x, "f", ...)``, ``x.__dict__["f"] = ...``, and ``f = ...`` in
+    a class body (a default)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute | ast.Subscript) and isinstance(
+            node.ctx, ast.Store | ast.Del
+        ):
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+            elif isinstance(node.value, ast.Attribute) and node.value.attr == "__dict__":
+                name = getattr(node.slice, "value", None)
+            else:
+                continue
+            if name in fields:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.Call) and len(node.args) >= 2:
+            f, name = node.func, getattr(node.args[1], "value", None)
+            called = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", None)
+            if called in ("setattr", "__setattr__", "delattr", "__delattr__") and name in fields:
+                lines.append(node.lineno)
+        elif isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                if not isinstance(stmt, ast.Assign | ast.AnnAssign | ast.AugAssign):
+                    continue
+                if stmt.value is None:  # an annotation alone declares, writes nothing
+                    continue
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                for t in targets:
+                    for x in t.elts if isinstance(t, ast.Tuple) else [t]:
+                        if isinstance(x, ast.Name) and x.id in fields:
+                            lines.append(stmt.lineno)
+    return lines
+
+
+def test_a_proxys_fields_are_written_only_in_their_module():
+    """``proxy_fields`` owns a proxy's fields: every other module reads them and writes them
+    through its functions (a new proxy's, a shadow set or dropped, new metadata, a value
+    taken over), never by assignment, ``setattr`` or ``__dict__``."""
+    import torch
+
+    from gt_core.client.recording.proxy_fields import FIELDS
+
+    fields = set(FIELDS)
+    assert all(f.startswith("gt_") for f in fields), fields
+    assert not fields & set(dir(torch.Tensor)), fields & set(dir(torch.Tensor))
+    ways = "p.gt_meta = m\np.gt_value_id, q = 1, 2\nsetattr(p, 'gt_shadow', None)\n"
+    ways += "p.__dict__['gt_session'] = None\nclass P:\n    gt_shadow = None\n"
+    assert sorted(_field_writes(ast.parse(ways), fields)) == [1, 2, 3, 4, 6]  # sees each way
+    own = ROOT / "gt_core/client/recording/proxy_fields.py"
+    assert fields <= {
+        n.attr
+        for n in ast.walk(ast.parse(own.read_text()))
+        if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+    }
+    elsewhere = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted((ROOT / "gt_core").rglob("*.py"))
+        if path != own
+        for line in _field_writes(ast.parse(path.read_text()), fields)
+    ]
+    assert not elsewhere, "write a proxy's fields through proxy_fields:\n" + "\n".join(elsewhere)

@@ -36,8 +36,8 @@ class _P:
     """What the matcher reads of a proxy argument: its id and metadata."""
 
     def __init__(self, vid: int, batch: int):
-        self._gt_id = vid
-        self._gt_m = TensorMeta((batch, 4), (4, 1), torch.float32, 0)
+        self.gt_value_id = vid
+        self.gt_meta = TensorMeta((batch, 4), (4, 1), torch.float32, 0)
 
 
 @pytest.mark.parametrize("batch, sig", [(128, "b128"), (64, "b64")])
@@ -47,7 +47,7 @@ def test_an_occurrence_completes_as_the_plan_its_inputs_fit(batch, sig):
     m.offer("b128", _plan("b128", 128))
     m.offer("b64", _plan("b64", 64))
     x, w = _P(1, batch), _P(2, 4)
-    w._gt_m = TensorMeta((4, 4), (4, 1), torch.float32, 0)
+    w.gt_meta = TensorMeta((4, 4), (4, 1), torch.float32, 0)
     m.feed(Op(OP, 0, (Ref(1), Ref(2)), {}, (10,)), (x, w))
     assert out == [(RUN, sig, [1, 2], [10], [])]
 
@@ -57,7 +57,7 @@ def test_an_occurrence_no_plan_fits_goes_out_as_its_instructions():
     m = PlanMatcher(out.append, lambda: None)
     m.offer("b128", _plan("b128", 128))
     x, w = _P(1, 32), _P(2, 4)
-    w._gt_m = TensorMeta((4, 4), (4, 1), torch.float32, 0)
+    w.gt_meta = TensorMeta((4, 4), (4, 1), torch.float32, 0)
     op = Op(OP, 0, (Ref(1), Ref(2)), {}, (10,))
     m.feed(op, (x, w))
     assert out == [op] and m.runs == 0

@@ -285,7 +285,7 @@ def _rows(tensors: tuple, index: list) -> list | None:
             return [t[at] for t in tensors]
         return None
     with LOCK:
-        on_worker = upload(type(first), first._gt_s, at, cache=False)
+        on_worker = upload(type(first), first.gt_session, at, cache=False)
     return [t[on_worker] if is_remote(t) else t[at] for t in tensors]
 
 

@@ -293,7 +293,7 @@ class Entry:
         elif k is None:
             got = "it now holds another object"
         else:
-            got = "not a worker tensor" if not hasattr(p, "_gt_m") else f"metadata {p._gt_m}"
+            got = "not a worker tensor" if not hasattr(p, "gt_meta") else f"metadata {p.gt_meta}"
         self.move(Trigger.UNFIT, JitReason("unfit", place=where, what=got))
 
     def stats(self) -> dict:

@@ -108,9 +108,9 @@ class ShadowLog:
         self.at[id(p)] = k
         if made:  # (a rerun makes it anew)
             self.made.add(k)
-        elif p._gt_v is not None:
+        elif p.gt_shadow is not None:
             with torch._C._DisableTorchDispatch():
-                self.first[k] = p._gt_v.clone()
+                self.first[k] = p.gt_shadow.clone()
         return k
 
     def _slots(self, a):
@@ -153,7 +153,7 @@ class Rerun:
         with torch._C._DisableTorchDispatch():
             for k, src in log.sources:
                 p = leaves[src] if type(src) is int else src.read()
-                shadow = getattr(p, "_gt_v", None)
+                shadow = getattr(p, "gt_shadow", None)
                 if shadow is None:
                     return  # (its shadow is gone: this call records instead)
                 vals[k] = shadow.clone()
@@ -170,8 +170,8 @@ class Rerun:
         """The RUN was sent: the inputs' shadows now hold what the block makes of them."""
         with torch._C._DisableTorchDispatch():
             for p, v in self.targets:
-                if p._gt_v is not None:
-                    p._gt_v.copy_(v)
+                if p.gt_shadow is not None:
+                    p.gt_shadow.copy_(v)
 
 
 def _run(log: ShadowLog, vals: dict, settings: list) -> list[float]:

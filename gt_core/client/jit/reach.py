@@ -285,5 +285,5 @@ def ids_by_place(slots) -> dict:
     slot of a place where ``slots`` has it twice."""
     out: dict = {}
     for place, p in slots:
-        out.setdefault(place.ident(), p._gt_id if p is not None else None)
+        out.setdefault(place.ident(), p.gt_value_id if p is not None else None)
     return out

@@ -131,7 +131,7 @@ class Recipe:
         seen: dict = {}
         for place, p in rec.before:
             if place.ident() not in read:
-                seen.setdefault(place.ident(), (place, None if p is None else p._gt_k))
+                seen.setdefault(place.ident(), (place, None if p is None else p.gt_meta_key))
         self.seen = list(seen.values())
         self.seen_readers = [place.reader() for place, _ in self.seen]
         self.seen_keys = [k for _, k in self.seen]
@@ -142,9 +142,9 @@ class Recipe:
         at = {vid: i for i, vid in enumerate(self.input_ids)}
         written = {place.ident() for place, _ in self.placed} | read
         self.aliases = [
-            (place.reader(), at[p._gt_id], place)
+            (place.reader(), at[p.gt_value_id], place)
             for place, p in rec.before
-            if p is not None and p._gt_id in at and place.ident() not in written
+            if p is not None and p.gt_value_id in at and place.ident() not in written
         ]
         holders: dict = {}
         for place, obj in rec.holders:
@@ -179,7 +179,7 @@ class Recipe:
         before = {}
         for place, p in rec.before:
             if p is not None:
-                before.setdefault(p._gt_id, (place, p))
+                before.setdefault(p.gt_value_id, (place, p))
         self.inputs = []
         # The tensors made from host data (equal on the recorded calls): kept alive here, and
         # read from here by every replay.
@@ -188,13 +188,13 @@ class Recipe:
         for vid in occ.inputs:
             if vid in made:
                 p = self.constants[made[vid]]
-                self.inputs.append((Place("item", self.constants, made[vid]), p._gt_k))
+                self.inputs.append((Place("item", self.constants, made[vid]), p.gt_meta_key))
             elif vid in rec.arg_ids:
                 i = rec.arg_ids[vid]
                 self.inputs.append((i, rec.arg_keys[i]))
             elif vid in before:
                 place, p = before[vid]
-                self.inputs.append((place, p._gt_k))
+                self.inputs.append((place, p.gt_meta_key))
             else:
                 raise Refused(JitReason("unreachable"))
 
@@ -206,14 +206,14 @@ class Recipe:
         ids_before = ids_by_place(rec.before)
         for key, (place, p) in places_after.items():
             was = ids_before.get(key)
-            now = p._gt_id if p is not None else None
+            now = p.gt_value_id if p is not None else None
             if was == now:
                 continue
             if now is None:
                 self.cleared.append(place)
             elif now in index:
                 self.placed.append((place, index[now]))
-                metas[now] = p._gt_m
+                metas[now] = p.gt_meta
             else:
                 raise Refused(JitReason("moves_tensor", place=place.describe()))
 
@@ -224,10 +224,10 @@ class Recipe:
         self.result = []
         for x in rec.result_leaves:
             if type(x) is Proxy:
-                if x._gt_id not in index:
+                if x.gt_value_id not in index:
                     raise Refused(JitReason("returns_input"))
-                self.result.append((OUT, index[x._gt_id]))
-                metas[x._gt_id] = x._gt_m
+                self.result.append((OUT, index[x.gt_value_id]))
+                metas[x.gt_value_id] = x.gt_meta
             else:
                 self.result.append(x)
         one = (

@@ -36,10 +36,10 @@ class Recording:
     """One recorded call: what it read where, what it left where, its instructions."""
 
     def __init__(self, leaves, roots, reached, after, result, instrs, puts=()):
-        self.arg_ids = {x._gt_id: i for i, x in enumerate(leaves) if type(x) is Proxy}
+        self.arg_ids = {x.gt_value_id: i for i, x in enumerate(leaves) if type(x) is Proxy}
         # (an argument's key wherever its storage begins, and where it begins: see offsets)
         self.arg_keys = {i: where_free_key(x) for i, x in enumerate(leaves) if type(x) is Proxy}
-        self.arg_offsets = {i: x._gt_m[3] for i, x in enumerate(leaves) if type(x) is Proxy}
+        self.arg_offsets = {i: x.gt_meta[3] for i, x in enumerate(leaves) if type(x) is Proxy}
         self.roots = [(place, obj) for place, obj in roots if place is not None]
         self.before, self.after = reached.slots, after
         self.optimizers = reached.optimizers  # (found by the same walk as the tensors)
@@ -153,9 +153,11 @@ class Recording:
         """{where: storage offset} of the tensors the call returned and left in the state it
         reaches."""
         out = {
-            ("result", i): x._gt_m[3] for i, x in enumerate(self.result_leaves) if type(x) is Proxy
+            ("result", i): x.gt_meta[3]
+            for i, x in enumerate(self.result_leaves)
+            if type(x) is Proxy
         }
-        out.update((place.ident(), p._gt_m[3]) for place, p in self.after if type(p) is Proxy)
+        out.update((place.ident(), p.gt_meta[3]) for place, p in self.after if type(p) is Proxy)
         return out
 
     def frozen(self, ops: dict) -> list[dict]:

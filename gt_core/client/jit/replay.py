@@ -15,6 +15,7 @@ from torch.utils._pytree import tree_unflatten
 from gt_core.client.jit.recipe import OUT
 from gt_core.client.recording.meta import where_free_key
 from gt_core.client.recording.proxy import Proxy
+from gt_core.client.recording.proxy_fields import drop_shadow
 from gt_core.client.session import LOCK
 from gt_core.stream.instructions import FREE, OP, RUN, Free, Ref, Run
 
@@ -24,8 +25,8 @@ IN_FLIGHT = 32  # replayed calls the worker may be behind by before a call waits
 MARK_EVERY = 8  # a progress mark is posted every this many replayed calls
 UNFIT = object()  # what ``run`` returns when an input no longer fits (the call runs instead)
 # A fitting input: (session, metadata key, its shadow: None, or one jit.program keeps)
-_FACTS = operator.attrgetter("_gt_s", "_gt_k", "_gt_v")
-_ID = operator.attrgetter("_gt_id")
+_FACTS = operator.attrgetter("gt_session", "gt_meta_key", "gt_shadow")
+_ID = operator.attrgetter("gt_value_id")
 
 
 def unflatten(leaves, spec):
@@ -96,7 +97,7 @@ def _inputs_fast(entry, leaves) -> list | None:
 
 def _key_of(src, p) -> int:
     """An input's metadata key as the recipe holds it (an argument's wherever it begins)."""
-    return where_free_key(p) if type(src) is int else p._gt_k
+    return where_free_key(p) if type(src) is int else p.gt_meta_key
 
 
 def inputs(entry, leaves) -> list | None:
@@ -122,19 +123,19 @@ def inputs(entry, leaves) -> list | None:
         p = leaves[src] if type(src) is int else src.read()
         if p is None and _a_grad(src):
             empty.append((len(got), src))
-        elif type(p) is not Proxy or p._gt_s is not s or _key_of(src, p) != k:
+        elif type(p) is not Proxy or p.gt_session is not s or _key_of(src, p) != k:
             entry.unfit(src, p, k)
             return None
-        elif type(src) is int and r.arg_offsets is not None and p._gt_m[3] != r.arg_offsets[src]:
+        elif type(src) is int and r.arg_offsets is not None and p.gt_meta[3] != r.arg_offsets[src]:
             was = r.arg_offsets[src]
-            entry.unfit(src, p, k, what=f"at storage offset {p._gt_m[3]}, recorded at {was}")
+            entry.unfit(src, p, k, what=f"at storage offset {p.gt_meta[3]}, recorded at {was}")
             return None
-        elif p._gt_v is not None and id(p) not in kept:
-            p._gt_v = None  # its shadow would not follow the block (jit.program's do)
+        elif p.gt_shadow is not None and id(p) not in kept:
+            drop_shadow(p)  # its shadow would not follow the block (jit.program's do)
         got.append(p)
     for i, place in empty:
         got[i] = zeros = torch.zeros_like(place.obj)
-        if zeros._gt_k != r.inputs[i][1]:
+        if zeros.gt_meta_key != r.inputs[i][1]:
             entry.unfit(place, zeros, r.inputs[i][1])
             return None
     for _, i, place in r.aliases:  # (one tensor in two places, as recorded)
@@ -187,7 +188,7 @@ def unfill_grads(filled: list, instrs) -> None:
         a.id for ins in instrs if ins.code == OP for a in _refs((*ins.args, *ins.kwargs.values()))
     }
     for place, zeros in filled:
-        if place.read() is zeros and zeros._gt_id not in used:
+        if place.read() is zeros and zeros.gt_value_id not in used:
             place.write(None)
 
 
@@ -201,7 +202,7 @@ def _refs(args):
 
 def _key(p):
     """A slot's metadata key (None: empty, or not a worker tensor)."""
-    return getattr(p, "_gt_k", None)
+    return getattr(p, "gt_meta_key", None)
 
 
 def _seen_now(now, was) -> str:

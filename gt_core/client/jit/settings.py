@@ -234,7 +234,7 @@ def touched(opts, recs) -> tuple | None:
 
 
 def _value(v):
-    if isinstance(v, torch.Tensor) and not hasattr(v, "_gt_id") and v.numel() == 1:
+    if isinstance(v, torch.Tensor) and not hasattr(v, "gt_value_id") and v.numel() == 1:
         return ("tensor", v.item())  # (a host tensor: no sync)
     return v
 

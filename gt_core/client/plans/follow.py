@@ -78,11 +78,11 @@ def _positional(cls, session, c, func, eargs, args, parts, proxies) -> bool:
     for tmpl, a in zip(eargs, args):  # noqa: B905 (lengths checked)
         ta = type(a)
         if ta is cls:
-            if a._gt_s is not session or a._gt_v is not None or type(tmpl) is not Slot:
+            if a.gt_session is not session or a.gt_shadow is not None or type(tmpl) is not Slot:
                 return False
-            if not c.bind(tmpl, a._gt_id, a._gt_m):
+            if not c.bind(tmpl, a.gt_value_id, a.gt_meta):
                 return False
-            parts.append(a._gt_k)
+            parts.append(a.gt_meta_key)
             proxies.append(a)
         elif type(tmpl) is Scalar:
             if ta is not float and ta is not int:
@@ -112,7 +112,7 @@ def varying(cls, e, args, kwargs, func) -> tuple:
     parts = []
     for tmpl, a in zip(e.args, args):  # noqa: B905 (the entry matched these arguments)
         if type(a) is cls:
-            parts.append(a._gt_k)
+            parts.append(a.gt_meta_key)
         elif type(tmpl) is Scalar:
             parts.append(_scalar_part(a, func))
     for k, v in kwargs.items():

@@ -151,8 +151,8 @@ class Candidate:
 def _meta_of(proxies, vid: int):
     """The metadata of the proxy with id ``vid`` among ``proxies`` (None: not there)."""
     for p in proxies:
-        if p._gt_id == vid:
-            return p._gt_m
+        if p.gt_value_id == vid:
+            return p.gt_meta
     return None
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from gt_core.client.recording.proxy_fields import set_shadow
 from gt_core.client.recording.shadows import written_args
 from gt_core.client.recording.uploads import upload
 from gt_core.client.session import live_session
@@ -86,7 +87,7 @@ def run_here(cls, func, args, kwargs, record):
     copies: dict[int, tuple] = {}  # id(proxy) -> (proxy, its plain copy)
     plain_args = [_home(cls, a, copies, unread) for a in args]
     plain_kwargs = {k: _home(cls, v, copies, unread) for k, v in kwargs.items()}
-    session = next(iter(copies.values()))[0]._gt_s if copies else live_session()
+    session = next(iter(copies.values()))[0].gt_session if copies else live_session()
     session.check()
     with torch._C._DisableTorchDispatch():
         out = func(*plain_args, **plain_kwargs)
@@ -148,7 +149,7 @@ def _away(cls, r, proxy_of, session):
             return p
         p = upload(cls, session, r, cache=False)
         if not (r.is_floating_point() or r.is_complex()) and r.numel() <= _INDEX_SHADOW:
-            p._gt_v = r
+            set_shadow(p, r)
         return p
     if type(r) in (list, tuple):
         return type(r)(_away(cls, x, proxy_of, session) for x in r)

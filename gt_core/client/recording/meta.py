@@ -45,8 +45,8 @@ def where_free_key(p) -> int:
     jitted function's key holds for an argument, so that views of one tensor at successive
     offsets (batches sliced from a stream) are one key (see ``gt_core.client.jit.recording``:
     a block whose results would follow the offset is not replayed at another)."""
-    meta = p._gt_m
-    return meta_id(meta._replace(offset=0)) if meta.offset else p._gt_k
+    meta = p.gt_meta
+    return meta_id(meta._replace(offset=0)) if meta.offset else p.gt_meta_key
 
 
 SYNC_OP = object()  # cache marker: this op runs on the worker at once
@@ -116,7 +116,7 @@ def floats_free(func) -> bool:
 
 def _to_meta(a, metas: list, cls):
     if isinstance(a, torch.Tensor):
-        shape, stride, dtype, offset = a._gt_m if isinstance(a, cls) else tensor_meta(a)
+        shape, stride, dtype, offset = a.gt_meta if isinstance(a, cls) else tensor_meta(a)
         m = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
         if offset:
             # (an empty view needs no element past its offset: (s - 1) would go negative)

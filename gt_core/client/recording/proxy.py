@@ -5,7 +5,8 @@ where each of its behaviours lives: every aten op on a proxy is recorded, not ru
 (``__torch_dispatch__``: ``record``); pickling, copies and moves to the CPU are
 ``tensor_io``'s; plain tensors an op meets are uploaded (``uploads``). Those modules make
 proxies of the class their caller passes (the dispatch passes ``cls``), so none of them
-imports this one.
+imports this one. Its fields (its value's id, session, metadata, shadow) are
+``proxy_fields``'s: read as attributes anywhere, written only through its functions.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from gt_core.client.interrupt import STATE as HELD
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.recording import tensor_io
-from gt_core.client.recording.meta import meta_id
+from gt_core.client.recording.proxy_fields import ProxyFields, make
 from gt_core.client.recording.record import in_forked_child, record
 from gt_core.client.recording.tensor_io import is_fetched, mark_fetched
 from gt_core.client.recording.uploads import rebind, upload
@@ -27,11 +28,10 @@ __all__ = ["Proxy", "is_remote"]
 _wrapper = torch.Tensor._make_wrapper_subclass  # _CPU (below): a device parses faster than "cpu"
 
 
-class Proxy(torch.Tensor):
+class Proxy(torch.Tensor, ProxyFields):
     """A tensor whose value lives on the gt worker; ops on it are recorded, not run here."""
 
     __torch_function__ = torch._C._disabled_torch_function_impl
-    _gt_v = None  # the shadow: a plain tensor equal to the worker's value, when one is kept
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ARG003
@@ -63,16 +63,13 @@ class Proxy(torch.Tensor):
             )
         else:  # the common case: each keyword passed is parsed, at a cost
             r = _wrapper(cls, shape, strides=stride, dtype=dtype, device=_CPU)
-        r._gt_id = vid
-        r._gt_s = session
-        r._gt_m = meta
-        r._gt_k = meta_id(meta) if mid is None else mid
+        make(r, session, vid, meta, mid)
         return r
 
     def __del__(self):
-        s = self.__dict__.get("_gt_s")
+        s = self.__dict__.get("gt_session")  # absent: __new__ failed before make
         if s is not None and not s.closed:
-            s.freed.append(self._gt_id)  # joins the stream before the next instruction
+            s.freed.append(self.gt_value_id)  # joins the stream before the next instruction
             s.counters["frees"] += 1
 
     # -- sync points that do not pass through the dispatcher ------------------------------
@@ -80,12 +77,12 @@ class Proxy(torch.Tensor):
         """The value as a plain CPU tensor: a copy of its shadow where it has one (as
         ``item()`` answers; a DataLoader's ``randperm(n).tolist()`` every epoch), else
         fetched from the worker (which waits for it)."""
-        s = self._gt_s
+        s = self.gt_session
         s.check()
-        if self._gt_v is not None:
+        if self.gt_shadow is not None:
             with torch._C._DisableTorchDispatch():
-                return mark_fetched(self._gt_v.clone())
-        return mark_fetched(s.fetch(self._gt_id))
+                return mark_fetched(self.gt_shadow.clone())
+        return mark_fetched(s.fetch(self.gt_value_id))
 
     def numpy(self, *, force: bool = False):  # noqa: ARG002
         return self.cpu().numpy()
@@ -98,7 +95,7 @@ class Proxy(torch.Tensor):
         shadow comes back as the log made it (jit.program: it knows where it came from),
         which torch's own ``item`` would turn into a plain float."""
         v = super().item()
-        log = self._gt_s.shadow_log if self._gt_s is not None else None
+        log = self.gt_session.shadow_log if self.gt_session is not None else None
         return v if log is None else log.took(v)
 
     def __array__(self, dtype=None, copy=None):  # noqa: ARG002
@@ -111,7 +108,7 @@ class Proxy(torch.Tensor):
         return self.__repr__().__format__(spec)
 
     def __repr__(self, *, tensor_contents=None) -> str:  # noqa: ARG002
-        s = self._gt_s
+        s = self.gt_session
         if s.closed or s.dead is not None:
             why = "its worker died" if s.dead is not None else "its worker is gone"
             return f"<gt worker tensor {list(self.shape)} {self.dtype}: {why}>"
@@ -140,7 +137,7 @@ class Proxy(torch.Tensor):
                 if is_fetched(other):  # a move to the CPU (Module.cpu()): p becomes that tensor
                     tensor_io.become_plain(self, other)
                     return
-                other = upload(Proxy, self._gt_s, other)
+                other = upload(Proxy, self.gt_session, other)
             fresh = torch.ops.aten.alias.default(other)
             rebind(self, fresh)
 

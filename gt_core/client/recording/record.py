@@ -28,9 +28,9 @@ from gt_core.client.recording.meta import (
     floats_free,
     infer,
     meta_cache,
-    meta_id,
     scalar_result,
 )
+from gt_core.client.recording.proxy_fields import set_meta
 from gt_core.client.recording.shadows import read_shadows, update_shadows
 from gt_core.client.recording.uploads import rebind, upload
 from gt_core.client.session import live_session
@@ -72,9 +72,9 @@ class _Walk:
         1, 1.0 and True stay apart and never collide with a metadata id.
         """
         t = type(a)
-        if t is self.cls and a._gt_s is self.session:  # the common case, first
+        if t is self.cls and a.gt_session is self.session:  # the common case, first
             self.proxies.append(a)
-            return a._gt_k, Ref(a._gt_id)
+            return a.gt_meta_key, Ref(a.gt_value_id)
         if t is float and self.floats_free:
             return ANY_FLOAT, a
         if t is int or t is float or t is bool or a is None:
@@ -85,7 +85,7 @@ class _Walk:
                     self.session = _current_session()
                 self.plain[len(self.proxies)] = a
                 a = upload(self.cls, self.session, a)
-            s = a._gt_s
+            s = a.gt_session
             if s.dead is not None and not s.closed:  # died, not yet restarted
                 s.check()  # raises WorkerDied with the cause
             if s is not self.session:
@@ -100,7 +100,7 @@ class _Walk:
                     )
                 self.session = s
             self.proxies.append(a)
-            return a._gt_k, Ref(a._gt_id)
+            return a.gt_meta_key, Ref(a.gt_value_id)
         if t is list or t is tuple:
             parts = [self.walk(x) for x in a]
             return (t, tuple(k for k, _ in parts)), t(x for _, x in parts)
@@ -115,7 +115,7 @@ def record(cls, func, args, kwargs):
     if args:
         a = args[0]
         if type(a) is cls:
-            s = a._gt_s
+            s = a.gt_session
             if s.matcher.cands and not s.closed and s.dead is None:
                 if s.freed:
                     s.drain_frees()  # they come first, as emit would put them
@@ -132,16 +132,16 @@ def record(cls, func, args, kwargs):
     for a in args:
         t = type(a)
         if t is cls:
-            if a._gt_v is not None:
+            if a.gt_shadow is not None:
                 break  # shadowed: the slow path keeps the shadow up to date
-            s = a._gt_s
+            s = a.gt_session
             if s is not session:
                 if session is not None or s.closed or s.dead is not None:
                     break
                 session = s
             proxies.append(a)
-            key.append(a._gt_k)
-            sent.append(Ref(a._gt_id))
+            key.append(a.gt_meta_key)
+            sent.append(Ref(a.gt_value_id))
         elif t in SCALARS:
             key.append(ANY_FLOAT if t is float and floats_free(func) else (t, a))
             sent.append(a)
@@ -231,9 +231,9 @@ def _record(cls, func, args, kwargs):
         where = user_line()  # a first sight: worth the frame walk (errors name the line)
     else:
         where = None
-    shadowed = any(p._gt_v is not None for p in proxies)
+    shadowed = any(p.gt_shadow is not None for p in proxies)
     if entry is SYNC_OP:
-        if shadowed and all(p._gt_v is not None for p in proxies) and scalar_result(func):
+        if shadowed and all(p.gt_shadow is not None for p in proxies) and scalar_result(func):
             return read_shadows(cls, session, func, args, kwargs)  # (no round trip)
         return _run_now(cls, session, func, sent_args, sent_kwargs, proxies)
     template, n_new, mask = entry
@@ -267,7 +267,7 @@ def _build(cls, template, session, ids, proxies):
     if kind is Alias:
         p = proxies[template.index]
         after = template.after
-        if after is not None and after != p._gt_m:  # in-place op changed metadata
+        if after is not None and after != p.gt_meta:  # in-place op changed metadata
             _restride(p, after)
         return p
     if kind is Const:
@@ -283,7 +283,7 @@ def _restride(p, meta: TensorMeta) -> None:
         if need > storage.nbytes():  # (an out= tensor the op resized, such as torch.empty(0))
             storage.resize_(need)
         torch._C.TensorBase.as_strided_(p, shape, stride, offset)
-    p._gt_m, p._gt_k = meta, meta_id(meta)
+    set_meta(p, meta)
 
 
 def _span(shape, stride, offset: int) -> int:
@@ -303,7 +303,7 @@ def _run_now(cls, session, func, args, kwargs, proxies):
     if type(described) in (int, float, bool, complex) and proxies:  # .item(): a value fetched
         session.counters["fetches"] += 1
         session.counters["bytes_down"] += proxies[0].element_size()
-    return _described(cls, described, session, {p._gt_id: p for p in proxies})
+    return _described(cls, described, session, {p.gt_value_id: p for p in proxies})
 
 
 def _described(cls, d, session, by_id):
@@ -323,7 +323,7 @@ def set_host_storage(cls, func, args, kwargs):
     with torch._C._DisableTorchDispatch():
         plain = torch.empty(0, dtype=p.dtype)
         func(plain, *args[1:], **kwargs)
-    rebind(p, upload(cls, p._gt_s, plain, cache=False))
+    rebind(p, upload(cls, p.gt_session, plain, cache=False))
     return p
 
 

@@ -26,6 +26,7 @@ import weakref
 import torch
 
 from gt_core.client.recording.mode import capture_mode
+from gt_core.client.recording.proxy_fields import FIELDS
 from gt_core.client.recording.uploads import upload
 
 __all__ = [
@@ -63,7 +64,7 @@ def _is_param(p) -> bool:
 
 def _attributes(p) -> dict:
     """The user's attributes on ``p`` (not gt's bookkeeping nor Parameter's marker)."""
-    return {k: v for k, v in p.__dict__.items() if not k.startswith("_gt_") and k != "_is_param"}
+    return {k: v for k, v in p.__dict__.items() if k not in FIELDS and k != "_is_param"}
 
 
 def _plain_like(p, value: torch.Tensor) -> torch.Tensor:
@@ -190,5 +191,5 @@ def place_optimizer_state(opt: torch.optim.Optimizer, args, kwargs) -> None:  # 
         if isinstance(p, cls):
             for k, v in entries.items():
                 if isinstance(v, torch.Tensor) and not isinstance(v, cls):
-                    entries[k] = upload(cls, p._gt_s, v, cache=False)
+                    entries[k] = upload(cls, p.gt_session, v, cache=False)
     _placed[opt] = state

@@ -13,6 +13,7 @@ import weakref
 import torch
 
 from gt_core.client.interrupt import user_line
+from gt_core.client.recording.proxy_fields import set_shadow, take_value
 from gt_core.diagnostics.torch_hooks import in_backward
 from gt_core.errors import UnsupportedOperation
 from gt_core.stream.instructions import OP, PUT, Op, Put
@@ -94,7 +95,7 @@ def _view_of_upload(session, t: torch.Tensor):
     if t.dtype != b.dtype or (t.is_conj(), t.is_neg()) != (b.is_conj(), b.is_neg()):
         return None
     p = _cached(session, b)
-    if p is None or p._gt_v is not None or p._gt_m.stride != b.stride() or not t.numel():
+    if p is None or p.gt_shadow is not None or p.gt_meta.stride != b.stride() or not t.numel():
         return None
     offset = t.storage_offset() - b.storage_offset()
     last = offset + sum((n - 1) * st for n, st in zip(t.shape, t.stride(), strict=True))
@@ -165,7 +166,7 @@ def _send(cls, session, t: torch.Tensor):
             idx = session.op(_SCALAR_TENSOR)
             session.emit(Op(OP, idx, (data.item(),), {"dtype": data.dtype, "device": _CPU}, (vid,)))
             p = cls(session, vid, tensor_meta(data))
-            p._gt_v = data
+            set_shadow(p, data)
             return p
         # The copy the worker gets is taken now (the user may change t before it is sent),
         # laid out as clone() lays it out, lazy conjugate and negative bits applied.
@@ -182,10 +183,7 @@ def rebind(p, fresh) -> None:
     """Make the proxy ``p`` refer to the proxy ``fresh``'s value and metadata (``fresh`` is
     consumed)."""
     torch._C.TensorBase.data.__set__(p, fresh)  # shallow-copies sizes/strides into p
-    old = p._gt_id
-    p._gt_id, p._gt_m, p._gt_k = fresh._gt_id, fresh._gt_m, fresh._gt_k
-    p._gt_v = fresh._gt_v
-    fresh.__dict__["_gt_s"] = None  # fresh's id now belongs to p
-    s = p._gt_s
+    old = take_value(p, fresh)
+    s = p.gt_session
     if not s.closed:
         s.freed.append(old)
