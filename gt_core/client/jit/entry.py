@@ -155,8 +155,8 @@ class Entry:
             tests: list = []
             syncs, reads = s.counters["syncs"], s.counters["shadow_reads"]
             s.emit(Mark(MARK, self.name, "enter"))
-            s.tee, s.tee_puts = tee, puts = [], []
-            s.shadow_log = log = ShadowLog(Proxy)
+            tee, puts, log = [], [], ShadowLog(Proxy)
+            s.record_into(tee, puts, log)
         end = End(s, self.name)  # (the exit, or the step of an LR scheduler: see there)
         spans: list = []  # (the optimizers' steps among the recorded instructions)
         stepped: set = set()  # (the ids of the optimizers that stepped)

@@ -66,14 +66,13 @@ class End:
                 self.origin = self.by_origin() if self.by_origin is not None else {}
                 force = tuple(sorted(self.origin, key=repr))
                 s.emit(Mark(MARK, self.name, "exit", force))  # (the call's frees come first)
-                s.shadow_log = None
                 self.counted = dict(s.counters)
             elif self._since is not None:
                 if s.freed:  # (the call's locals, freed on its way out: into the tail)
                     s.drain_frees()
                 self.tail_reads += _reads(s.counters, self._since)
                 self._since = None
-            s.tee, s.tee_puts = None, None
+            s.stop_recording()
             s.flush()
 
     def stepping(self, sched, step, args, kwargs):
@@ -136,7 +135,7 @@ class End:
             self._since = dict(s.counters)
             if self.tail is None:
                 self.tail = []
-            s.tee, s.tee_puts = self.tail, self.tail_puts
+            s.record_into(self.tail, self.tail_puts)
 
     def after(self) -> str | None:
         """The work the call did after a scheduler's step outside the block, or that a pure
