@@ -24,4 +24,16 @@ def publish_stats(s) -> None:
     for entry in s.jits:
         if sent.get(entry) != entry.replayed:
             sent[entry] = entry.replayed
-            s.log.emit(ev.JIT_STATS, **entry.stats())
+            s.log.emit(ev.JIT_STATS, **_jit_stats(entry))
+
+
+def _jit_stats(entry) -> dict:
+    """A jit call key's replays and audits (jit.entry.Entry), and the client's ms per replay."""
+    return {
+        "function": entry.owner.name,
+        "name": entry.name,
+        "signature": entry.sig,
+        "replayed": entry.replayed,
+        "audited": entry.audited,
+        "client_ms": statistics.median(entry.client_ms) if entry.client_ms else None,
+    }

@@ -38,7 +38,7 @@ class End:
     """Where a recorded call's block ends: at the call's exit, or at its first step of an
     LR scheduler (``close``, once); what the call did after (``after``, ``late_frees``)."""
 
-    def __init__(self, session, name: str):
+    def __init__(self, session, name: str, by_origin=None):
         self.session, self.name = session, name
         self.closed = False
         self.counted: dict | None = None  # the session's counters as the block ended
@@ -48,7 +48,7 @@ class End:
         self.depth = 0  # schedulers' steps running (a chained one steps others)
         # () -> {site: expressions} of the numbers sent anew each call (settings.by_origin),
         # asked as the block ends: the exit mark names their sites for the worker to lift
-        self.by_origin = None
+        self.by_origin = by_origin
         self.origin: dict = {}
         self._since: dict | None = None
         # a pure scheduler's first step: the recorded instructions before it (None: none
