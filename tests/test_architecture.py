@@ -339,3 +339,107 @@ def test_a_proxys_fields_are_written_only_in_their_module():
         for line in _field_writes(ast.parse(path.read_text()), fields)
     ]
     assert not elsewhere, "write a proxy's fields through proxy_fields:\n" + "\n".join(elsewhere)
+
+
+# -- fields: a class's fields are written by its own module ------------------------------------
+_FIXED = ("NamedTuple", "Enum", "IntEnum", "StrEnum", "Flag", "IntFlag")
+
+
+def _is_fixed(cls: ast.ClassDef) -> bool:
+    """A class whose fields cannot be assigned: a NamedTuple, an Enum, a frozen dataclass."""
+    bases = {b.attr if isinstance(b, ast.Attribute) else getattr(b, "id", "") for b in cls.bases}
+    frozen = any(
+        isinstance(d, ast.Call)
+        and any(k.arg == "frozen" and getattr(k.value, "value", False) for k in d.keywords)
+        for d in cls.decorator_list
+    )
+    return frozen or bool(bases & set(_FIXED))
+
+
+def _stored(node: ast.AST) -> list[ast.expr]:
+    """The targets an assignment stores to, tuples and starred targets unpacked."""
+    if isinstance(node, ast.Assign):
+        todo = list(node.targets)
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        todo = [node.target]
+    else:
+        return []
+    out = []
+    while todo:
+        t = todo.pop()
+        if isinstance(t, ast.Tuple | ast.List):
+            todo += t.elts
+        elif isinstance(t, ast.Starred):
+            todo.append(t.value)
+        else:
+            out.append(t)
+    return out
+
+
+def _fields(tree: ast.AST) -> set[str]:
+    """The fields the module's classes define: ``self.a = ...`` in a method, and the names a
+    class body annotates or assigns (a dataclass's fields), less those that cannot be set."""
+    found = set()
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        for n in ast.walk(cls):
+            for t in _stored(n):
+                if isinstance(t, ast.Attribute) and getattr(t.value, "id", None) == "self":
+                    found.add(t.attr)
+        if _is_fixed(cls):
+            continue
+        for n in cls.body:
+            found.update(t.id for t in _stored(n) if isinstance(t, ast.Name))
+    return {f for f in found if not (f.startswith("__") and f.endswith("__"))}
+
+
+def _thread_locals(tree: ast.AST) -> set[str]:
+    """The module's own thread-locals, ``x = threading.local()`` (x a name or ``self.x``):
+    namespaces of the module, not another class's fields."""
+    found = set()
+    for n in ast.walk(tree):
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Call):
+            f = n.value.func
+            if getattr(f, "attr", getattr(f, "id", None)) == "local":
+                found.update(ast.unparse(t) for t in n.targets)
+    return found
+
+
+def _attribute_writes(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, field) of each ``x.a = ...`` (augmented, annotated, unpacked) and
+    ``setattr(x, "a", ...)`` where x is not self or cls nor one of the module's thread-locals."""
+    own = _thread_locals(tree) | {"self", "cls"}
+    found = []
+    for n in ast.walk(tree):
+        for t in _stored(n):
+            if isinstance(t, ast.Attribute) and ast.unparse(t.value) not in own:
+                found.append((t.lineno, t.attr))
+        if (
+            isinstance(n, ast.Call)
+            and getattr(n.func, "id", None) == "setattr"
+            and len(n.args) == 3
+        ):
+            x, name = n.args[0], n.args[1]
+            if isinstance(name, ast.Constant) and ast.unparse(x) not in own:
+                found.append((n.lineno, name.value))
+    return found
+
+
+def test_no_module_writes_another_modules_fields():
+    """A class's fields are written by its own module: another module calls a method that says
+    what happens (``session.record_into(...)``, ``block.withdraw()``), or passes the values to its
+    constructor. A write counts where another module's class defines the field and the writing
+    module's classes do not; dunders (a function's ``__name__``) are the language's."""
+    trees = {p: ast.parse(p.read_text()) for p in sorted((ROOT / "gt_core").rglob("*.py"))}
+    fields = {p: _fields(t) for p, t in trees.items()}
+    owners: dict[str, set] = {}
+    for path, names in fields.items():
+        for name in names:
+            owners.setdefault(name, set()).add(path)
+    writes = []
+    for path, tree in trees.items():
+        where = path.relative_to(ROOT)
+        for line, name in _attribute_writes(tree):
+            if name in owners and name not in fields[path] and not name.startswith("__"):
+                whose = ", ".join(sorted(str(o.relative_to(ROOT)) for o in owners[name]))
+                writes.append(f"{where}:{line}: .{name} (a field of {whose})")
+    assert not writes, "call a method of the field's class instead:\n" + "\n".join(writes)

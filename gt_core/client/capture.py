@@ -31,6 +31,7 @@ from gt_core.client.patches import (
 from gt_core.client.recording.mode import CaptureMode
 from gt_core.client.recording.proxy import Proxy
 from gt_core.client.session import Session, set_live_session
+from gt_core.client.session_stats import publish_stats
 from gt_core.diagnostics.stance import in_worker as _in_worker
 from gt_core.diagnostics.stance import routing
 from gt_core.errors import CaptureError, ConfigError, WorkerDied
@@ -295,7 +296,7 @@ def _unpatch() -> None:
 def _end(s, sync: bool) -> None:
     """A capture's end: the work goes out; after a clean end of the last capture, a sync
     brings the worker's random state back and raises a worker error still pending."""
-    s.early.close()  # the session's first capture has ended: later recording sites nothing
+    s.end_capture()  # the session's first capture has ended: later recording sites nothing
     if s.closed or s.dead is not None:  # its death was raised where it was met
         return
     if not sync:
@@ -304,7 +305,7 @@ def _end(s, sync: bool) -> None:
             s.flush()
         return
     s.flush()
-    s.publish_stats()
+    publish_stats(s)
     torch.set_rng_state(s.mirror.fetch_rng_state())
 
 
@@ -358,7 +359,7 @@ def report(since: int | None = None) -> Report:
     """
     s = _state["session"]
     if s is not None and not s.closed:
-        s.publish_stats()
+        publish_stats(s)
     if since is None:
         return Report(events_log().snapshot())
     return Report(*events_log().view(since))

@@ -3,8 +3,9 @@
 A session lives as long as its worker. Restarting the worker starts a new session, so a
 proxy can tell whether the worker that holds its value still exists.
 
-Every instruction goes through :meth:`Session.emit`. Once the worker has sent plans of its
-hot blocks, emit hands instructions to the :class:`~gt_core.client.plans.plan_match.PlanMatcher`, which turns each
+Every instruction goes through :meth:`Session.emit`, which sends it where the session's
+:class:`Route` says. Once the worker has sent plans of its hot blocks, emit hands
+instructions to the :class:`~gt_core.client.plans.plan_match.PlanMatcher`, which turns each
 complete occurrence into one RUN and sends it at once (the worker runs step i while the
 client records step i+1). Proxies that die only queue their id (``freed``): a free never
 re-enters the matcher from a destructor; it joins the stream before the next instruction.
@@ -12,10 +13,10 @@ re-enters the matcher from a destructor; it joins the stream before the next ins
 
 from __future__ import annotations
 
+import enum
 import itertools
 import linecache
 import os
-import statistics
 import threading
 import time
 import weakref
@@ -40,7 +41,7 @@ from gt_core.stream.instructions import (
 )
 from gt_core.stream.requests import Fetch
 
-__all__ = ["Session", "LOCK", "live_session", "set_live_session"]
+__all__ = ["Session", "Route", "LOCK", "live_session", "set_live_session"]
 
 
 _generations = itertools.count(1)
@@ -85,6 +86,19 @@ _SITES = 4096  # values whose recording line is remembered for errors (the newes
 _FOR_CLIENT = frozenset((ev.PLAN,))  # the client's own: never logged
 
 
+class Route(enum.Enum):
+    """Where the session's instructions go (Session.emit); only the session changes it."""
+
+    JIT = "jit recording"  # out, and kept in the recording call's tee (jit: Session.record_into)
+    SITES = "first-capture sites"  # kept with their sites as they go out (EarlySites)
+    PLAN = "plan following"  # through the plan matcher: whole occurrences go as RUNs
+    PLAIN = "plain"  # out as they are (a plan arriving makes it PLAN at the next instruction)
+
+
+# (per op: a global each, not an attribute of the enum)
+_ROUTE_JIT, _ROUTE_SITES, _ROUTE_PLAN, _ROUTE_PLAIN = Route
+
+
 class Session:
     """Ids, the pending batch and the transport of one worker generation."""
 
@@ -99,21 +113,20 @@ class Session:
         self.early = EarlySites()  # what the first capture records, sited
         self.matcher = PlanMatcher(self.out, self.send_now, Lines(log), self.early)
         self.transport = _transport_class(options)(options, self._on_events)
-        self.transport.before_wait = self.flush  # (a full upload ring: see Transport)
-        self.next_id = 1
+        self.transport.before_waiting(self.flush)  # (a full upload ring: see Transport)
+        self.ids = itertools.count(1)  # the value ids to come: the per-op paths take next(ids)
         self.op_index: dict = {}
         self.closed = False
         self.dead: str | None = None  # why the worker died, once a send or a sync found out
         self.flush_at = options.flush_at
         self.counters = dict.fromkeys(_COUNTERS, 0)
         self.sites: dict[int, tuple[str, int]] = {}  # value id -> (file, line) recording it
-        # While a jit call records: its instructions (see out), and its uploads, each
-        # (value id, proxy, host copy or None, (file, line)).
-        self.tee: list | None = None
-        self.tee_puts: list | None = None
-        self.shadow_log = None  # and what it does on shadows (jit.program.ShadowLog)
+        # While a jit call records (record_into): its instructions (see out), its uploads,
+        # each (value id, proxy, host copy or None, (file, line)), what it does on shadows.
+        self.tee = self.tee_puts = self.shadow_log = None
+        self.route = self._routed()
         self.jits: list = []  # gt_core.jit's cache entries of this session (their stats)
-        self._stats_sent: dict = {}  # hot path or jit entry -> its count last published
+        self.stats_sent: dict = {}  # hot path or jit entry -> its count last published
         self.mirror = Mirror(self, LOCK)  # the kernel's generator state and default dtype, there
         _SESSIONS.add(self)
 
@@ -134,12 +147,49 @@ class Session:
         if not options.client_match:
             self.flush()
             self.matcher.forget()
+            self.route = self._routed()
+
+    # -- the route -----------------------------------------------------------------------
+    def _routed(self) -> Route:
+        """The route asked for: a jit call's tee first, the first capture's sites, plans."""
+        if self.tee is not None:
+            return _ROUTE_JIT
+        if self.early.open:
+            return _ROUTE_SITES
+        return _ROUTE_PLAN if self.matcher.live else _ROUTE_PLAIN
+
+    def record_into(self, tee: list, puts: list, shadow_log=None) -> None:
+        """A jit call records: what is emitted from now goes out and into ``tee``, uploads
+        into ``puts``, and reads of shadows into ``shadow_log`` (jit.program.ShadowLog)."""
+        self.tee, self.tee_puts, self.shadow_log = tee, puts, shadow_log
+        self.route = _ROUTE_JIT
+
+    def stop_recording(self) -> None:
+        """The jit call's block has ended: instructions go where they went before it."""
+        self.tee = self.tee_puts = self.shadow_log = None
+        self.route = self._routed()
+
+    def end_capture(self) -> None:
+        """A capture ended: the first capture's siting too (EarlySites.close)."""
+        self.early.close()
+        self.route = self._routed()
 
     # -- ids and ops ---------------------------------------------------------------------
     def new_ids(self, n: int) -> range:
-        first = self.next_id
-        self.next_id += n
+        first = next(self.ids)
+        self.ids = itertools.count(first + n)
         return range(first, first + n)
+
+    def ids_from(self, end: int) -> None:
+        """Ids below ``end`` are taken (the worker named a call's outputs from next_id on)."""
+        self.ids = itertools.count(max(next(self.ids), end))
+
+    @property
+    def next_id(self) -> int:
+        """The id the next value takes (none is taken)."""
+        vid = next(self.ids)
+        self.ids = itertools.count(vid)
+        return vid
 
     def op(self, func) -> int:
         """The small integer naming ``func`` on this worker (defined on first use)."""
@@ -155,12 +205,14 @@ class Session:
         metadata the plan matcher checks)."""
         if self.freed:
             self.drain_frees()
-        if self.tee is not None:
-            self.out(ins)
-        elif self.early.open:  # (the session's first capture: sited as it goes)
-            self.early.record(self.matcher, self.out, ins, proxies)
-        elif self.matcher.live:
+        route = self.route
+        if route is _ROUTE_PLAIN and self.matcher.live:  # plans came (the events thread's offer)
+            route = self.route = _ROUTE_PLAN
+        if route is _ROUTE_PLAN:
             self.matcher.feed(ins, proxies)
+        elif route is _ROUTE_SITES:
+            if not self.early.record(self.matcher, self.out, ins, proxies):
+                self.route = self._routed()  # (its budget spent: nothing more is sited)
         else:
             self.out(ins)
 
@@ -189,7 +241,7 @@ class Session:
                 vid = freed.popleft()
                 if self.early.open:
                     self.early.free(vid)
-                if matcher.live and self.tee is None:
+                if matcher.live and self.route is not _ROUTE_JIT:
                     matcher.free(vid)
                 else:
                     self.out(new(Free, (FREE, vid)))
@@ -286,23 +338,8 @@ class Session:
             self.buf.clear()  # work for a dead worker: nothing will ever run it
             self.freed.clear()
             self.matcher.forget()
+            self.route = self._routed()
             raise WorkerDied(self.dead)
-
-    def publish_stats(self) -> None:
-        """The client's counters, per hot path its ms, per jit call key its replays (a new key
-        at 0: the report lists it while it records): only what moved since the last publish."""
-        self.matcher.lines.publish(self.counters)  # the counters, then syncs and uploads per line
-        self.log.extend(getattr(self.transport, "rank_events", list)())  # (a worker group's)
-        sent = self._stats_sent
-        for sig, n in self.matcher.client_runs.items():
-            if sent.get(sig) != n:
-                sent[sig] = n
-                ms = statistics.median(self.matcher.client_ms[sig])
-                self.log.emit(ev.CLIENT_STATS, signature=sig, runs=n, client_ms=ms)
-        for entry in self.jits:
-            if sent.get(entry) != entry.replayed:
-                sent[entry] = entry.replayed
-                self.log.emit(ev.JIT_STATS, **entry.stats())
 
     def close(self) -> None:
         if not self.closed:

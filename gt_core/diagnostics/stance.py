@@ -34,6 +34,15 @@ __all__ = [
 class _InWorker(threading.local):
     active = False  # gt's in-process worker runs in this thread (client.inprocess._isolated)
 
+    @contextlib.contextmanager
+    def running(self):
+        """Inside, gt's in-process worker runs in this thread."""
+        was, self.active = self.active, True
+        try:
+            yield
+        finally:
+            self.active = was
+
 
 # Set while gt's own worker code runs in the client's process: the user's hooks (a seed, a
 # compiled function's routing, a compile watched) are not for it.

@@ -113,6 +113,92 @@ class Block:
             if eager_too:
                 self.eager_fn = None
 
+    # -- what happens to it (each module that finds out calls one) -----------------------
+    def registered(self, eager_fn, plan) -> None:
+        """Known to the worker: its eager form, and the plan the client matches."""
+        self.eager_fn, self.plan = eager_fn, plan
+        self.free_slots = [e.value for e in plan.entries if e.kind == "free"]
+
+    def found_at(self, op_ms: list, keys: tuple, hashes: tuple, entry_paths: tuple) -> None:
+        """Its ops' times where it was found, and its last occurrence's history keys."""
+        self.op_ms, self.keys, self.hashes, self.entry_paths = op_ms, keys, hashes, entry_paths
+
+    def see_inputs(self, inputs: list) -> None:
+        """How the inputs of an occurrence share memory, and their layouts: what it
+        compiles for (gt_core.compile.aliases)."""
+        self.aliases = aliases.of(inputs, self.writes)
+        self.placements = aliases.placements(inputs)
+
+    def inputs_gone(self) -> None:
+        """Its inputs were gone when it was found: seen at its next run."""
+        self.aliases_unknown = True
+
+    def compile_at_next_run(self) -> None:
+        self.compile_due = True
+
+    def take_compile_due(self) -> bool:
+        """Whether a compile was due at this run (no longer due after)."""
+        due, self.compile_due = self.compile_due, False
+        return due
+
+    def compiles_in(self, thread: threading.Thread) -> None:
+        self.thread = thread
+
+    def compiled(self, fn) -> None:
+        """Its compiled function came: it runs compiled (where it still compiles)."""
+        self.fn = fn
+        if self.status == Status.COMPILING:
+            self.move(Status.COMPILED)
+
+    def realias(self) -> None:
+        """Compiled again, once, for how a run's inputs share memory: checked again too."""
+        self.realiased = True
+        self.fn, self.checked = None, False
+
+    def first_placement_miss(self) -> bool:
+        """A run's inputs were laid out otherwise than it compiled for: whether for the
+        first time (said once)."""
+        first, self.placement_miss = not self.placement_miss, True
+        return first
+
+    def first_alias_miss(self) -> bool:
+        """A run's inputs shared memory otherwise again: whether for the first time."""
+        first, self.alias_miss = not self.alias_miss, True
+        return first
+
+    def eager_failed(self) -> None:
+        """Its eager form raised: its instructions run from now on."""
+        self.eager_fn = None
+
+    def checking(self) -> None:
+        """Its first compiled run is compared with eager now (numerics), once."""
+        self.checked = True
+
+    def want_probes(self, runs: int) -> None:
+        """Time ``runs`` eager runs more as a baseline before judging the compiled one."""
+        self.probe = runs
+
+    def probed_once(self, warming: bool) -> None:
+        """An eager run timed as a probe (one still wanted, while ``warming``)."""
+        self.probed += 1
+        if not warming:
+            self.probe -= 1
+
+    def judged_now(self) -> None:
+        self.judged = True
+
+    def occurred(self) -> None:
+        """An occurrence of it was matched."""
+        self.occurrences += 1
+
+    def withdraw(self) -> None:
+        """A RUN did not fit: the client no longer uses its plan."""
+        self.withdrawn = True
+
+    def offer(self) -> None:
+        """Its plan is offered to the client again."""
+        self.withdrawn = False
+
 
 class Blocks:
     """The blocks known so far, by signature and by what their first instruction looks like."""

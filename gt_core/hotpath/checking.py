@@ -21,7 +21,7 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
     Where the compiled values fail the check, or the compiled run raises, the inputs take
     the eager run's values, its outputs are bound, and the block runs eagerly from then on.
     """
-    block.checked = True
+    block.checking()
     eager = block.eager_fn
     if eager is None:
         runner.outbox.emit(ev.CHECKED, signature=block.sig, skipped="the block has no eager graph")

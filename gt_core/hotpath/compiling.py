@@ -58,6 +58,14 @@ class Compiler:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []  # compiles and the warm-up: close joins them
 
+    def joined(self, agree) -> None:
+        """A worker group's rank: ``agree(ok)`` is whether a compile held on every rank."""
+        self.agree = agree
+
+    def shard_with(self, policy) -> None:
+        """A sharding group's rank: its graphs' examples are laid out by ``policy``."""
+        self.sharding = policy
+
     def process(self) -> CompileProcess | None:
         """Where inductor blocks compile off the critical path, or None (in the worker).
 
@@ -166,7 +174,7 @@ class Compiler:
             keep_rng_in_threads("gt-compile-")  # (a compile must not rewind the worker's draws)
             if self._graphs(o):
                 replay_here()  # before the compile thread imports CUDA graph trees
-            block.thread = self._thread(_no_grad(work), f"gt-compile-{block.sig}")
+            block.compiles_in(self._thread(_no_grad(work), f"gt-compile-{block.sig}"))
             block.thread.start()
         else:
             _no_grad(work)()
@@ -200,9 +208,7 @@ class Compiler:
             if o.debug:
                 traceback.print_exception(failure)
         else:
-            block.fn = fn
-            if block.status == Status.COMPILING:
-                block.move(Status.COMPILED)
+            block.compiled(fn)
             extra = {}
             if graphs:  # CUDA graphs asked for: whether inductor records them, and if not, why
                 extra = {"cudagraphs": "skipped" if skips else "used", "cudagraph_skips": skips}
@@ -216,7 +222,7 @@ class Compiler:
         """``block`` was retired while it compiled: hot again, to compile if it runs again
         (revived); the cores its compile held are the loop's."""
         block.move(Status.HOT)
-        block.compile_due = True
+        block.compile_at_next_run()
         why = f"its hot path was retired ({block.retired}) while it compiled"
         self.outbox.emit(ev.COMPILE_CANCELLED, signature=block.sig, reason=why, seconds=seconds)
 

@@ -50,7 +50,7 @@ class Engine:
         self.compiler = compiler = Compiler(ex.device, outbox, options)
         meta_of = self.history.meta_of
         self.registry = Registry(ex, self.blocks, meta_of, outbox, compiler, options)
-        outbox.before = self.registry.announce  # (a block's first event since a reset)
+        outbox.announce_with(self.registry.announce)  # (a block's first event since a reset)
         self.judge = Judge(outbox, compiler, options)
         self.runner = Runner(ex, outbox, self.judge, compiler, options)
         self.signals = Signals(self.history, self.registry, outbox, options)
@@ -85,7 +85,7 @@ class Engine:
 
     @timer.setter
     def timer(self, value) -> None:
-        self.runner.timer = value
+        self.runner.time_with(value)
 
     @property
     def cpu_share(self):
@@ -94,7 +94,7 @@ class Engine:
 
     @cpu_share.setter
     def cpu_share(self, value) -> None:
-        self.judge.share = value
+        self.judge.use_share(value)
 
     def compile_process(self):
         return self.compiler.process()

@@ -97,10 +97,10 @@ class History:
     def stamp(self, block, occurrences, length: int) -> None:
         """Give a block found at ``occurrences`` its ops' times there, and the keys, hashes
         and out paths of its last occurrence: join reads them back for each later one."""
-        block.op_ms = self.profile(occurrences, length)
+        op_ms = self.profile(occurrences, length)
         begin, end = occurrences[-1], occurrences[-1] + length
-        block.keys, block.hashes = tuple(self.keys[begin:end]), tuple(self.hashes[begin:end])
-        block.entry_paths = tuple(self.paths[begin:end])
+        keys, hashes = tuple(self.keys[begin:end]), tuple(self.hashes[begin:end])
+        block.found_at(op_ms, keys, hashes, tuple(self.paths[begin:end]))
 
     def join(self, block, occ, window: int) -> int:
         """Record an occurrence of a detected ``block``, with the keys and out paths of the

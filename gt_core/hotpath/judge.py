@@ -36,6 +36,10 @@ class Judge:
         self.options = options
         self.share = None  # the worker process's intra-op threads (remote.cpu_share.CpuShare)
 
+    def use_share(self, share) -> None:
+        """The worker process's intra-op threads (remote.cpu_share.CpuShare) from now."""
+        self.share = share
+
     @contextlib.contextmanager
     def threads(self, block: Block):
         """Around a compiled run of ``block``: the intra-op threads the CPU share chooses for it
@@ -72,9 +76,7 @@ class Judge:
             self._sample(block, "eager", ms)
         self.outbox.emit(ev.ITERATION, signature=block.sig, kind="eager", ms=ms)
         if block.probe:
-            block.probed += 1
-            if not warming:
-                block.probe -= 1
+            block.probed_once(warming)
             if not block.probe:
                 self.check(block)
 
@@ -104,7 +106,7 @@ class Judge:
             # before one was: runs beside a compile are slowed by it; or the client waited
             # for those and records beside these, which leaves the worker a core fewer):
             # time a few eager occurrences now, then judge.
-            block.probe = metrics.MIN_BASELINE - len(eager)
+            block.want_probes(metrics.MIN_BASELINE - len(eager))
             return
         self._decide(block, eager, compiled, _in_words(cond))
 
@@ -117,7 +119,7 @@ class Judge:
         and a reverted block's compiled ms is the one judged, so the reason and the tables
         say the same numbers.
         """
-        block.judged = True
+        block.judged_now()
         n = len(compiled_ms)
         eager = metrics.median(list(eager_ms))
         comp = metrics.median(list(compiled_ms))

@@ -79,7 +79,7 @@ class Matcher:
         ):
             self._withdraw(block)
             return None
-        block.occurrences += 1
+        block.occurred()
         return Occurrence.planned(block, inputs, produced, scalars)
 
     def flush(self, mismatch: bool, got=None) -> None:
@@ -114,13 +114,13 @@ class Matcher:
         says why, and the state it is in (compiled, say)."""
         self.blocks.revive(block)
         if client_match and block.plan is not None and block.withdrawn:
-            block.withdrawn = False
+            block.offer()
             self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.plan)
         self.outbox.emit(ev.REVIVED, signature=block.sig, reason=reason, status=block.status.value)
 
     def _withdraw(self, block: Block) -> None:
         """The client's matcher stops using ``block``'s plan (its RUNs would not be taken)."""
-        block.withdrawn = True
+        block.withdraw()
         self.outbox.emit(ev.PLAN, signature=block.sig, plan=None)
 
     def _start(self, ins) -> bool:
@@ -147,7 +147,7 @@ class Matcher:
         self.trackers = alive
         done = next((t for t in alive if t.complete), None)
         if done is not None:
-            done.block.occurrences += 1
+            done.block.occurred()
             self.on_occurrence(done.block, Occurrence.tracked(done, self.buf))
 
     def _describe(self, ins) -> str:

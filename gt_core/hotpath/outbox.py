@@ -52,6 +52,14 @@ class Outbox:
         # if the client forgot (Registry.announce); None: nothing to say.
         self.before = None
 
+    def announce_with(self, before) -> None:
+        """``before(sig)`` says what a block is ahead of its first event since a reset."""
+        self.before = before
+
+    def stamp_with(self, stamp) -> None:
+        """``stamp()``: the fields every iteration event carries from now."""
+        self.stamp = stamp
+
     def emit(self, type: str, **fields) -> None:
         sig = fields.get("signature")
         if sig is not None and self.before is not None and type not in _FORMS:

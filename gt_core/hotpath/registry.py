@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import traceback
 
-from gt_core.compile import aliases
 from gt_core.compile.lower import build_graph
 from gt_core.hotpath.blocks import Block, Blocks
 from gt_core.observe import events as ev
@@ -56,11 +55,9 @@ class Registry:
             canon, paths, self._ops_by_name(), period, value_meta=self._value_meta(namer), **kw
         )
         try:  # (how the inputs of the occurrence just seen share memory, if all still alive)
-            inputs = self.ex.lookup(namer.inputs)
-            block.aliases = aliases.of(inputs, block.writes)
-            block.placements = aliases.placements(inputs)
+            block.see_inputs(self.ex.lookup(namer.inputs))
         except (KeyError, TypeError):  # unknown: found at its next run (Runner.run)
-            block.aliases_unknown = True
+            block.inputs_gone()
         return block
 
     def adopt(self, block: Block, occurrences: int = 2, recording_t: float | None = None) -> None:
@@ -78,10 +75,9 @@ class Registry:
                 self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.plan)
 
     def _register(self, block: Block) -> None:
-        block.eager_fn = self._eager_graph(block)
+        eager_fn = self._eager_graph(block)
         index = {self.ex.op_name(i): i for i in self.ex.ops}
-        block.plan = make_plan(block.canon, index, len(block.scalar_dtypes))
-        block.free_slots = [e.value for e in block.plan.entries if e.kind == "free"]
+        block.registered(eager_fn, make_plan(block.canon, index, len(block.scalar_dtypes)))
         self.blocks.add(block)
         if self.options.client_match:
             self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.plan)
@@ -151,7 +147,7 @@ class Registry:
         o = self.options
         if block.signal or o.compile_all or (o.auto_compile and o.background):
             if block.aliases_unknown:
-                block.compile_due = True  # at its next run, its inputs seen (Runner.run)
+                block.compile_at_next_run()  # its inputs seen then (Runner.run)
             else:
                 self.compiler.schedule(block)
         # Else it compiles on the critical path after a couple of eager occurrences, the

@@ -38,13 +38,20 @@ class Runner:
         self.said_off: set[str] = set()  # blocks said to run eagerly with compiling off
         self.scalar_inputs = ScalarInputs(ex.device)
 
+    def time_with(self, timer) -> None:
+        """Every timed run goes through ``timer`` from now (a test's fixed times)."""
+        self.timer = timer
+
+    def joined(self, agree) -> None:
+        """A worker group's rank: ``agree(ok)`` is whether a check held on every rank."""
+        self.agree = agree
+
     def run(self, block: Block, occ: Occurrence) -> None:
         """Run an occurrence compiled if we can, else eagerly; compile the block when due."""
         self.timings.settle()  # (the times of earlier runs that have ended, to the judge)
         if block.status == Status.HOT:  # (to compile soon: for how its inputs share memory)
             self._see_aliases(block, occ)
-            if block.compile_due and block.status == Status.HOT:
-                block.compile_due = False
+            if block.status == Status.HOT and block.take_compile_due():
                 self.compiler.schedule(block)  # (done now where compiles are inline)
         fn = block.fn if self._may_run_compiled(block) else None
         inputs = None
@@ -109,9 +116,7 @@ class Runner:
     def _see_aliases(self, block: Block, occ: Occurrence) -> None:
         """Take how this occurrence's inputs share memory as what the block compiles for."""
         try:
-            inputs = self.ex.lookup(occ.inputs)
-            block.aliases = aliases.of(inputs, block.writes)
-            block.placements = aliases.placements(inputs)
+            block.see_inputs(self.ex.lookup(occ.inputs))
         except KeyError:
             pass  # (an input missing: the run reports it)
         except TypeError as exc:
@@ -131,8 +136,7 @@ class Runner:
         gt_core.compile.aliases). The first time they do not, the block compiles again for
         what they do; after that, such a run runs eagerly (said once)."""
         if self.ex.sharding is not None and aliases.placements(inputs) != block.placements:
-            if not block.placement_miss:  # (compiled for other layouts over the ranks)
-                block.placement_miss = True
+            if block.first_placement_miss():  # (compiled for other layouts over the ranks)
                 why = (
                     "its inputs are laid out over the ranks otherwise (sharded or whole) than "
                     "it was compiled for: such runs run eagerly"
@@ -144,16 +148,14 @@ class Runner:
         if (want is None and all(type(k) is int for k in now)) or now == want:
             return True
         if not block.realiased:
-            block.realiased = True
-            block.fn, block.checked = None, False
+            block.realias()
             self._see_aliases(block, occ)
             if block.status == Status.COMPILED:
                 self.compiler.schedule(block)
             why = "its inputs share memory otherwise than it was compiled for: compiled again"
-        elif block.alias_miss:
+        elif not block.first_alias_miss():
             return False
         else:
-            block.alias_miss = True
             why = (
                 "its inputs share memory otherwise than it was compiled for: such runs run eagerly"
             )
@@ -185,7 +187,7 @@ class Runner:
         try:
             outs, ms = self.timer("eager", fn, *inputs, *occ.scalars)
         except Exception as exc:
-            block.eager_fn = None  # its instructions from now on
+            block.eager_failed()
             if not block.mutates:  # nothing written yet: the instructions say which op failed
                 return self.timer("eager", self.run_instructions, occ.instructions)[1]
             if self.ex.fail_outputs(occ.out_ids, exc):

@@ -54,7 +54,7 @@ class Signals:
             self.jit_ready[name] = canon.id
         block = self.blocks.get(self.seen.get(name))
         if block is not None and self.jit_ready.get(name) == block.sig:
-            block.withdrawn = False
+            block.offer()
             return block.sig, block.plan
         return None
 

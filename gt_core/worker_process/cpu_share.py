@@ -75,6 +75,10 @@ class CpuShare:
         self.chosen: dict[str, int] = {}
         self.fix(threads)
 
+    def recheck_with(self, recheck) -> None:
+        """``recheck()``: whether the client waits now (see choose)."""
+        self.recheck = recheck
+
     def fix(self, threads: int | None) -> None:
         """A fixed count for every op from now on (options.worker_threads), or None: eager's
         count for eager ops, the share's choice for compiled runs. (The same again: no change.)"""

@@ -105,6 +105,10 @@ class Executor:
         self._names: dict[int, str] = {}
         self.sharding = None  # a sharding worker group's ShardPolicy (None: ops called directly)
 
+    def shard_with(self, policy) -> None:
+        """A sharding group's rank: ops are called through ``policy`` (a ShardPolicy)."""
+        self.sharding = policy
+
     # -- the stream ----------------------------------------------------------------------
     def execute(self, ins) -> None:
         """Run one instruction eagerly. What it raises is its error at the next sync (its
@@ -197,14 +201,10 @@ class Executor:
             return None
         if op is not self.ops[idx]:  # (GradOn: it runs so from now on, in blocks too)
             self.ops[idx] = op
-        values = self.values
-        for oid, t in pairs:
-            values[oid] = t
+        self.values.update(pairs)
         for pos, oid in lack:
-            self.missing[oid] = (
-                f"{op_name(op)} returned None for its output {pos}, where the client inferred "
-                "a tensor"
-            )
+            said = f"returned None for its output {pos}, where the client inferred a tensor"
+            self.missing[oid] = f"{op_name(op)} {said}"
         return result
 
     def _call(self, op, a, k):

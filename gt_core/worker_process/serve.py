@@ -138,7 +138,7 @@ def worker_main(conn, event_conn, options, inline: bool = False, group=None) -> 
         return
     w = _start(adjust(options) if group is not None else options, publish, group)
     inbox = _Inbox(conn)
-    w.engine.cpu_share.recheck = inbox.waited
+    w.engine.cpu_share.recheck_with(inbox.waited)
     uploads = staging.Reader(w.device, reuse=_REUSE)
     downloads = staging.InlineWriter() if inline else staging.Writer(_DOWNLOADS)
     try:
@@ -164,9 +164,10 @@ def _start(options, publish, group=None) -> Worker:
     w = Worker(options, publish)
     if group is not None:
         w.group = Group(group, w.device, publish)
-        w.engine.compiler.agree = w.engine.runner.agree = w.group.agree
+        w.engine.compiler.joined(w.group.agree)
+        w.engine.runner.joined(w.group.agree)
         comms = w.group.comms
-        w.engine.outbox.stamp = lambda: {"comm": comms.snapshot()}
+        w.engine.outbox.stamp_with(lambda: {"comm": comms.snapshot()})
         axes = shard_axes(options)
         if axes:
             from gt_core.worker_process.shard import ShardPolicy
@@ -174,9 +175,9 @@ def _start(options, publish, group=None) -> Worker:
             def replicated(op: str, why: str) -> None:
                 w.engine.outbox.emit(ev.SHARDED, op=op, reason=why)
 
-            w.ex.sharding = w.engine.compiler.sharding = ShardPolicy(
-                group.world, w.device, axes, replicated
-            )
+            policy = ShardPolicy(group.world, w.device, axes, replicated)
+            w.ex.shard_with(policy)
+            w.engine.compiler.shard_with(policy)
     cp = w.engine.compile_process() if options.auto_compile or options.compile_all else None
     if cp is not None:
         cp.start()  # the compile process imports beside this one

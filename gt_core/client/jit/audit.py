@@ -36,8 +36,7 @@ def run(entry, leaves, spec):
     if would is None:
         entry.keep(rec)
         return result
-    entry.audited += 1
-    entry.since_prepared += 1
+    entry.ran(audited=True)
     ops = {idx: op_name(op) for op, idx in entry.session.op_index.items()}
     what = compare(r, rec, would, scalars, ops)
     if what is None:
@@ -64,7 +63,7 @@ def compare(r: Recipe, rec, would: list, scalars: list, ops: dict) -> str | None
     if why is not None:
         return why.text()
     # The numbers that flow in the recipe flow in the audited call too, changed or not.
-    rec.flowing, rec.changed = {**r.rec.flowing, **rec.flowing}, rec.changed | r.rec.changed
+    rec.flows_as(r.rec)
     try:
         fresh = Recipe(r.plan, rec)
     except Refused as exc:

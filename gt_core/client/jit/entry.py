@@ -17,7 +17,6 @@ call:
 from __future__ import annotations
 
 import collections
-import statistics
 import time
 
 from torch.utils._pytree import tree_flatten
@@ -149,18 +148,15 @@ class Entry:
             reached = walk(roots)  # (after the flush: the slots as they are now)
             opts = reached.optimizers
             places = numbers_at(reached.scalars)  # (the step's own float numbers)
-            settings, ledger, steer = [dict(g) for g in groups(opts)], {}, set()
+            settings, ledger, steer, tests = [dict(g) for g in groups(opts)], {}, set(), []
             if places:
                 settings.append(Numbers((k, p.read()) for k, p in places.items()))
-            tests: list = []
             syncs, reads = s.counters["syncs"], s.counters["shadow_reads"]
             s.emit(Mark(MARK, self.name, "enter"))
-            s.tee, s.tee_puts = tee, puts = [], []
-            s.shadow_log = log = ShadowLog(Proxy)
-        end = End(s, self.name)  # (the exit, or the step of an LR scheduler: see there)
-        spans: list = []  # (the optimizers' steps among the recorded instructions)
-        stepped: set = set()  # (the ids of the optimizers that stepped)
-        end.by_origin = lambda: by_origin(tee, ledger, spans, steer)
+            tee, puts, log = [], [], ShadowLog(Proxy)
+            s.record_into(tee, puts, log)
+        spans, stepped = [], set()  # (the optimizers' steps among the instructions; their ids)
+        end = End(s, self.name, lambda: by_origin(tee, ledger, spans, steer))  # (or a scheduler)
         try:
             traced = as_traced(spans, lambda: len(tee), stepped)
             knobs_ = wrapped(opts, ledger, steer, places, tests)
@@ -173,25 +169,32 @@ class Entry:
             end.close()
         now = [(p, obj if p is None else p.read()) for p, obj in roots]  # (rebound too)
         after = walk(now)
-        rec = Recording(leaves, roots, reached, after.slots, result, tee[:-1], puts)
-        replay.unfill_grads(filled, rec.instrs)
+        instrs = tee[:-1]
+        replay.unfill_grads(filled, instrs)
         pairs = zip(roots, now, strict=True)
-        rec.rebound = {p.ident() for (p, was), (_, obj) in pairs if p and obj is not was}
-        rec.syncs = end.counted["syncs"] - syncs
-        rec.reads = end.counted["shadow_reads"] - reads
-        rec.after_scheduler, rec.late_frees = end.after(), end.late_frees()
-        log.bind(rec.before, leaves, rec.puts)
-        rec.kept = _steer_kept(steer, result, puts, ledger)
-        log.ledger, log.steered = ledger, steered(steer)
-        rec.steered, rec.forced = log.steered, end.origin
-        rec.program = log
-        rec.sync_at = s.matcher.lines.last.get("syncs") if rec.syncs else None
-        rec.settings, rec.knob_floats = settings, attribute(rec.instrs, ledger)
-        rec.numbers, rec.tests = places, list(dict.fromkeys(tests))
-        rec.stepped = stepped
-        rec.after_scheduler = rec.after_scheduler or end.read_after(
-            spans, rec.knob_floats, rec.instrs
+        syncs = end.counted["syncs"] - syncs
+        kept = _steer_kept(steer, result, puts, ledger)
+        log.ended(ledger, steered(steer))
+        knob_floats = attribute(instrs, ledger)
+        rec = Recording(
+            *(leaves, roots, reached, after.slots, result, instrs, puts),
+            rebound={p.ident() for (p, was), (_, obj) in pairs if p and obj is not was},
+            syncs=syncs,
+            reads=end.counted["shadow_reads"] - reads,
+            after_scheduler=end.after() or end.read_after(spans, knob_floats, instrs),
+            late_frees=end.late_frees(),
+            kept=kept,
+            steered=log.steered,
+            forced=end.origin,
+            program=log,
+            sync_at=s.matcher.lines.last.get("syncs") if syncs else None,
+            settings=settings,
+            knob_floats=knob_floats,
+            numbers=places,
+            tests=list(dict.fromkeys(tests)),
+            stepped=stepped,
         )
+        log.bind(rec.before, leaves, rec.puts)
         mutated(rec, [dict(g) for g in groups(opts)], reached, after)
         return result, rec
 
@@ -231,9 +234,7 @@ class Entry:
         except Refused as exc:
             self.move(Trigger.REFUSED, exc.reason)
             return
-        kept = guards(a, b, recipe.flowing)
-        recipe.guards = [(*place.reader(), v, place) for place, v in kept]
-        recipe.arg_offsets = at
+        recipe.guarded(guards(a, b, recipe.flowing), at)
         self.since_prepared = 0
         self.move(
             Trigger.PREPARED,
@@ -285,6 +286,18 @@ class Entry:
         self.scalars_now = [values[i] for i in r.scalar_ix]
         return None
 
+    def ran(self, audited: bool = False) -> None:
+        """A replay stood for this call: its RUN sent, or (``audited``) recorded instead."""
+        if audited:
+            self.audited += 1
+        else:
+            self.replayed += 1
+        self.since_prepared += 1
+
+    def fitted(self, facts: list) -> None:
+        """The call's inputs fit: their facts, what the next call checks first (replay's)."""
+        self.facts = facts
+
     def unfit(self, src, p, k, what: str | None = None) -> None:
         """An input no longer fits the block: the call runs, recording starts over."""
         where = f"argument {src}" if type(src) is int else src.describe()
@@ -295,16 +308,6 @@ class Entry:
         else:
             got = "not a worker tensor" if not hasattr(p, "gt_meta") else f"metadata {p.gt_meta}"
         self.move(Trigger.UNFIT, JitReason("unfit", place=where, what=got))
-
-    def stats(self) -> dict:
-        return {
-            "function": self.owner.name,
-            "name": self.name,
-            "signature": self.sig,
-            "replayed": self.replayed,
-            "audited": self.audited,
-            "client_ms": statistics.median(self.client_ms) if self.client_ms else None,
-        }
 
 
 _SMALL_HOST = 64  # host tensors searched for a setting's number (a torch.tensor(lr), a few betas)

@@ -62,6 +62,10 @@ class ShadowLog:
         self.flowing: dict = {}
         self.sources: list | None = None  # (slot, place or argument index) per input, once bound
 
+    def ended(self, ledger: dict, steered: tuple[set, set]) -> None:
+        """The call has ended: its numbers' ledger and what its Knobs steered."""
+        self.ledger, self.steered = ledger, steered
+
     # -- while the call records (client.record and client.shadows call these) ------------
     def op(self, func, args, kwargs, out) -> None:
         """``func`` ran on shadows and gave ``out`` (proxies with shadows)."""

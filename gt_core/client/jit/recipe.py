@@ -59,7 +59,7 @@ class Recipe:
         # The optimizers the step can reach, and their settings now: the block holds them as
         # numbers, so a change (an LR scheduler's step) means recording again.
         self.optimizers = rec.optimizers
-        self.guards: list = []  # (getter, obj, key, value, place): compared (see guards)
+        self.guards: list = []  # (getter, obj, key, value, place): compared (see guarded)
         # {argument: storage offset} each replay's arguments must begin at (None: anywhere;
         # recording.offsets)
         self.arg_offsets: dict | None = None
@@ -97,6 +97,12 @@ class Recipe:
             used -= log.steered[1]
         reads = log.reads if self.program is not None else []
         self.compared_reads = [(j, v) for j, v in enumerate(reads) if j not in used]
+
+    def guarded(self, kept: list, arg_offsets: dict | None) -> None:
+        """What a replay checks first: the Python values ``kept`` ((place, value) each:
+        recording.guards) and where its arguments' storages begin (recording.offsets)."""
+        self.guards = [(*place.reader(), v, place) for place, v in kept]
+        self.arg_offsets = arg_offsets
 
     def flowing_names(self) -> list[str]:
         """The settings and numbers sent with each replay, in words."""

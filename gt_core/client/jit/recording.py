@@ -13,13 +13,14 @@ import collections
 import torch
 from torch.utils._pytree import tree_flatten
 
+from gt_core.client.jit.instr_parts import float_args, refers, shape_of
 from gt_core.client.jit.knob import agree, failed, settings_in
 from gt_core.client.jit.program import differs
 from gt_core.client.recording.meta import where_free_key
 from gt_core.client.recording.proxy import Proxy
 from gt_core.client.recording.uploads import CONSTANT_NUMEL
 from gt_core.observe.jit_states import JitReason
-from gt_core.stream.instructions import FREE, OP, PUT, Ref, op_name, without_ids
+from gt_core.stream.instructions import FREE, OP, PUT, op_name
 
 __all__ = ["Recording", "Refused", "differ", "guards", "mutated"]
 
@@ -35,7 +36,9 @@ class Refused(Exception):
 class Recording:
     """One recorded call: what it read where, what it left where, its instructions."""
 
-    def __init__(self, leaves, roots, reached, after, result, instrs, puts=()):
+    def __init__(self, leaves, roots, reached, after, result, instrs, puts=(), **ended):
+        """``ended``: what the call did besides its instructions, as its block ended (the
+        fields below, by name; those not given: none)."""
         self.arg_ids = {x.gt_value_id: i for i, x in enumerate(leaves) if type(x) is Proxy}
         # (an argument's key wherever its storage begins, and where it begins: see offsets)
         self.arg_keys = {i: where_free_key(x) for i, x in enumerate(leaves) if type(x) is Proxy}
@@ -50,37 +53,44 @@ class Recording:
         self._shape: list | None = None  # (shape() and floats(), made once: see there)
         self._floats: list | None = None
         self.puts = list(puts)  # (value id, proxy, host copy or None, (file, line)) per upload
-        self.syncs = 0
-        self.reads = 0  # values answered from shadows (client.shadows)
-        self.program = None  # what the call did on shadows (jit.program.ShadowLog)
-        self.sync_at = None  # the user's line of the call's last sync
+        get = ended.pop
+        self.syncs = get("syncs", 0)
+        self.reads = get("reads", 0)  # values answered from shadows (client.shadows)
+        self.program = get("program", None)  # what it did on shadows (jit.program.ShadowLog)
+        self.sync_at = get("sync_at", None)  # the user's line of the call's last sync
         # The optimizers' settings as the call began ([{key: value}] per param group), the
         # numbers computed from them that the call passed to ops (jit_knobs.attribute), and
         # those that flow into the block: {site: expressions}, filled in by differ (several
         # where settings had equal values: each must give the same number at a replay).
-        self.settings: list = []
-        self.knob_floats: dict = {}
-        self.stepped: set = set()  # the ids of the optimizers whose step ran in the call
+        self.settings: list = get("settings", [])
+        self.knob_floats: dict = get("knob_floats", {})
+        self.stepped: set = get("stepped", set())  # the optimizers whose step ran (their ids)
         # {identity: place} of the float numbers of its state, the settings' last group
         # (jit.settings.Numbers), and what it tested of them and of the settings (failed)
-        self.numbers: dict = {}
-        self.tests: list = []
+        self.numbers: dict = get("numbers", {})
+        self.tests: list = get("tests", [])
         self.wrote: set = set()  # the places of Python numbers it changed (mutated)
-        self.kept: set = set()  # settings a number it returned or uploaded came from
+        self.kept: set = get("kept", set())  # settings a number it returned or uploaded came from
         self.flowing: dict = {}
         self.changed: set = set()  # settings (group, key) that differ from the call before
         # (settings, reads) whose Knobs steered Python or left it (jit.settings.steered);
         # {site: expressions} of the numbers sent anew each call (jit.settings.by_origin)
-        self.steered: tuple[set, set] = (set(), set())
-        self.forced: dict = {}
+        self.steered: tuple[set, set] = get("steered", (set(), set()))
+        self.forced: dict = get("forced", {})
         self.mutated: JitReason | None = None  # a Python value the call changed (mutated)
         self.not_repeated: list[str] = []  # changes a replay will not make (mutated)
         self.schedulers: list = []  # (LR scheduler, steps) it stepped inside (mutated)
-        self.rebound: set = set()  # the roots' places it bound to other objects (idents)
+        self.rebound: set = get("rebound", set())  # the roots' places bound to other objects
         # An LR scheduler's step ended the block (jit.schedulers): the work the call did
         # after it, in words (None: none), and the values it freed on its way out.
-        self.after_scheduler: str | None = None
-        self.late_frees: set = set()
+        self.after_scheduler: str | None = get("after_scheduler", None)
+        self.late_frees: set = get("late_frees", set())
+        if ended:
+            raise TypeError(f"a recording has no field {', '.join(ended)}")
+
+    def flows_as(self, other: Recording) -> None:
+        """What flows in ``other`` (the recipe's recording) flows here too, changed or not."""
+        self.flowing, self.changed = {**other.flowing, **self.flowing}, self.changed | other.changed
 
     def unreplayable(self) -> JitReason | None:
         if self.after_scheduler is not None:
@@ -110,8 +120,8 @@ class Recording:
             if schema is None:
                 continue
             for a, v in zip(schema.arguments, ins.args):  # noqa: B905 (defaults omitted)
-                if a.alias_info is not None and a.alias_info.is_write and _refers(v, ids):
-                    where = _line(ids[_refers(v, ids)])
+                if a.alias_info is not None and a.alias_info.is_write and refers(v, ids):
+                    where = _line(ids[refers(v, ids)])
                     return JitReason("written_constant", op=op_name(op), line=where)
         return None
 
@@ -130,7 +140,7 @@ class Recording:
     def shape(self) -> list:
         """The instructions without their ids (what two calls must share); made once."""
         if self._shape is None:
-            self._shape = [_shape(ins) for ins in self.instrs]
+            self._shape = [shape_of(ins) for ins in self.instrs]
         return self._shape
 
     def floats(self) -> list:
@@ -143,7 +153,7 @@ class Recording:
         j = 0
         for ins in self.instrs:
             if ins.code == OP:
-                for where, v, path in _float_args(ins):
+                for where, v, path in float_args(ins):
                     out.append((ins.op, where, v, (j, path)))
             if ins.code in (OP, FREE):
                 j += 1
@@ -359,41 +369,3 @@ def _brief(t) -> str:
     if t.numel() <= 4:
         return str(t.tolist())
     return f"{list(t.shape)} {str(t.dtype).removeprefix('torch.')}"
-
-
-def _refers(v, ids: dict):
-    """The value id in ``ids`` that argument ``v`` refers to, or None."""
-    if type(v) is Ref:
-        return v.id if v.id in ids else None
-    if type(v) in (list, tuple):
-        return next((r for r in (_refers(x, ids) for x in v) if r is not None), None)
-    return None
-
-
-def _shape(ins) -> tuple:
-    if ins.code == FREE:
-        return (FREE,)
-    if ins.code == PUT:
-        return (PUT,)
-    return (
-        OP,
-        ins.op,
-        without_ids(ins.args),
-        tuple(sorted((k, without_ids(v)) for k, v in ins.kwargs.items())),
-        tuple(o is None for o in ins.outs),
-    )
-
-
-def _float_args(ins):
-    for i, a in enumerate(ins.args):
-        yield from _floats(a, f"argument {i}", (i,))
-    for k, v in ins.kwargs.items():
-        yield from _floats(v, k, (k,))
-
-
-def _floats(a, where, path):
-    if type(a) is float:
-        yield where, a, path
-    elif type(a) in (list, tuple):
-        for j, x in enumerate(a):
-            yield from _floats(x, f"{where}[{j}]", (*path, j))

@@ -59,8 +59,7 @@ def run(entry, leaves):
         s.send_now()
         if entry.rerun is not None:  # (the block did to the worker's values what it did)
             entry.rerun.commit()
-        entry.replayed += 1
-        entry.since_prepared += 1
+        entry.ran()
         outs = [None if m is None else Proxy(s, produced[k], m) for k, m in r.outputs]
         for place in r.cleared:
             place.write(None)
@@ -149,7 +148,7 @@ def inputs(entry, leaves) -> list | None:
             return None
     for i, place in empty:  # (written once all fit: a call that runs instead finds them empty)
         place.write(got[i])
-    entry.facts = list(map(_FACTS, got))  # (the steady state, for _inputs_fast)
+    entry.fitted(list(map(_FACTS, got)))
     return list(map(_ID, got))
 
 

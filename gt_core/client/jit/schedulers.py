@@ -38,7 +38,7 @@ class End:
     """Where a recorded call's block ends: at the call's exit, or at its first step of an
     LR scheduler (``close``, once); what the call did after (``after``, ``late_frees``)."""
 
-    def __init__(self, session, name: str):
+    def __init__(self, session, name: str, by_origin=None):
         self.session, self.name = session, name
         self.closed = False
         self.counted: dict | None = None  # the session's counters as the block ended
@@ -48,7 +48,7 @@ class End:
         self.depth = 0  # schedulers' steps running (a chained one steps others)
         # () -> {site: expressions} of the numbers sent anew each call (settings.by_origin),
         # asked as the block ends: the exit mark names their sites for the worker to lift
-        self.by_origin = None
+        self.by_origin = by_origin
         self.origin: dict = {}
         self._since: dict | None = None
         # a pure scheduler's first step: the recorded instructions before it (None: none
@@ -66,14 +66,13 @@ class End:
                 self.origin = self.by_origin() if self.by_origin is not None else {}
                 force = tuple(sorted(self.origin, key=repr))
                 s.emit(Mark(MARK, self.name, "exit", force))  # (the call's frees come first)
-                s.shadow_log = None
                 self.counted = dict(s.counters)
             elif self._since is not None:
                 if s.freed:  # (the call's locals, freed on its way out: into the tail)
                     s.drain_frees()
                 self.tail_reads += _reads(s.counters, self._since)
                 self._since = None
-            s.tee, s.tee_puts = None, None
+            s.stop_recording()
             s.flush()
 
     def stepping(self, sched, step, args, kwargs):
@@ -136,7 +135,7 @@ class End:
             self._since = dict(s.counters)
             if self.tail is None:
                 self.tail = []
-            s.tee, s.tee_puts = self.tail, self.tail_puts
+            s.record_into(self.tail, self.tail_puts)
 
     def after(self) -> str | None:
         """The work the call did after a scheduler's step outside the block, or that a pure

@@ -64,14 +64,15 @@ class EarlySites:
         else:  # (an upload's data is not kept; no occurrence spans it)
             self.kept.append((None, None))
 
-    def record(self, matcher, out, ins, proxies) -> None:
+    def record(self, matcher, out, ins, proxies) -> bool:
         """``ins`` is being recorded: kept, and into the stream (through ``matcher`` where
-        plans are live, else ``out``)."""
+        plans are live, else ``out``). Whether it still sites (its budget not spent)."""
         if matcher.live:
             self.feed(matcher, ins, proxies)
         else:
             self.take(ins)
             out(ins)
+        return self.open
 
     def feed(self, matcher, ins, proxies) -> None:
         """``ins``, being recorded while plans are live, to ``matcher``; then kept, sited

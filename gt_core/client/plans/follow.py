@@ -59,10 +59,9 @@ def follow(cls, session, func, args, kwargs):
         return None
     t = learned.template
     if type(t) is New:
-        vid = session.next_id
-        if not c.produce(e.outs[0], vid):  # (the op's one output)
+        vid = c.produce(e.outs[0], session.ids)  # (the op's one output: its id taken)
+        if vid is None:
             return None
-        session.next_id = vid + 1
         result = cls(session, vid, t.meta, t.mid)
     else:
         result = proxies[t.index]

@@ -101,13 +101,15 @@ class Candidate:
         """The occurrence's lifted scalar ``k`` is ``value``."""
         self.scalars[k] = value
 
-    def produce(self, j: int, vid: int) -> bool:
-        """``vid`` is the entry's output ``j``: True where ``j`` is the next value produced."""
+    def produce(self, j: int, ids) -> int | None:
+        """The entry's output ``j`` takes the next id of ``ids`` (the session's), returned;
+        None, and no id taken, where ``j`` is not the next value produced."""
         if j != len(self.produced):
-            return False
+            return None
+        vid = next(ids)
         self.produced.append(vid)
         self.bound.add(vid)
-        return True
+        return vid
 
     def bind(self, slot: Slot, vid: int, meta=None) -> bool:
         """``vid`` takes ``slot``'s name: True where it has that name and no other, and where

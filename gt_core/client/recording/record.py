@@ -175,8 +175,7 @@ def _inline(cls, session, func, t, sent, args, kwargs, proxies):
     if idx is None:
         idx = session.op(func)
     if type(t) is New:
-        vid = session.next_id
-        session.next_id = vid + 1
+        vid = next(session.ids)
         outs = (vid,)
     else:
         outs = (None,)
@@ -299,7 +298,7 @@ def _run_now(cls, session, func, args, kwargs, proxies):
     session.counters["ops"] += 1
     base = session.next_id
     described, end = session.request(Call(idx, args, kwargs, base))
-    session.next_id = max(session.next_id, end)
+    session.ids_from(end)
     if type(described) in (int, float, bool, complex) and proxies:  # .item(): a value fetched
         session.counters["fetches"] += 1
         session.counters["bytes_down"] += proxies[0].element_size()

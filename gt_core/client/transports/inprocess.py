@@ -26,21 +26,18 @@ def _isolated():
 
     from gt_core.diagnostics.stance import in_worker as _in_worker
 
-    was, _in_worker.active = getattr(_in_worker, "active", False), True
     keys = torch._C.DispatchKey
-    try:
-        # The client may reach here inside _DisableTorchDispatch (an upload flushing the
-        # stream): the worker's compiles trace with fake tensors, which need the Python
-        # dispatch keys that guard excludes.
-        with (
-            torch._C._SetExcludeDispatchKeyGuard(keys.Python, False),
-            torch._C._SetExcludeDispatchKeyGuard(keys.PythonTLSSnapshot, False),
-            _disable_current_modes(),
-            torch.no_grad(),
-        ):
-            yield
-    finally:
-        _in_worker.active = was
+    # The client may reach here inside _DisableTorchDispatch (an upload flushing the stream):
+    # the worker's compiles trace with fake tensors, which need the Python dispatch keys that
+    # guard excludes.
+    with (
+        _in_worker.running(),
+        torch._C._SetExcludeDispatchKeyGuard(keys.Python, False),
+        torch._C._SetExcludeDispatchKeyGuard(keys.PythonTLSSnapshot, False),
+        _disable_current_modes(),
+        torch.no_grad(),
+    ):
+        yield
 
 
 class InProcessTransport(Transport):

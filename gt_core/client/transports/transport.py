@@ -69,9 +69,12 @@ class Transport:
     copy_ms = 0.0  # the client's ms copying the last fetched value out (see Session.fetch)
     room_ms = 0.0  # the client's ms waiting for the worker to read a full upload ring, in all
 
-    # Called before a wait for the worker to read every upload: sends the pending batch
-    # (the session's flush), so that the uploads waited for are on their way.
     before_wait = staticmethod(lambda: None)
+
+    def before_waiting(self, flush) -> None:
+        """``flush()`` runs before each wait for the worker to read every upload: the
+        session's flush sends the pending batch, so the uploads waited for are on their way."""
+        self.before_wait = flush
 
     def drain(self, timeout: float = 10.0) -> None:
         """Return once the worker's events so far are in the client's log (here: at once)."""
