@@ -7,7 +7,7 @@ import statistics
 
 from gt_core.observe import events as ev
 
-__all__ = ["publish_stats"]
+__all__ = ["publish_stats", "jit_stats"]
 
 
 def publish_stats(s) -> None:
@@ -24,10 +24,10 @@ def publish_stats(s) -> None:
     for entry in s.jits:
         if sent.get(entry) != entry.replayed:
             sent[entry] = entry.replayed
-            s.log.emit(ev.JIT_STATS, **_jit_stats(entry))
+            s.log.emit(ev.JIT_STATS, **jit_stats(entry))
 
 
-def _jit_stats(entry) -> dict:
+def jit_stats(entry) -> dict:
     """A jit call key's replays and audits (jit.entry.Entry), and the client's ms per replay."""
     return {
         "function": entry.owner.name,

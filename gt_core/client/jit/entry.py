@@ -49,6 +49,7 @@ from gt_core.client.jit.settings import (
 from gt_core.client.jit.traced import as_traced
 from gt_core.client.recording.proxy import Proxy
 from gt_core.client.session import LOCK
+from gt_core.client.session_stats import jit_stats
 from gt_core.observe import events as ev
 from gt_core.observe import metrics
 from gt_core.observe.jit_states import JitReason, JitState, Trigger, next_state
@@ -83,6 +84,8 @@ class Entry:
         session.jits.append(self)
         self.sig: str | None = None  # the block's signature, once the worker has it
         self.facts: list | None = None  # (session, metadata key, shadow) per fitting input
+
+    stats = jit_stats  # its replays and audits, the client's ms per replay (as reported)
 
     @property
     def refused(self) -> str | None:
