@@ -11,7 +11,7 @@ import html
 from gt_core.observe import feeding, ranks
 from gt_core.observe.jit_summary import counts as jit_counts
 from gt_core.observe.status import Status, sequence
-from gt_core.observe.user_compiles import compiling_text
+from gt_core.observe.user_compiles import breaks_text, calls_text, compiling_text
 
 from . import _bundles, _figures, _graphs
 from ._svg_marks import title_of
@@ -125,12 +125,14 @@ def to_text(data: dict, head: bool = True) -> str:
         lines.append(line)
         if r["states"]:
             lines.append(f"    states: {sequence(r['states'])}")
-    for u in user_rows(data):
+    for u, row in zip(data.get("user_compiles", []), user_rows(data), strict=True):
         lines.append(
-            f"  torch.compile {u['function']}: {u['compiles']} compile(s) in {u['compile s']:.2f} s, "
-            f"{u['recompiles']} recompile(s), {u['graph breaks']} graph break(s)"
-            + (", recompile limit hit" if u["limit hit"] else "")
+            f"  torch.compile {row['function']}: {row['compiles']} compile(s) in "
+            f"{row['compile s']:.2f} s, {row['recompiles']} recompile(s), "
+            f"{row['graph breaks']} graph break(s)"
+            + (", recompile limit hit" if row["limit hit"] else "")
         )
+        lines += [f"    {x}" for x in (calls_text(u), *breaks_text(u)) if x]
     reasons = reason_rows(data)
     if reasons:
         lines.append("reasons:")

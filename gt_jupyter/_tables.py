@@ -34,6 +34,10 @@ USER_COLUMNS = (
     "graph breaks",
     "limit hit",
     "cudagraph skips",
+    "calls",
+    "compiled calls",
+    "eager calls",
+    "vs eager",
 )
 
 

@@ -14,6 +14,7 @@ import gt_core
 from gt_core.diagnostics.calls import SAMPLES, Calls, inputs_key
 from gt_core.observe import events as ev
 from gt_core.observe.user_compiles import calls_text
+from gt_jupyter._render import to_html, to_text
 from gt_jupyter._tables import user_rows
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
@@ -122,8 +123,15 @@ def test_calls_in_the_report_text_and_the_dashboard_table():
             f(torch.ones(2))
     text = str(gt_core.report())
     assert "12 call(s): " in text and "x eager on the same inputs" in text
-    row = user_rows(gt_core.report().to_data())[0]
+    data = gt_core.report().to_data()
+    row = user_rows(data)[0]
     assert row["calls"] == 12 and row["compiled calls"] >= 1 and row["vs eager"].endswith("x")
+    # what the cell's dashboard draws: the table's columns and the text's line
+    page = to_html(data, figures=False)
+    for column in ("calls", "compiled calls", "eager calls", "vs eager"):
+        assert f">{column}</th>" in page
+    assert f">{row['vs eager']}</td>" in page
+    assert "12 call(s): " in to_text(data)
 
 
 # -- the tally itself, on made-up frames and an injected clock ------------------------------
@@ -157,6 +165,27 @@ def test_the_speedup_is_each_samples_eager_time_over_the_compiled_median():
     assert snap["outcomes"] == {"compiled": 6, "compiling": 1, "eager_sample": 3}
     assert snap["median_ms"] == {"compiled": 2.0, "compiling": 100.0, "eager_sample": 8.0}
     assert snap["speedup"] == 4.0 and snap["compared"] == 3
+
+
+def test_no_speedup_is_said_before_three_samples_one_costly_sample_does_not_decide():
+    """Two samples, the first paying a one-time cost (7x the second): no speedup yet, and
+    the text says how many samples it has of those it takes; the third decides by the
+    median, so the costly one does not."""
+    events, clock = [], ManualClock()
+    calls = Calls(lambda t, **f: events.append(f), every=3, clock=clock, emit_every_s=1e9)
+    _run(calls, clock, 100.0, hit=False, compiles=True)
+    eager = iter([14.0, 2.0, 2.4])
+    for i in range(6):
+        _run(calls, clock, next(eager) if i % 3 == 2 else 1.0)
+    calls.flush()
+    snap = events[-1]
+    assert snap["compared"] == 2 and snap["speedup"] is None
+    text = calls_text({"calls": snap})
+    assert "not measured yet (2 eager sample(s) of the 3 it takes" in text and "x eager" not in text
+    for i in range(3):
+        _run(calls, clock, next(eager) if i % 3 == 2 else 1.0)
+    calls.flush()
+    assert events[-1]["compared"] == 3 and events[-1]["speedup"] == 2.4
 
 
 def test_a_call_with_hits_and_misses_ran_partly_eagerly():

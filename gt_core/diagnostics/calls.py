@@ -42,10 +42,13 @@ from gt_core.diagnostics import torch_hooks as hooks
 from gt_core.diagnostics.names import in_gt
 from gt_core.observe import events as ev
 
-__all__ = ["Calls", "OUTCOMES", "SAMPLES", "inputs_key"]
+__all__ = ["Calls", "COMPARED_AT_LEAST", "OUTCOMES", "SAMPLES", "inputs_key"]
 
 OUTCOMES = ("compiled", "compiling", "eager", "partly_eager", "eager_sample", "raised")
 SAMPLES = 5  # eager samples per function at most (each costs what compiling saves)
+# Samples compared before a speedup is said: the median of three outlasts one sample that
+# paid a one-time cost (a first eager run of new shapes took 7x the later ones, measured)
+COMPARED_AT_LEAST = 3
 _KEPT = 256  # call times kept per function and inputs (medians over the latest)
 _KEYS = 16  # distinct inputs whose times are kept per function (the first ones seen)
 
@@ -303,8 +306,13 @@ class Calls:
             "outcomes": {o: t.outcomes[o] for o in OUTCOMES if t.outcomes[o]},
             "median_ms": {o: round(m, 4) for o, m in ms.items() if m is not None},
             "samples": t.samples,
-            "speedup": round(statistics.median(t.ratios), 3) if t.ratios else None,
+            "speedup": (
+                round(statistics.median(t.ratios), 3)
+                if len(t.ratios) >= COMPARED_AT_LEAST
+                else None
+            ),
             "compared": len(t.ratios),
+            "compared_needed": COMPARED_AT_LEAST,
             "eager_every": self.every,
             # (of the compiled calls: ms in graphs, and outside them at each graph break)
             "graph_ms": round(statistics.median(t.graph_ms), 4) if t.graph_ms else None,

@@ -239,7 +239,7 @@ def breaks_text(u: dict) -> list[str]:
     return [
         f"graph break at {b['where']}: in {b['calls']} compiled call(s), "
         f"{_ms(b['outside_ms'])} outside the graphs ({_ms(b['outside_ms'] / b['calls'])} a call)"
-        for b in u["graph_breaks"]
+        for b in u.get("graph_breaks", ())  # (a log written before breaks were costed)
         if b.get("calls")
     ]
 
@@ -272,10 +272,11 @@ def calls_text(u: dict) -> str:
     elif not c.get("eager_every"):
         text += ". Compiled vs eager: not measured (eager samples off: GT_USER_EAGER_EVERY=0)"
     elif outcomes.get("compiled"):
-        every = c["eager_every"]
+        every, n, needed = c["eager_every"], c.get("compared", 0), c.get("compared_needed", 3)
         text += (
-            f". Compiled vs eager: not measured yet (every {every}th call runs eagerly as a "
-            "sample where its inputs equal the last compiled call's)"
+            f". Compiled vs eager: not measured yet ({n} eager sample(s) of the {needed} it takes; "
+            f"every {every}th call runs eagerly as a sample where its inputs equal the last "
+            "compiled call's)"
         )
     return text
 
