@@ -232,10 +232,10 @@ class Compiler:
         they are removed and it compiles again)."""
         if cp is not None:
             return cp.compile_block(
-                block.canon,
-                block.ops,
-                block.out_paths,
-                block.scalar_dtypes,
+                block.form.canon,
+                block.form.ops,
+                block.form.out_paths,
+                block.form.scalar_dtypes,
                 self.device,
                 o.mode,
                 block.aliases,
@@ -247,22 +247,17 @@ class Compiler:
 
     def _compile_here(self, block: Block, o: Options):
         t0 = time.perf_counter()
-        gm = build_graph(
-            block.canon,
-            block.ops,
-            block.out_paths,
-            o.backend == "inductor",
-            len(block.scalar_dtypes),
-            device=self.device,
-        )
+        f = block.form
+        n, inductor = len(f.scalar_dtypes), o.backend == "inductor"
+        gm = build_graph(f.canon, f.ops, f.out_paths, inductor, n, device=self.device)
         gm = aliases.unalias(gm, block.aliases)
-        scalars = [((), (), dt, self.device) for dt in block.scalar_dtypes]
+        scalars = [((), (), dt, self.device) for dt in f.scalar_dtypes]
         examples = [
             torch.zeros(shape, dtype=dtype, device=device)
             if not shape
             else torch.empty_strided(shape, stride, dtype=dtype, device=device)
             for shape, stride, dtype, device in aliases.metas(
-                list(block.canon.input_meta), block.aliases, scalars
+                list(f.canon.input_meta), block.aliases, scalars
             )
         ]
         if self.sharding is not None:

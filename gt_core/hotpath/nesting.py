@@ -23,7 +23,7 @@ def retire_nested(block, sigs, blocks, matcher) -> None:
             matcher.retire(
                 inner,
                 f"its occurrences lie inside the period of hot path {block.sig} "
-                f"({len(block.canon.ops)} ops): part of a larger loop's body, which runs "
+                f"({len(block.form.canon.ops)} ops): part of a larger loop's body, which runs "
                 "it from now on",
                 by=block.sig,
             )
@@ -34,9 +34,9 @@ def inside_its_loop(block, begins, blocks, history) -> bool:
     inside runs of the longer block that retired it: its nested period seen again within
     that loop's body, where the loop's block still runs it."""
     by = blocks.get(block.retired_by) if block.retired_by else None
-    if by is None or by.keys is None:
+    if by is None or by.form.keys is None:
         return True
-    n = len(by.keys)
+    n = len(by.form.keys)
     return any(at <= b < at + n for at, sig in history.runs if sig == by.sig for b in begins)
 
 
