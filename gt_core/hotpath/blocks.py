@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 from collections import deque
+from typing import NamedTuple
 
 from gt_core.compile import aliases
 from gt_core.hotpath.form import BlockForm
@@ -24,9 +25,16 @@ from gt_core.stream.lift import LiftNamer
 from gt_core.stream.meta import fits
 from gt_core.stream.plan import expand
 
-__all__ = ["Block", "Blocks", "Occurrence", "Tracker", "TIMED_RUNS"]
+__all__ = ["Block", "Blocks", "Occurrence", "Retirement", "Tracker", "TIMED_RUNS"]
 
 TIMED_RUNS = 1000  # timings a block keeps per series (its memory stays flat over long runs)
+
+
+class Retirement(NamedTuple):
+    """Why a block is matched no more, and the longer block that runs its instructions."""
+
+    reason: str
+    by: str | None  # that hot path's signature (None: no block runs them)
 
 
 class Block:
@@ -54,7 +62,10 @@ class Block:
         self.thread: threading.Thread | None = None
         self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan
         self.occurrences = 0  # occurrences matched since it was found
-        self.retired = self.retired_by = None  # why it is matched no more, and who runs it
+        # Matched no more (Blocks.retire), apart from its state: a block in any state, failed
+        # included, may be retired, and a compile under way may still move it meanwhile; a
+        # revival reports the state it is in then.
+        self.retirement: Retirement | None = None
         # How its inputs share storages (gt_core.compile.aliases), if they do, and per input
         # its DTensor placements (None: a plain tensor): what it compiles for.
         self.aliases = None
@@ -63,6 +74,11 @@ class Block:
         self.aliases_unknown = False  # its inputs were gone when it was found
         self.realiased = False  # compiled again for how a run's inputs shared memory
         self.alias_miss = False  # a run's inputs shared memory otherwise again (said once)
+
+    @property
+    def retired(self) -> bool:
+        """Whether it is matched no more (its Retirement says why, and who runs it)."""
+        return self.retirement is not None
 
     def move(self, to: Status, eager_too: bool = False) -> None:
         """Enter state ``to`` by the lifecycle's table (gt_core.observe.status.TRANSITIONS);
@@ -197,7 +213,7 @@ class Blocks:
         inside a longer period (a run of alike parameters in an optimizer's loop: three found
         in one step, the fourth differs) is part of a larger loop's body: once that loop is
         found (gt_core.hotpath.nesting), the loop's block ``by`` runs its instructions."""
-        block.retired, block.retired_by = reason, by
+        block.retirement = Retirement(reason, by)
         self._lift_first = [b for b in self._lift_first if b is not block]
         for first, bs in list(self._by_first.items()):
             kept = [b for b in bs if b is not block]
@@ -208,8 +224,8 @@ class Blocks:
 
     def revive(self, block: Block) -> None:
         """Match a retired ``block`` again: its own loop came back (gt_core.hotpath.nesting)."""
-        if block.retired is not None:
-            block.retired = block.retired_by = None
+        if block.retirement is not None:
+            block.retirement = None
             self._matchable(block)
 
     def get(self, sig) -> Block | None:

@@ -223,7 +223,8 @@ class Compiler:
         (revived); the cores its compile held are the loop's."""
         block.move(Status.HOT)
         block.compile_at_next_run()
-        why = f"its hot path was retired ({block.retired}) while it compiled"
+        r = block.retirement  # (read once: the engine's thread may revive it meanwhile)
+        why = f"its hot path was retired ({r.reason if r else None}) while it compiled"
         self.outbox.emit(ev.COMPILE_CANCELLED, signature=block.sig, reason=why, seconds=seconds)
 
     def _compiled_fn(self, block: Block, cp: CompileProcess | None, o: Options):
@@ -239,9 +240,9 @@ class Compiler:
                 self.device,
                 o.mode,
                 block.aliases,
-                wanted=lambda: block.retired is None,
+                wanted=lambda: block.retirement is None,
             )
-        if block.retired is not None:
+        if block.retirement is not None:
             raise CompileCancelled("no longer wanted: not started")
         return repair.retrying(lambda: self._compile_here(block, o))
 
