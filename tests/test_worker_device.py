@@ -65,9 +65,9 @@ def _llama_step():
 
 def _meta_inputs(block, lifted: bool) -> list:
     ins = [torch.empty_strided(m.shape, m.stride, dtype=m.dtype, device=META)
-           for m in block.canon.input_meta]  # fmt: skip
+           for m in block.form.canon.input_meta]  # fmt: skip
     scalars = [torch.zeros((), dtype=dt, device=META) if lifted else 0.5
-               for dt in block.scalar_dtypes]  # fmt: skip
+               for dt in block.form.scalar_dtypes]  # fmt: skip
     return ins + scalars
 
 
@@ -97,14 +97,16 @@ def test_a_blocks_eager_and_compiled_graphs_make_their_tensors_on_the_workers_de
     with_factories = [
         b
         for b in blocks
-        if any(kind_of(b.ops[e.op]) != NONE for e in b.canon.entries if e.kind == "op")
+        if any(kind_of(b.form.ops[e.op]) != NONE for e in b.form.canon.entries if e.kind == "op")
     ]
     assert with_factories, "the step's factory ops were not in any block"
     for b in with_factories:
-        n = len(b.scalar_dtypes)
-        eager = build_graph(b.canon, b.ops, b.out_paths, False, n, lift=False, device=META)
+        n = len(b.form.scalar_dtypes)
+        eager = build_graph(
+            b.form.canon, b.form.ops, b.form.out_paths, False, n, lift=False, device=META
+        )
         _assert_on_worker_device(eager, _meta_inputs(b, lifted=False))
-        compiled = build_graph(b.canon, b.ops, b.out_paths, True, n, device=META)
+        compiled = build_graph(b.form.canon, b.form.ops, b.form.out_paths, True, n, device=META)
         _assert_on_worker_device(compiled, _meta_inputs(b, lifted=True))
 
 
@@ -117,8 +119,10 @@ def test_a_worker_on_another_device_builds_eager_graphs_and_compiles_for_its_dev
     engine = _engine()
     monkeypatch.setattr(engine.ex, "device", META)
     monkeypatch.setattr(engine.compiler, "device", META)
-    metas = tuple(m._replace(device=META) for m in block.canon.input_meta)  # (a worker's values)
-    monkeypatch.setattr(block, "canon", dataclasses.replace(block.canon, input_meta=metas))
+    canon = block.form.canon
+    metas = tuple(m._replace(device=META) for m in canon.input_meta)  # (a worker's values)
+    canon = dataclasses.replace(canon, input_meta=metas)
+    monkeypatch.setattr(block, "form", dataclasses.replace(block.form, canon=canon))
     gm = engine.registry._eager_graph(block)
     assert gm is not None
     _assert_on_worker_device(gm, _meta_inputs(block, lifted=False))

@@ -10,44 +10,41 @@ outside that longer block's runs (Blocks.revive: the stream went back to the loo
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import deque
+from typing import NamedTuple
 
 from gt_core.compile import aliases
+from gt_core.hotpath.form import BlockForm
 from gt_core.observe.report import Status
 from gt_core.observe.status import TRANSITIONS
-from gt_core.stream.canonical import Canonical, Mismatch, Namer
+from gt_core.stream.canonical import Mismatch, Namer
 from gt_core.stream.instructions import FREE
 from gt_core.stream.lift import LiftNamer
 from gt_core.stream.meta import fits
 from gt_core.stream.plan import expand
 
-__all__ = ["Block", "Blocks", "Occurrence", "Tracker", "TIMED_RUNS"]
+__all__ = ["Block", "Blocks", "Occurrence", "Retirement", "Tracker", "TIMED_RUNS"]
 
 TIMED_RUNS = 1000  # timings a block keeps per series (its memory stays flat over long runs)
 
 
-class Block:
-    """A hot block: its canonical form, how to build its graph, its compiled function."""
+class Retirement(NamedTuple):
+    """Why a block is matched no more, and the longer block that runs its instructions."""
 
-    def __init__(
-        self,
-        canon: Canonical,
-        out_paths: list,
-        ops: dict,
-        period: int,
-        signal: str | None = None,
-        lift: dict | None = None,
-        scalar_dtypes: tuple = (),
-        value_meta: dict | None = None,
-    ):
-        self.canon = canon
-        self.lift = lift or {}  # entry position -> {argument path: dtype}: floats lifted to inputs
-        self.scalar_dtypes = scalar_dtypes
-        self.sig = canon.id
-        self.out_paths = out_paths
-        self.ops = ops  # op name -> OpOverload
-        self.gap = period - len(canon.entries)  # instructions between occurrences (barriers)
+    reason: str
+    by: str | None  # that hot path's signature (None: no block runs them)
+
+
+class Block:
+    """A hot block at run time: its form (what it is, gt_core.hotpath.form) and what happens
+    to it: its state, its eager and compiled functions, its timings and checks, its plan's use
+    by the client, its retirement."""
+
+    def __init__(self, form: BlockForm):
+        self.form = form
+        self.sig = form.sig  # (its name everywhere: the events', the report's, the client's)
         self.status = Status.HOT
         self.fn = None
         self.eager_fn = None  # the block's eager form as one generated function (Runner)
@@ -62,41 +59,26 @@ class Block:
         self.judged = False  # regression check done
         self.checked = False  # its first compiled run was compared with eager (numerics)
         self.compile_due = False  # to compile at its next run, its inputs seen
-        self._memory(canon, ops)
-        self.signal = signal
         self.thread: threading.Thread | None = None
-        self.value_meta = value_meta or {}  # value name -> shape and dtype, for the graph
-        self.op_ms: list | None = None  # ms per entry in the eager runs it was found in
-        self.plan = None  # set when registered: what the client matches and RUNs carry
-        self.free_slots: list = []  # the plan's freed values, in order (what a RUN frees)
         self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan
         self.occurrences = 0  # occurrences matched since it was found
-        self.retired = self.retired_by = None  # why it is matched no more, and who runs it
-        # Its instructions' history keys and out paths where it was found (a detected block):
-        # its occurrences join the history with them (History.join); None: they clear it
-        self.keys: tuple | None = None
-        self.hashes: tuple = ()  # (the keys' hashes, as History keeps them)
-        self.entry_paths: tuple | None = None
-        self.nones = (None,) * len(canon.entries)  # (what History.join extends with)
-        frees = [e.value for e in canon.entries if e.kind == "free"]
-        # which of an occurrence's freed ids (Occurrence.free_ids) are inputs of the block
-        self.freed_inputs = tuple(j for j, name in enumerate(frees) if name[0] == "i")
-        self.n_produced = sum(
-            1 for e in canon.entries if e.kind == "op" for o in e.outs if o is not None
-        )
-
-    def _memory(self, canon: Canonical, ops: dict) -> None:
-        """What the block does to its inputs' memory, and how their storages are shared."""
-        # Any in-place op: a failure mid-run may have written some inputs already.
-        self.mutates = any(ops[name]._schema.is_mutable for name in set(canon.ops))
-        # The inputs it writes in place: only their storages' sharing is what it fits.
-        self.writes = aliases.written(canon, ops)
-        self.aliases = None  # how its inputs share storages (gt_core.compile.aliases), if they do
-        self.placements = None  # per input, its DTensor placements (None: a plain tensor)
+        # Matched no more (Blocks.retire), apart from its state: a block in any state, failed
+        # included, may be retired, and a compile under way may still move it meanwhile; a
+        # revival reports the state it is in then.
+        self.retirement: Retirement | None = None
+        # How its inputs share storages (gt_core.compile.aliases), if they do, and per input
+        # its DTensor placements (None: a plain tensor): what it compiles for.
+        self.aliases = None
+        self.placements = None
         self.placement_miss = False  # a run's inputs were laid out otherwise (said once)
         self.aliases_unknown = False  # its inputs were gone when it was found
         self.realiased = False  # compiled again for how a run's inputs shared memory
         self.alias_miss = False  # a run's inputs shared memory otherwise again (said once)
+
+    @property
+    def retired(self) -> bool:
+        """Whether it is matched no more (its Retirement says why, and who runs it)."""
+        return self.retirement is not None
 
     def move(self, to: Status, eager_too: bool = False) -> None:
         """Enter state ``to`` by the lifecycle's table (gt_core.observe.status.TRANSITIONS);
@@ -115,18 +97,23 @@ class Block:
 
     # -- what happens to it (each module that finds out calls one) -----------------------
     def registered(self, eager_fn, plan) -> None:
-        """Known to the worker: its eager form, and the plan the client matches."""
-        self.eager_fn, self.plan = eager_fn, plan
-        self.free_slots = [e.value for e in plan.entries if e.kind == "free"]
+        """Known to the worker: its eager form, and the plan the client matches (its form
+        with the plan: a form is never changed)."""
+        self.eager_fn = eager_fn
+        slots = tuple(e.value for e in plan.entries if e.kind == "free")
+        self.form = dataclasses.replace(self.form, plan=plan, free_slots=slots)
 
     def found_at(self, op_ms: list, keys: tuple, hashes: tuple, entry_paths: tuple) -> None:
-        """Its ops' times where it was found, and its last occurrence's history keys."""
-        self.op_ms, self.keys, self.hashes, self.entry_paths = op_ms, keys, hashes, entry_paths
+        """Its ops' times where it was found, and its last occurrence's history keys (its
+        form with them: a form is never changed)."""
+        self.form = dataclasses.replace(
+            self.form, op_ms=op_ms, keys=keys, hashes=hashes, entry_paths=entry_paths
+        )
 
     def see_inputs(self, inputs: list) -> None:
         """How the inputs of an occurrence share memory, and their layouts: what it
         compiles for (gt_core.compile.aliases)."""
-        self.aliases = aliases.of(inputs, self.writes)
+        self.aliases = aliases.of(inputs, self.form.writes)
         self.placements = aliases.placements(inputs)
 
     def inputs_gone(self) -> None:
@@ -214,10 +201,10 @@ class Blocks:
         self._matchable(block)
 
     def _matchable(self, block: Block) -> None:
-        if 0 in block.lift:
+        if 0 in block.form.lift:
             self._lift_first.append(block)
         else:
-            first = block.canon.entries[0]
+            first = block.form.canon.entries[0]
             self._by_first.setdefault(first, []).append(block)
             self._free_first = self._free_first or first.kind == "free"
 
@@ -226,7 +213,7 @@ class Blocks:
         inside a longer period (a run of alike parameters in an optimizer's loop: three found
         in one step, the fourth differs) is part of a larger loop's body: once that loop is
         found (gt_core.hotpath.nesting), the loop's block ``by`` runs its instructions."""
-        block.retired, block.retired_by = reason, by
+        block.retirement = Retirement(reason, by)
         self._lift_first = [b for b in self._lift_first if b is not block]
         for first, bs in list(self._by_first.items()):
             kept = [b for b in bs if b is not block]
@@ -237,8 +224,8 @@ class Blocks:
 
     def revive(self, block: Block) -> None:
         """Match a retired ``block`` again: its own loop came back (gt_core.hotpath.nesting)."""
-        if block.retired is not None:
-            block.retired = block.retired_by = None
+        if block.retirement is not None:
+            block.retirement = None
             self._matchable(block)
 
     def get(self, sig) -> Block | None:
@@ -274,11 +261,11 @@ class Tracker:
 
     def __init__(self, block: Block, meta_of):
         self.block = block
-        self.namer = LiftNamer(meta_of, block.lift) if block.lift else Namer(meta_of)
+        self.namer = LiftNamer(meta_of, block.form.lift) if block.form.lift else Namer(meta_of)
         self.pos = 0
 
     def match(self, ins, op_name_of) -> bool:
-        entries = self.block.canon.entries
+        entries = self.block.form.canon.entries
         try:
             got = self.namer.entry(ins, op_name_of)
         except (Mismatch, KeyError):
@@ -286,14 +273,14 @@ class Tracker:
         if got != entries[self.pos]:
             return False
         k = len(self.namer.input_meta)
-        if k and not fits(self.namer.input_meta[k - 1], self.block.canon.input_meta[k - 1]):
+        if k and not fits(self.namer.input_meta[k - 1], self.block.form.canon.input_meta[k - 1]):
             return False
         self.pos += 1
         return True
 
     @property
     def complete(self) -> bool:
-        return self.pos == len(self.block.canon.entries)
+        return self.pos == len(self.block.form.canon.entries)
 
 
 class Occurrence:
@@ -322,7 +309,7 @@ class Occurrence:
         return cls(
             tracker.namer.inputs,
             getattr(tracker.namer, "scalars", ()),
-            [names[n] for n in block.canon.outputs],
+            [names[n] for n in block.form.canon.outputs],
             [ins.vid for ins in buf if ins.code == FREE],
             instrs=buf,
         )
@@ -333,7 +320,7 @@ class Occurrence:
         return cls(
             inputs,
             scalars,
-            [produced[k] for _, k in block.canon.outputs],
-            [inputs[f.k] if f.kind == "i" else produced[f.k] for f in block.free_slots],
-            expand_=lambda: expand(block.plan, inputs, produced, scalars),
+            [produced[k] for _, k in block.form.canon.outputs],
+            [inputs[f.k] if f.kind == "i" else produced[f.k] for f in block.form.free_slots],
+            expand_=lambda: expand(block.form.plan, inputs, produced, scalars),
         )

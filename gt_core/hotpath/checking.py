@@ -98,10 +98,10 @@ def _oracle(ex, eager, inputs, occ: Occurrence, rng) -> list | None:
 def _pairs(block: Block, got: list, want: list, oracle: list | None):
     """(what, compiled, eager, float64 oracle) of every output, then of every input."""
     makers = _makers(block)
-    n = len(block.canon.outputs)
+    n = len(block.form.canon.outputs)
     for k, (g, w) in enumerate(zip(got, want, strict=True)):
         what = (
-            f"output {k} ({makers.get(block.canon.outputs[k], 'an op')})"
+            f"output {k} ({makers.get(block.form.canon.outputs[k], 'an op')})"
             if k < n
             else f"input in{k - n}, written in place"
         )
@@ -111,7 +111,7 @@ def _pairs(block: Block, got: list, want: list, oracle: list | None):
 def _makers(block: Block) -> dict:
     """Each value name of the block -> the op that made it, as words."""
     out, k = {}, 0
-    for e in block.canon.entries:
+    for e in block.form.canon.entries:
         if e.kind != "op":
             continue
         for name in e.outs:

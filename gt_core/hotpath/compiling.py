@@ -223,7 +223,8 @@ class Compiler:
         (revived); the cores its compile held are the loop's."""
         block.move(Status.HOT)
         block.compile_at_next_run()
-        why = f"its hot path was retired ({block.retired}) while it compiled"
+        r = block.retirement  # (read once: the engine's thread may revive it meanwhile)
+        why = f"its hot path was retired ({r.reason if r else None}) while it compiled"
         self.outbox.emit(ev.COMPILE_CANCELLED, signature=block.sig, reason=why, seconds=seconds)
 
     def _compiled_fn(self, block: Block, cp: CompileProcess | None, o: Options):
@@ -232,37 +233,32 @@ class Compiler:
         they are removed and it compiles again)."""
         if cp is not None:
             return cp.compile_block(
-                block.canon,
-                block.ops,
-                block.out_paths,
-                block.scalar_dtypes,
+                block.form.canon,
+                block.form.ops,
+                block.form.out_paths,
+                block.form.scalar_dtypes,
                 self.device,
                 o.mode,
                 block.aliases,
-                wanted=lambda: block.retired is None,
+                wanted=lambda: block.retirement is None,
             )
-        if block.retired is not None:
+        if block.retirement is not None:
             raise CompileCancelled("no longer wanted: not started")
         return repair.retrying(lambda: self._compile_here(block, o))
 
     def _compile_here(self, block: Block, o: Options):
         t0 = time.perf_counter()
-        gm = build_graph(
-            block.canon,
-            block.ops,
-            block.out_paths,
-            o.backend == "inductor",
-            len(block.scalar_dtypes),
-            device=self.device,
-        )
+        f = block.form
+        n, inductor = len(f.scalar_dtypes), o.backend == "inductor"
+        gm = build_graph(f.canon, f.ops, f.out_paths, inductor, n, device=self.device)
         gm = aliases.unalias(gm, block.aliases)
-        scalars = [((), (), dt, self.device) for dt in block.scalar_dtypes]
+        scalars = [((), (), dt, self.device) for dt in f.scalar_dtypes]
         examples = [
             torch.zeros(shape, dtype=dtype, device=device)
             if not shape
             else torch.empty_strided(shape, stride, dtype=dtype, device=device)
             for shape, stride, dtype, device in aliases.metas(
-                list(block.canon.input_meta), block.aliases, scalars
+                list(f.canon.input_meta), block.aliases, scalars
             )
         ]
         if self.sharding is not None:

@@ -177,7 +177,7 @@ class Engine:
             if occ is not None:
                 self._occurrence(block, occ)
             else:  # the instructions take the ordinary path
-                for x in expand(block.plan, ins.inputs, produced, ins.scalars):
+                for x in expand(block.form.plan, ins.inputs, produced, ins.scalars):
                     self.step(x)
         elif self.signals.jit_open and code != MARK:
             self._run_and_record(ins)  # a jit call being recorded: its block is the call
@@ -227,12 +227,12 @@ class Engine:
         to back and is found before the step has repeated. A block that a signal or a jit
         call marked starts the period again: the history is cleared.
         """
-        self.matcher.expect(block.gap)
-        if block.keys is None:
+        self.matcher.expect(block.form.gap)
+        if block.form.keys is None:
             self.history.clear()
             self.next_detect = 0
         else:
-            self._dropped(self.history.join(block, occ, self.options.window))
+            self._dropped(self.history.join(block.form, occ, self.options.window))
         self.runner.run(block, occ)
 
     # -- detection -----------------------------------------------------------------------

@@ -103,8 +103,9 @@ class History:
         block.found_at(op_ms, keys, hashes, tuple(self.paths[begin:end]))
 
     def join(self, block, occ, window: int) -> int:
-        """Record an occurrence of a detected ``block``, with the keys and out paths of the
-        instructions it was found in; how many old instructions were dropped to make room."""
+        """Record an occurrence of a detected ``block`` (its form: BlockForm), with the keys
+        and out paths of the instructions it was found in; how many old instructions were
+        dropped to make room."""
         keys, nones = block.keys, block.nones
         self.runs.append([len(self._instrs), block.sig])
         self._joined.append([len(self._instrs), len(keys), occ])

@@ -71,10 +71,10 @@ class Matcher:
             self.flush(mismatch=False)
         if block.retired:  # (a RUN sent before the client heard): its instructions, as they are
             return None
-        meta = block.canon.input_meta
+        meta = block.form.canon.input_meta
         if (
             len(inputs) != len(meta)
-            or len(produced) != block.n_produced
+            or len(produced) != block.form.n_produced
             or not self.fits(inputs, meta)
         ):
             self._withdraw(block)
@@ -87,7 +87,7 @@ class Matcher:
         if mismatch and self.trackers and self.buf and not self.speculative:
             t = max(self.trackers, key=lambda t: t.pos)
             if t.pos > 0 or len(self.buf) > 1:
-                entries = t.block.canon.entries
+                entries = t.block.form.canon.entries
                 expected = _expected(entries[t.pos]) if t.pos < len(entries) else "end"
                 self.outbox.emit(
                     ev.MISMATCH,
@@ -105,7 +105,7 @@ class Matcher:
         """Match ``block`` no more (Blocks.retire), its plan withdrawn; an event says why
         (``by``: the hot path that runs its instructions now)."""
         self.blocks.retire(block, reason, by)
-        if block.plan is not None and not block.withdrawn:
+        if block.form.plan is not None and not block.withdrawn:
             self._withdraw(block)
         self.outbox.emit(ev.RETIRED, signature=block.sig, reason=reason, by=by)
 
@@ -113,9 +113,9 @@ class Matcher:
         """Match the retired ``block`` again, its plan offered to the client again; an event
         says why, and the state it is in (compiled, say)."""
         self.blocks.revive(block)
-        if client_match and block.plan is not None and block.withdrawn:
+        if client_match and block.form.plan is not None and block.withdrawn:
             block.offer()
-            self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.plan)
+            self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.form.plan)
         self.outbox.emit(ev.REVIVED, signature=block.sig, reason=reason, status=block.status.value)
 
     def _withdraw(self, block: Block) -> None:

@@ -23,7 +23,7 @@ def retire_nested(block, sigs, blocks, matcher) -> None:
             matcher.retire(
                 inner,
                 f"its occurrences lie inside the period of hot path {block.sig} "
-                f"({len(block.canon.ops)} ops): part of a larger loop's body, which runs "
+                f"({len(block.form.canon.ops)} ops): part of a larger loop's body, which runs "
                 "it from now on",
                 by=block.sig,
             )
@@ -33,10 +33,10 @@ def inside_its_loop(block, begins, blocks, history) -> bool:
     """Whether occurrences of the retired ``block`` found at ``begins`` in ``history`` lie
     inside runs of the longer block that retired it: its nested period seen again within
     that loop's body, where the loop's block still runs it."""
-    by = blocks.get(block.retired_by) if block.retired_by else None
-    if by is None or by.keys is None:
+    by = blocks.get(block.retirement.by) if block.retirement.by else None
+    if by is None or by.form.keys is None:
         return True
-    n = len(by.keys)
+    n = len(by.form.keys)
     return any(at <= b < at + n for at, sig in history.runs if sig == by.sig for b in begins)
 
 
@@ -44,7 +44,7 @@ def revive(block, matcher, client_match: bool) -> None:
     """Match the retired ``block`` again: its own loop is back."""
     matcher.revive(
         block,
-        f"its period repeats again outside hot path {block.retired_by}, which ran it: the "
+        f"its period repeats again outside hot path {block.retirement.by}, which ran it: the "
         "stream went back to the loop it was found in",
         client_match,
     )

@@ -11,6 +11,7 @@ import traceback
 
 from gt_core.compile.lower import build_graph
 from gt_core.hotpath.blocks import Block, Blocks
+from gt_core.hotpath.form import BlockForm
 from gt_core.observe import events as ev
 from gt_core.observe.graph import change
 from gt_core.observe.report import Status
@@ -50,10 +51,10 @@ class Registry:
         return finish(entries, namer), namer
 
     def form(self, canon, namer, paths: list, period: int, **kw) -> Block:
-        """The block of a canonicalized segment (``kw``: Block's signal, lift, scalar_dtypes)."""
-        block = Block(
-            canon, paths, self._ops_by_name(), period, value_meta=self._value_meta(namer), **kw
-        )
+        """The block of a canonicalized segment (``kw``: BlockForm's signal, lift,
+        scalar_dtypes)."""
+        ops, values = self._ops_by_name(), self._value_meta(namer)
+        block = Block(BlockForm.of(canon, paths, ops, period, value_meta=values, **kw))
         try:  # (how the inputs of the occurrence just seen share memory, if all still alive)
             block.see_inputs(self.ex.lookup(namer.inputs))
         except (KeyError, TypeError):  # unknown: found at its next run (Runner.run)
@@ -71,24 +72,26 @@ class Registry:
     def republish_plans(self) -> None:
         """Send every plan in use again (the client forgot its plans when it stopped matching)."""
         for block in self.blocks.values():
-            if block.plan is not None and not block.withdrawn:
-                self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.plan)
+            if block.form.plan is not None and not block.withdrawn:
+                self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.form.plan)
 
     def _register(self, block: Block) -> None:
         eager_fn = self._eager_graph(block)
         index = {self.ex.op_name(i): i for i in self.ex.ops}
-        block.registered(eager_fn, make_plan(block.canon, index, len(block.scalar_dtypes)))
+        f = block.form
+        block.registered(eager_fn, make_plan(f.canon, index, len(f.scalar_dtypes)))
         self.blocks.add(block)
         if self.options.client_match:
-            self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.plan)
+            self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.form.plan)
 
     def _eager_graph(self, block: Block):
         """The block's eager form (build_graph without lifting or rewrites, its new tensors
         on the worker's device), or None."""
         try:
-            n = len(block.scalar_dtypes)
+            f = block.form
+            n = len(f.scalar_dtypes)
             gm = build_graph(
-                block.canon, block.ops, block.out_paths, False, n, lift=False, device=self.ex.device
+                f.canon, f.ops, f.out_paths, False, n, lift=False, device=self.ex.device
             )
             if self.ex.sharding is not None:  # (every op through the sharding policy)
                 self.ex.sharding.wrap_graph(gm)
@@ -110,15 +113,16 @@ class Registry:
 
     def _form(self, block: Block) -> dict:
         """What the detected and known events say of ``block``."""
+        f = block.form
         return dict(
             signature=block.sig,
-            ops=block.canon.ops,
-            n_ops=len(block.canon.ops),
-            n_instructions=len(block.canon.entries),
-            signal=block.signal,
-            canonical=block.canon.to_data(),
-            values=block.value_meta,  # (the client draws the graph: gt_core.observe.graph)
-            op_ms=block.op_ms,  # its profile: ms per entry (History.profile), or None
+            ops=f.canon.ops,
+            n_ops=len(f.canon.ops),
+            n_instructions=len(f.canon.entries),
+            signal=f.signal,
+            canonical=f.canon.to_data(),
+            values=f.value_meta,  # (the client draws the graph: gt_core.observe.graph)
+            op_ms=f.op_ms,  # its profile: ms per entry (History.profile), or None
         )
 
     def _make_hot(self, block: Block, occurrences: int, recording_t: float | None) -> None:
@@ -131,10 +135,10 @@ class Registry:
         for other in self.blocks.values():
             if (
                 other is not block
-                and other.canon.ops == block.canon.ops
+                and other.form.canon.ops == block.form.canon.ops
                 and _cut_by(other) == _cut_by(block)
             ):
-                c = change(other.canon.to_data(), data)  # (None: the same form)
+                c = change(other.form.canon.to_data(), data)  # (None: the same form)
                 reason, what = (c.text, c.to_data()) if c else ("same form", None)
                 emit(
                     ev.RECOMPILE,
@@ -145,7 +149,7 @@ class Registry:
                 )
                 break
         o = self.options
-        if block.signal or o.compile_all or (o.auto_compile and o.background):
+        if block.form.signal or o.compile_all or (o.auto_compile and o.background):
             if block.aliases_unknown:
                 block.compile_at_next_run()  # its inputs seen then (Runner.run)
             else:
@@ -180,5 +184,5 @@ def _cut_by(block: Block) -> str | None:
     caller drops is freed inside a period, after a call), which no change of the user's code
     would remove.
     """
-    s = block.signal
+    s = block.form.signal
     return s.rsplit(":", 1)[0] if s and s.startswith(JIT_SIGNAL) else None

@@ -65,7 +65,7 @@ class Runner:
                 self.run_compiled(block, occ, fn, inputs)
             except Exception as exc:
                 block.move(Status.FAILED)
-                if block.mutates:
+                if block.form.mutates:
                     self._failed_midway(block, occ, exc)
                     return
                 self.outbox.emit(ev.FALLBACK, signature=block.sig, reason=reason(exc))
@@ -89,7 +89,7 @@ class Runner:
         before included (a user who turns it off to compare with eager gets eager's graph,
         said once per block); a signal's or jit's block compiles whatever it says."""
         o = self.options
-        if block.signal or o.auto_compile or o.compile_all or block.fn is None:
+        if block.form.signal or o.auto_compile or o.compile_all or block.fn is None:
             return True
         if block.sig not in self.said_off:
             self.said_off.add(block.sig)
@@ -143,7 +143,7 @@ class Runner:
                 )
                 self.outbox.emit(ev.NOTE, signature=block.sig, reason=why)
             return False
-        now = aliases.key(inputs, block.writes)
+        now = aliases.key(inputs, block.form.writes)
         want = block.aliases.key if block.aliases is not None else None
         if (want is None and all(type(k) is int for k in now)) or now == want:
             return True
@@ -166,7 +166,9 @@ class Runner:
         """The occurrence's lifted scalars as the compiled block takes them (0-d tensors,
         valid until the block's next run: see ScalarInputs)."""
         sharded = self.ex.sharding is not None
-        return self.scalar_inputs.of(block.sig, occ.scalars, block.scalar_dtypes, fresh=sharded)
+        return self.scalar_inputs.of(
+            block.sig, occ.scalars, block.form.scalar_dtypes, fresh=sharded
+        )
 
     def run_eager(self, block: Block, occ: Occurrence):
         """Run an occurrence eagerly; its time (Runner.timer's), or None if it failed midway.
@@ -188,7 +190,7 @@ class Runner:
             outs, ms = self.timer("eager", fn, *inputs, *occ.scalars)
         except Exception as exc:
             block.eager_failed()
-            if not block.mutates:  # nothing written yet: the instructions say which op failed
+            if not block.form.mutates:  # nothing written yet: the instructions say which op failed
                 return self.timer("eager", self.run_instructions, occ.instructions)[1]
             if self.ex.fail_outputs(occ.out_ids, exc):
                 exc.add_note(
@@ -235,7 +237,7 @@ class Runner:
         """An occurrence ran as one call: its outputs bound, its frees dropped."""
         self.ex.bind_outputs(occ.out_ids, outs, block.sig)
         self.ex.drop(occ.free_ids)
-        self.ex.count(len(block.canon.entries))
+        self.ex.count(len(block.form.canon.entries))
 
 
 def _alone(ok: bool) -> bool:

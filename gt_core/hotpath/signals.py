@@ -55,7 +55,7 @@ class Signals:
         block = self.blocks.get(self.seen.get(name))
         if block is not None and self.jit_ready.get(name) == block.sig:
             block.offer()
-            return block.sig, block.plan
+            return block.sig, block.form.plan
         return None
 
     def mark(self, name: str, phase: str, force: tuple = ()) -> bool:

@@ -32,7 +32,10 @@ class Status(str, enum.Enum):
 
 # The worker's hot-path lifecycle, the one table: what each state may become, and on what.
 # ``recording`` is the client's (before the worker found the block); ``retired`` is the
-# client's fold of a block matched no more (the worker keeps it as Block.retired).
+# client's fold of a block matched no more. On the worker retirement is no state of this
+# table but a record beside it (Block.retirement: why, and which hot path runs it): a block
+# in any state may be retired, failed and reverted ones too (final here), a compile under
+# way still moves it while it is retired, and its revival says the state it is in then.
 TRANSITIONS: dict[Status, dict[Status, str]] = {
     Status.HOT: {
         Status.COMPILING: "a compile is scheduled (in the background, or after two eager runs)",
