@@ -86,6 +86,17 @@ def test_the_period_found_is_the_shortest_by_definition(stream, threshold, min_s
     assert repeating_period([k % 2 for k in stream], threshold, min_seq, exact=stream) == want
 
 
+@given(st.integers(65, 300), st.integers(2, 4), st.data())
+def test_a_long_period_with_one_key_changed_however_far_back_is_not_found(p, threshold, data):
+    """Periods longer than the keys compared at once (a chunk): a key that differs in any
+    of the repeats, the oldest included, breaks the period, on keys and on hashes alike."""
+    stream = list(range(p)) * threshold
+    assert repeating_period(stream, threshold, MIN_SEQ) == p
+    stream[data.draw(st.integers(0, len(stream) - 2))] = -1  # (the last key ends the period)
+    assert repeating_period(stream, threshold, MIN_SEQ) is None
+    assert repeating_period([k % 2 for k in stream], threshold, MIN_SEQ, exact=stream) is None
+
+
 def test_periods_shorter_than_min_seq_are_not_blocks():
     assert repeating_period([1, 2, 3] * 10, 3, MIN_SEQ) == 6  # twice the period: long enough
     assert repeating_period([1, 2, 3] * 10, 3, 7) == 9

@@ -895,3 +895,38 @@ def test_a_loop_that_reads_its_loss_every_few_steps_compiles_its_step(hot, every
     step_ops = min(p["n_ops"] for p in paths)
     compiled_ops = sum(p["compiled_runs"] * p["n_ops"] for p in paths)
     assert compiled_ops >= 4 * every * step_ops, paths
+
+
+def test_an_op_no_hot_path_begins_with_is_not_named_to_look_for_one(hot, monkeypatch):
+    """Where an occurrence may begin, the matcher names an instruction (its inputs' metadata
+    read, a canonical entry built) only if its op begins a block: most instructions do not."""
+    from gt_core.hotpath import matching
+
+    named = []
+
+    class Counting(matching.Namer):
+        def entry(self, ins, op_name):
+            named.append(op_name(ins.op) if ins.code == 0 else "free")
+            return super().entry(ins, op_name)
+
+    monkeypatch.setattr(matching, "Namer", Counting)
+    torch.manual_seed(0)
+    with gt_core.capture(client_match=False):  # (the worker matches every occurrence)
+        model, (x, y) = mlp(), _data()
+        opt = SGD(model.parameters())
+        for _ in range(8):
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        (first,) = {p["ops"][0] for p in _paths()}  # (the one hot path's first op)
+        named.clear()
+        z = x
+        for _ in range(10):  # (too few to repeat threshold times: no block of cumsums)
+            z = torch.cumsum(z, 0)
+        z.cpu()
+        assert "aten.cumsum.default" not in named  # (no block begins with a cumsum)
+        F.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        opt.param_groups[0]["params"][0].cpu()
+    assert first in named  # (a step again: its first op is named, and matched)

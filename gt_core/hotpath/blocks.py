@@ -195,6 +195,7 @@ class Blocks:
         self._by_first: dict[tuple, list[Block]] = {}
         self._lift_first: list[Block] = []  # blocks whose first op has a lifted scalar
         self._free_first = False  # whether a block begins with a free
+        self._first_ops: frozenset = frozenset()  # the op names blocks in _by_first begin with
 
     def add(self, block: Block) -> None:
         self._by_sig[block.sig] = block
@@ -207,6 +208,7 @@ class Blocks:
             first = block.form.canon.entries[0]
             self._by_first.setdefault(first, []).append(block)
             self._free_first = self._free_first or first.kind == "free"
+            self._first_ops = _op_names(self._by_first)
 
     def retire(self, block: Block, reason: str, by: str | None = None) -> None:
         """Match ``block`` no more, for ``reason``. A block found as back-to-back repetitions
@@ -221,6 +223,7 @@ class Blocks:
                 self._by_first[first] = kept
             else:
                 del self._by_first[first]
+        self._first_ops = _op_names(self._by_first)
 
     def revive(self, block: Block) -> None:
         """Match a retired ``block`` again: its own loop came back (gt_core.hotpath.nesting)."""
@@ -249,9 +252,19 @@ class Blocks:
         """Whether a free can begin an occurrence (else a free never starts matching)."""
         return self._free_first
 
+    def may_start_with_op(self, name: str) -> bool:
+        """Whether an op named ``name`` can begin an occurrence: a block begins with it, or
+        one begins with a lifted scalar (whose first entry any op may fit). Checked before
+        an instruction is named, as most instructions begin no block."""
+        return name in self._first_ops or bool(self._lift_first)
+
     def starting_with(self, first) -> list[Block]:
         """The blocks an occurrence beginning with canonical entry ``first`` may be of."""
         return self._by_first.get(first, []) + self._lift_first
+
+
+def _op_names(by_first: dict) -> frozenset:
+    return frozenset(first.op for first in by_first if first.kind == "op")
 
 
 class Tracker:

@@ -62,12 +62,28 @@ def repeating_period(
     for at in reversed(found):
         p = n - 1 - at
         m = min(3, (t - 1) * p - 1)  # (the keys before the last that lie in the repeats)
-        if m > 0 and keys[at - m : at] != keys[n - 1 - m : n - 1]:
+        if m > 0 and (keys[at - 1] != keys[n - 2] or keys[at - m : at] != keys[n - 1 - m : n - 1]):
             continue
-        a, b = slice(n - t * p, n - p), slice(n - (t - 1) * p, n)
-        if keys[a] == keys[b] and (exact is None or exact[a] == exact[b]):
+        lo, hi = n - t * p, n - p
+        if _repeats(keys, lo, hi, p) and (exact is None or _repeats(exact, lo, hi, p)):
             return p
     return None
+
+
+_CHUNK = 64  # keys compared at once: a wrong period fails in its first chunks
+
+
+def _repeats(keys: list, lo: int, hi: int, p: int) -> bool:
+    """Whether ``keys[lo:hi] == keys[lo + p:hi + p]``, compared a chunk at a time from the
+    newest back, so that a period that does not repeat costs a few chunks, not two copies
+    of ``threshold - 1`` periods."""
+    end = hi
+    while end > lo:
+        start = max(lo, end - _CHUNK)
+        if keys[start:end] != keys[start + p : end + p]:
+            return False
+        end = start
+    return True
 
 
 def periodic_since(keys: list, p: int, threshold: int) -> int:

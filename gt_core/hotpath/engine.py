@@ -138,21 +138,20 @@ class Engine:
 
     # -- the stream ----------------------------------------------------------------------
     def feed(self, instrs) -> None:
+        matcher, signals, history = self.matcher, self.signals, self.history
         for ins in instrs:
             try:
                 barrier = ins.code in BARRIERS
                 # (no period is searched inside a jit call: its boundaries are known, and
                 # its instructions are its block's; after it, see _barrier)
-                search = self.matcher.idle and not self.signals.jit_open
-                if barrier and not self._after_barrier and search:
+                if barrier and not self._after_barrier and matcher.idle and not signals.jit_open:
                     # Before a barrier (once per run of them) the history most often ends
                     # where a step does (a sync to log every few steps, a batch's uploads):
                     # a step repeated just threshold times between syncs is found there.
                     self._detect(at_barrier=True)
                 self._after_barrier = barrier
                 self.step(ins)
-                search = self.matcher.idle and not self.signals.jit_open
-                if search and len(self.history) >= self.next_detect:
+                if len(history) >= self.next_detect and matcher.idle and not signals.jit_open:
                     self._detect()
             except Exception as exc:  # (the executor fails ops itself: this is gt's own fault)
                 self._fault(ins, exc)

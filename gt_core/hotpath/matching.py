@@ -126,6 +126,9 @@ class Matcher:
     def _start(self, ins) -> bool:
         if ins.code == FREE and not self.blocks.may_start_with_free():
             return False  # (the frees between a replayed call's RUNs: no naming to try)
+        # (an op no block begins with: not named, its inputs' metadata not read)
+        if ins.code == OP and not self.blocks.may_start_with_op(self._name(ins.op)):
+            return False
         namer = Namer(self.meta_of)
         try:
             first = namer.entry(ins, self.op_name)
@@ -137,6 +140,12 @@ class Matcher:
         self.trackers = [Tracker(b, self.meta_of) for b in cands]
         self._track(ins)
         return True
+
+    def _name(self, idx: int) -> str | None:
+        try:
+            return self.op_name(idx)
+        except KeyError:  # (an op never defined: Namer.entry fails it alike)
+            return None
 
     def _track(self, ins) -> None:
         self.buf.append(ins)

@@ -73,13 +73,14 @@ class Signals:
         start = self.start.pop(name, None)
         if start is None or start < 0:
             return False
-        seg = [i for i in range(start, n - 1) if self.history[i].code in (OP, FREE)]
+        H = self.history.read_from(start)  # (read once: each H[i] of History reads it again)
+        seg = [i for i in range(start, n - 1) if H[i].code in (OP, FREE)]
         # A jit call's uploads (tensors it makes from host data) are inputs of its block: the
         # client replays it with the values kept, where they were equal on two calls.
         between = (OP, FREE, PUT) if jit else (OP, FREE)
-        if not seg or any(self.history[i].code not in between for i in range(seg[0], seg[-1] + 1)):
+        if not seg or any(H[i].code not in between for i in range(seg[0], seg[-1] + 1)):
             return False
-        instrs = [self.history[i] for i in seg]
+        instrs = [H[i] for i in seg]
         lift = self._jit_lift(name, instrs, force) if jit else None
         try:
             canon, namer = self.registry.canonicalize(instrs, lift)

@@ -83,15 +83,15 @@ class Namer:
         if t is Ref:
             return self.ref(a.id)
         if t is list or t is tuple:
-            return (t.__name__, *(self.arg(x) for x in a))
+            return (t.__name__, *[self.arg(x) for x in a])
         return a
 
     def entry(self, ins, op_name) -> OpEntry | FreeEntry:
         """The canonical form of one OP or FREE instruction (binds its new outputs)."""
         if ins.code == FREE:
             return FreeEntry("free", self.ref(ins.vid))
-        cargs = tuple(self.arg(a) for a in ins.args)
-        ckw = tuple((k, self.arg(v)) for k, v in ins.kwargs.items())
+        cargs = tuple([self.arg(a) for a in ins.args])
+        ckw = tuple([(k, self.arg(v)) for k, v in ins.kwargs.items()])
         couts = []
         for o in ins.outs:
             if o is None:  # an input returned in place

@@ -187,7 +187,7 @@ def without_ids(a):
     if t is Ref:
         return Ref
     if t is list or t is tuple:
-        return tuple(without_ids(x) for x in a)
+        return tuple([without_ids(x) for x in a])
     if t is float:
         return float
     return a

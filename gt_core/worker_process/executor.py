@@ -227,7 +227,7 @@ class Executor:
 
     def resolve(self, a):
         """Arguments with Refs replaced by the values they name (a KeyError where one is
-        missing: never computed, or freed)."""
+        missing: never computed, or freed); no generators: it runs for every argument."""
         t = type(a)
         if t is Ref:
             if a.id in self.poisoned:
@@ -237,7 +237,7 @@ class Executor:
             except KeyError:
                 raise _Unavailable(a.id) from None
         if t is list or t is tuple:
-            return t(self.resolve(x) for x in a)
+            return [self.resolve(x) for x in a] if t is list else tuple(map(self.resolve, a))
         if t is dict:
             return {k: self.resolve(v) for k, v in a.items()}
         return a
