@@ -178,6 +178,14 @@ class Block:
         """An occurrence of it was matched."""
         self.occurrences += 1
 
+    def retire(self, reason: str, by: str | None) -> None:
+        """Matched no more, for ``reason`` (``by``: the block that runs its instructions)."""
+        self.retirement = Retirement(reason, by)
+
+    def revive(self) -> None:
+        """Matched again: its own loop came back."""
+        self.retirement = None
+
     def withdraw(self) -> None:
         """A RUN did not fit: the client no longer uses its plan."""
         self.withdrawn = True
@@ -215,7 +223,7 @@ class Blocks:
         inside a longer period (a run of alike parameters in an optimizer's loop: three found
         in one step, the fourth differs) is part of a larger loop's body: once that loop is
         found (gt_core.hotpath.nesting), the loop's block ``by`` runs its instructions."""
-        block.retirement = Retirement(reason, by)
+        block.retire(reason, by)
         self._lift_first = [b for b in self._lift_first if b is not block]
         for first, bs in list(self._by_first.items()):
             kept = [b for b in bs if b is not block]
@@ -228,7 +236,7 @@ class Blocks:
     def revive(self, block: Block) -> None:
         """Match a retired ``block`` again: its own loop came back (gt_core.hotpath.nesting)."""
         if block.retirement is not None:
-            block.retirement = None
+            block.revive()
             self._matchable(block)
 
     def get(self, sig) -> Block | None:
