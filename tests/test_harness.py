@@ -34,17 +34,34 @@ def test_each_round_turns_the_order_and_times_the_baselines_at_one_thread_and_al
     }  # fmt: skip
 
 
-def _fake(ms: dict):
-    """A run that takes ``ms[(way, threads)][round]`` ms a step, counting its rounds."""
+def _fake(ms: dict, losses: dict | None = None):
+    """A run that takes ``ms[(way, threads)][round]`` ms a step, counting its rounds; its
+    last loss ``losses[way]`` (0.5 where not given)."""
     seen: dict = {}
 
     def run(r: Run) -> Figures:
         k = (r.way, r.threads)
         i = seen[k] = seen.get(k, -1) + 1
         v = ms[k][i]
-        return Figures(settled_ms=v, first_s=v / 10, cpu_s=1.0, loss=0.5)
+        return Figures(settled_ms=v, first_s=v / 10, cpu_s=1.0, loss=(losses or {}).get(r.way, 0.5))
 
     return run
+
+
+def test_a_way_whose_loss_is_not_eagers_is_said_to_compare_nothing():
+    """The same loop from the same seeds: a way that ends with NaN (a torch.compile of a
+    step gave NaN on the corpus's BERT) or another loss computed something else, and the
+    table says so under its figures; rounding within LOSS_RTOL is eager's."""
+    ms = {("eager", 1): [4.0, 4.0], ("compile", 1): [2.0, 2.0], ("jit", 1): [2.0, 2.0]}
+    near = 0.5 * (1 + harness.LOSS_RTOL / 2)
+    rows = measure("w", ("eager", "compile", "jit"), 2, cores=1, alive=list,
+                   run=_fake(ms, {"compile": float("nan"), "jit": near}))  # fmt: skip
+    assert list(harness.wrong(rows)) == [("compile", 1)]
+    text = harness.table("w", rows)
+    assert "! compile 1t: its last loss nan is not eager's 0.5" in text
+    assert "! jit" not in text
+    rows = measure("w", ("eager", "jit"), 2, run=_fake(ms, {"jit": 0.6}), alive=list, cores=1)
+    assert list(harness.wrong(rows)) == [("jit", 1)]
 
 
 def test_a_ratio_is_taken_per_round_against_that_rounds_best_eager():
