@@ -15,7 +15,7 @@ from gt_core.diagnostics.calls import SAMPLES, Calls, inputs_key
 from gt_core.observe import events as ev
 from gt_core.observe.user_compiles import calls_text
 from gt_jupyter._render import to_html, to_text
-from gt_jupyter._tables import user_rows
+from gt_jupyter._tables import USER_COLUMNS, user_rows
 
 pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
@@ -132,6 +132,7 @@ def test_calls_in_the_report_text_and_the_dashboard_table():
         assert f">{column}</th>" in page
     assert f">{row['vs eager']}</td>" in page
     assert "12 call(s): " in to_text(data)
+    assert set(row) == set(USER_COLUMNS)  # (every value a row carries has its column)
 
 
 # -- the tally itself, on made-up frames and an injected clock ------------------------------
