@@ -58,6 +58,10 @@ class Compiler:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []  # compiles and the warm-up: close joins them
 
+    def use_options(self, options) -> None:
+        """The engine's options changed (a new capture's): read from now on."""
+        self.options = options
+
     def joined(self, agree) -> None:
         """A worker group's rank: ``agree(ok)`` is whether a compile held on every rank."""
         self.agree = agree

@@ -72,11 +72,11 @@ class Engine:
     def options(self):
         return self._options
 
-    @options.setter
-    def options(self, value) -> None:
+    def use_options(self, value) -> None:
+        """A new capture's options, for the engine and each of its parts."""
         self._options = value
         for part in self._parts:
-            part.options = value
+            part.use_options(value)
 
     @property
     def timer(self):
@@ -110,7 +110,7 @@ class Engine:
         if type(req) is SetOptions:
             if req.options.client_match and not self.options.client_match:
                 self.registry.republish_plans()
-            self.options = req.options
+            self.use_options(req.options)
             self.compiler.release_unneeded(self.blocks.values())
         elif type(req) is WaitCompiles:
             for b in list(self.blocks.values()):

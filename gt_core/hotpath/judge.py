@@ -36,6 +36,10 @@ class Judge:
         self.options = options
         self.share = None  # the worker process's intra-op threads (remote.cpu_share.CpuShare)
 
+    def use_options(self, options) -> None:
+        """The engine's options changed (a new capture's): read from now on."""
+        self.options = options
+
     def use_share(self, share) -> None:
         """The worker process's intra-op threads (remote.cpu_share.CpuShare) from now."""
         self.share = share

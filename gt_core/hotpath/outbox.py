@@ -52,6 +52,10 @@ class Outbox:
         # if the client forgot (Registry.announce); None: nothing to say.
         self.before = None
 
+    def use_options(self, options) -> None:
+        """The engine's options changed (a new capture's): read from now on."""
+        self.options = options
+
     def announce_with(self, before) -> None:
         """``before(sig)`` says what a block is ahead of its first event since a reset."""
         self.before = before

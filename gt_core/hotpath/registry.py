@@ -35,6 +35,10 @@ class Registry:
         self.options = options
         self.announced: set[str] = set()  # blocks the client's events say what they are
 
+    def use_options(self, options) -> None:
+        """The engine's options changed (a new capture's): read from now on."""
+        self.options = options
+
     def block_op_name(self, idx: int) -> str:
         """op_name for canonicalizing a block: an unresolved op never enters one."""
         if idx in self.ex.unresolved:

@@ -38,6 +38,10 @@ class Runner:
         self.said_off: set[str] = set()  # blocks said to run eagerly with compiling off
         self.scalar_inputs = ScalarInputs(ex.device)
 
+    def use_options(self, options) -> None:
+        """The engine's options changed (a new capture's): read from now on."""
+        self.options = options
+
     def time_with(self, timer) -> None:
         """Every timed run goes through ``timer`` from now (a test's fixed times)."""
         self.timer = timer

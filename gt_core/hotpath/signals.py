@@ -36,6 +36,10 @@ class Signals:
         # (only the client knows whether they are settings it can send: jit_plan)
         self.lifted: dict[str, tuple] = {}
 
+    def use_options(self, options) -> None:
+        """The engine's options changed (a new capture's): read from now on."""
+        self.options = options
+
     def shift(self, dropped: int) -> None:
         """The history dropped its oldest ``dropped`` instructions."""
         for s in self.start:
