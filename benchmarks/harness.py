@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import psutil
 
@@ -81,6 +81,10 @@ class Figures:
     first_s: float  # seconds for the first ``first`` steps of the fresh loop, compile included
     cpu_s: float  # CPU seconds of the run's processes
     loss: float  # the last loss (compared across ways: the same loop)
+    # gt's ways: the largest block's state at the end and the runs from its compiled
+    # function's arrival to the judge's verdict (None: no verdict)
+    block: str | None = None
+    settle_runs: int | None = None
 
 
 @dataclass
@@ -106,6 +110,8 @@ class Row:
             "settled_x_eager": _spread(self.settled_ratio),
             "first_x_eager": _spread(self.first_ratio),
             "loss": self.runs[-1].loss,
+            "blocks": [r.block for r in self.runs],  # per round: the same verdict each time?
+            "settle_runs": [r.settle_runs for r in self.runs],
             "failed": self.failed,
         }
 
@@ -261,7 +267,8 @@ def child(r: Run) -> Figures:
             step, iterate = workload_step(r.workload)
             fn = gt_core.jit(step) if r.way == "jit" else step
             call = lambda: iterate(fn)  # noqa: E731
-            return _timed(call, r, settle=lambda: gt_core.wait(compiles=True, timeout=600))
+            got = _timed(call, r, settle=lambda: gt_core.wait(compiles=True, timeout=600))
+            return replace(got, **largest_block(gt_core.report().to_data()))
     step, iterate = workload_step(r.workload)
     fn = torch.compile(step, backend=r.backend) if r.way == "compile" else step
     return _timed(lambda: iterate(fn), r, settle=lambda: None)
@@ -288,6 +295,15 @@ def _timed(call, r: Run, settle, clock=time.perf_counter) -> Figures:
         value = loss.item()
         chunks.append((clock() - t) / CHUNK * 1e3)
     return Figures(statistics.median(chunks), first, _cpu() - c0, value)
+
+
+def largest_block(data: dict) -> dict:
+    """The block of most ops in a gt report's data: its state and the runs it took to settle."""
+    paths = sorted(data["hot_paths"], key=lambda p: p.get("n_ops", 0))
+    if not paths:
+        return {"block": None, "settle_runs": None}
+    p = paths[-1]
+    return {"block": str(p["status"]), "settle_runs": (p.get("settled") or {}).get("runs")}
 
 
 def _cpu() -> float:
@@ -361,6 +377,9 @@ def table(workload: str, rows: dict) -> str:
             f"  {way + f' {threads}t':<16}{s['settled_ms']:>11.2f}"
             f"{_ratio(a):>22}{s['first_s']:>9.2f}{_ratio(b):>22}{s['cpu_s']:>8.1f}"
         )
+    for (way, threads), row in sorted(rows.items(), key=lambda kv: WAYS.index(kv[0][0])):
+        if row.runs and way in ("gt", "jit"):
+            lines.append(f"  {way} {threads}t: {_verdicts(row.runs)}")
     eager = next((r.runs[-1].loss for (w, _), r in rows.items() if w == "eager" and r.runs), None)
     for (way, threads), loss in sorted(wrong(rows).items()):
         lines.append(
@@ -368,6 +387,20 @@ def table(workload: str, rows: dict) -> str:
             "computed something else, and its times compare nothing"
         )
     return "\n".join(lines)
+
+
+def _verdicts(runs: list[Figures]) -> str:
+    """Its largest block's state in each round and the runs it took to settle: ``compiled
+    in 5 of 5 rounds, settled after 11 runs (10-12)``."""
+    states = [r.block or "no block" for r in runs]
+    words = ", ".join(
+        f"{s} in {states.count(s)} of {len(states)} rounds" for s in dict.fromkeys(states)
+    )
+    settled = [r.settle_runs for r in runs if r.settle_runs is not None]
+    if settled:
+        m = statistics.median(settled)
+        words += f", settled after {m:g} runs ({min(settled)}-{max(settled)})"
+    return "its largest block " + words
 
 
 def _ratio(s: dict) -> str:

@@ -10,6 +10,7 @@ import html
 
 from gt_core.observe import feeding, ranks
 from gt_core.observe.jit_summary import counts as jit_counts
+from gt_core.observe.rows import settling
 from gt_core.observe.status import Status, sequence
 from gt_core.observe.user_compiles import breaks_text, calls_text, compiling_text
 
@@ -56,15 +57,30 @@ def _fmt(x, unit: str = "") -> str:
     return f"{x}{unit}"
 
 
+def _settled_words(settled: str) -> str:
+    """A status row's ``settled`` after its status: ``, settled after 11 runs``, ``, timing``,
+    or nothing (nothing compiled)."""
+    if settled == "-":
+        return ""
+    if settled in ("checking", "timing"):
+        return f", {settled}"
+    return ", settled" if settled == "yes" else f", settled {settled}"
+
+
 def _ms(ms: float) -> str:
     return f"{ms / 1000:.3g} s" if abs(ms) >= 1000 else f"{ms:.3g} ms"
 
 
 def state(data: dict) -> str:
-    """The state now: the shown hot path's (see _tables.primary), else ``recording``."""
+    """The state now: the shown hot path's (see _tables.primary), else ``recording``; a
+    compiled one not settled yet says what it waits for (``compiled, timing``)."""
     sig = primary(data)
     path = next((p for p in data.get("hot_paths", []) if p["signature"] == sig), None)
-    return str(path["status"] if path is not None else Status.RECORDING)
+    if path is None:
+        return str(Status.RECORDING)
+    settled = settling(path)
+    waits = path["status"] == Status.COMPILED and settled in ("checking", "timing")
+    return f"{path['status']}, {settled}" if waits else str(path["status"])
 
 
 def headline(data: dict) -> str:
@@ -108,7 +124,7 @@ def to_text(data: dict, head: bool = True) -> str:
     lines = [x for x in (headline(data), data_line(data)) if x] if head else []
     for r in status_rows(data):
         line = (
-            f"  {r['signature']} [{r['status']}] {r['ops']} ops, {r['runs']} runs, "
+            f"  {r['signature']} [{r['status']}{_settled_words(r['settled'])}] {r['ops']} ops, {r['runs']} runs, "
             f"compile {_fmt(r['compile_s'], ' s')}, eager {_fmt(r['eager_ms'], ' ms')}{r['eager_note']} → "
             f"compiled {_fmt(r['compiled_ms'], ' ms')}"
         )

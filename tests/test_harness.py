@@ -183,7 +183,7 @@ def test_a_real_run_of_eager_and_jit_each_in_a_process_of_its_own_leaves_no_gt_a
 
     gt_core.worker().stop()
     assert _until(lambda: not _ours(), 30), _ours()
-    rows = measure("mlp", ("eager", "jit"), 2, steps=10, first=5, backend="eager", alive=_ours)
+    rows = measure("mlp", ("eager", "jit"), 2, steps=30, first=5, backend="eager", alive=_ours)
     ways = {way for way, _ in rows}
     assert ways == {"eager", "jit"}
     losses = [r.runs[-1].loss for r in rows.values()]
@@ -193,3 +193,27 @@ def test_a_real_run_of_eager_and_jit_each_in_a_process_of_its_own_leaves_no_gt_a
     assert _ours() == []
     text = harness.table("mlp", rows)
     assert "jit" in text and "x eager" in text
+    # jit's block, judged in each round: its state and the runs it took to settle (65 runs:
+    # past the judge's patience with the compile process warming up beside them).
+    (jit,) = [row for (way, _), row in rows.items() if way == "jit"]
+    assert all(f.block in ("compiled", "reverted") and f.settle_runs for f in jit.runs), jit.runs
+    assert "its largest block" in text and "settled after" in text
+
+
+def test_gt_ways_say_their_blocks_verdict_in_every_round_and_what_settling_took():
+    """A verdict that differs between rounds (kept in two, reverted in one) shows as such."""
+    runs = [Figures(2.0, 0.2, 1.0, 0.5, block, n)
+            for block, n in (("compiled", 10), ("reverted", 12), ("compiled", 11))]  # fmt: skip
+    assert harness._verdicts(runs) == (
+        "its largest block compiled in 2 of 3 rounds, reverted in 1 of 3 rounds, "
+        "settled after 11 runs (10-12)"
+    )
+    assert harness._verdicts([Figures(2.0, 0.2, 1.0, 0.5, "compiling", None)]) == (
+        "its largest block compiling in 1 of 1 rounds"
+    )
+    data = {"hot_paths": [
+        {"n_ops": 3, "status": "compiled", "settled": {"runs": 4}},
+        {"n_ops": 9, "status": "reverted", "settled": {"runs": 7, "t": 1.0}},
+    ]}  # fmt: skip
+    assert harness.largest_block(data) == {"block": "reverted", "settle_runs": 7}
+    assert harness.largest_block({"hot_paths": []}) == {"block": None, "settle_runs": None}

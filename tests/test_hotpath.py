@@ -414,6 +414,45 @@ def test_the_judge_reverts_only_past_a_5_percent_margin(hot, fixed_times, compil
     assert len(_reverts()) == (status == "reverted")
 
 
+@pytest.mark.parametrize(("compiled_ms", "verdict"), [(1.0, ev.KEPT), (4.0, ev.REVERT)])
+def test_the_status_table_says_when_a_compiled_block_settled(
+    hot, fixed_times, compiled_ms, verdict
+):
+    """Compiled, a block is checked, then timed against eager before its speed is known: its
+    row says ``checking``, then ``timing`` until the judge's verdict, then after how many runs
+    it settled (every run of
+    the block from its compiled function's arrival to the verdict: its checked first run,
+    the judge's eager probes and timed runs), which the verdict's event carries; the text
+    report says the same."""
+    from gt_jupyter import _render
+
+    gt_core.configure(regression_samples=3)
+    fixed_times(eager=2.0, compiled=compiled_ms)
+    seen = []
+    with gt_core.capture():
+        torch.manual_seed(0)
+        model, (x, y) = mlp(), _data()
+        opt = SGD(model.parameters())
+        for _ in range(14):
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            loss.item()
+            data = gt_core.report().to_data()
+            if data["hot_paths"] and data["hot_paths"][0]["status"] != "hot":
+                seen.append(_render.status_rows(data)[0]["settled"])
+    events = gt_core.report().to_data()["events"]
+    at = [e["type"] for e in events].index(ev.COMPILE_FINISHED)
+    (e,) = [e for e in events if e["type"] == verdict]
+    runs = [x for x in events[at : events.index(e)] if x["type"] == ev.ITERATION]
+    assert e["runs"] == len(runs) > 1, [x["kind"] for x in runs]
+    settled = f"after {e['runs']} runs"
+    assert list(dict.fromkeys(seen)) == ["checking", "timing", settled], seen  # (in order)
+    assert seen == sorted(seen, key=["checking", "timing", settled].index), seen  # (never back)
+    assert f"settled {settled}]" in _render.to_text(gt_core.report().to_data())
+
+
 def test_the_judge_compares_medians_so_one_stalled_run_is_no_regression(hot, fixed_times):
     gt_core.configure(regression_samples=5)
     compiled = iter([1.0, 1.0, 40.0, 1.0, 1.0] + [1.0] * 20)  # a stall: a mean of 8.8 ms

@@ -62,6 +62,7 @@ class Block:
         self.thread: threading.Thread | None = None
         self.withdrawn = False  # a RUN did not fit: the client no longer uses the plan
         self.occurrences = 0  # occurrences matched since it was found
+        self.settle_runs = 0  # its runs since its compiled function came, until a verdict
         # Matched no more (Blocks.retire), apart from its state: a block in any state, failed
         # included, may be retired, and a compile under way may still move it meanwhile; a
         # revival reports the state it is in then.
@@ -173,6 +174,15 @@ class Block:
 
     def judged_now(self) -> None:
         self.judged = True
+
+    def settling(self) -> None:
+        """A run with its compiled function at hand and no verdict yet (its check's, the
+        judge's probes and timed runs): what settling costs, in runs."""
+        self.settle_runs += 1
+
+    def runs_to_settle(self) -> int:
+        """Its runs from its compiled function's arrival to its verdict (see settling)."""
+        return self.settle_runs
 
     def occurred(self) -> None:
         """An occurrence of it was matched."""

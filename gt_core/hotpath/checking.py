@@ -64,7 +64,9 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
         block.move(Status.REVERTED)
         fields = {} if verdict is None else verdict._asdict()
         fields.pop("ok", None)
-        runner.outbox.emit(ev.CHECK_FAILED, signature=block.sig, reason=why, **fields)
+        runner.outbox.emit(
+            ev.CHECK_FAILED, signature=block.sig, reason=why, runs=block.runs_to_settle(), **fields
+        )
         runner.bind(block, occ, want)
         return
     fields = {k: v for k, v in verdict._asdict().items() if k != "ok"}

@@ -136,9 +136,16 @@ class Judge:
                 compiled_ms=comp,
                 reason=f"compiled median {comp:.3g} ms is slower than eager {eager:.3g} ms over {n} runs"
                 + (f" ({runs})" if runs else ""),
+                runs=block.runs_to_settle(),
             )
         else:
-            self.outbox.emit(ev.KEPT, signature=block.sig, eager_ms=eager, compiled_ms=comp)
+            self.outbox.emit(
+                ev.KEPT,
+                signature=block.sig,
+                eager_ms=eager,
+                compiled_ms=comp,
+                runs=block.runs_to_settle(),
+            )
 
     def _sample(self, block: Block, kind: str, ms: float) -> None:
         """A timing of ``kind`` in the current CPU condition."""

@@ -58,6 +58,8 @@ class Runner:
             if block.status == Status.HOT and block.take_compile_due():
                 self.compiler.schedule(block)  # (done now where compiles are inline)
         fn = block.fn if self._may_run_compiled(block) else None
+        if fn is not None and block.status == Status.COMPILED and not block.judged:
+            block.settling()
         inputs = None
         if fn is not None and block.status == Status.COMPILED and not block.probe:
             inputs = self._lookup(occ)

@@ -45,10 +45,12 @@ COMPILE_CANCELLED = "compile.cancelled"
 CACHE_EVICTED = "compile.cache_evicted"  # signature, files, reason: damaged, removed, recompiled
 RECOMPILE = "recompile"  # signature, previous, reason
 FALLBACK = "fallback"  # signature, reason (a compiled run failed; eager from now on)
-REVERT = "revert"  # signature, reason, eager_ms, compiled_ms
+# signature, reason, eager_ms, compiled_ms, runs (since its compiled function came: what
+# settling took; also on CHECK_FAILED and KEPT)
+REVERT = "revert"
 CHECKED = "hotpath.checked"  # signature, diff, what, tolerance (or skipped: why not checked)
-CHECK_FAILED = "hotpath.check_failed"  # signature, reason, what, diff, tolerance: reverted
-KEPT = "hotpath.kept"  # signature, eager_ms, compiled_ms: a regression check kept it compiled
+CHECK_FAILED = "hotpath.check_failed"  # signature, reason, what, diff, tolerance, runs: reverted
+KEPT = "hotpath.kept"  # signature, eager_ms, compiled_ms, runs: a regression check kept it compiled
 # signature, reason, by (the longer hot path that runs its instructions, or None): matched no
 # more, for good (the report's status "retired")
 RETIRED = "hotpath.retired"

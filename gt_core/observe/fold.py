@@ -31,6 +31,9 @@ def new_path(signature: str) -> dict:
         "states": [],  # [state, t]: each state as it was entered (status.enter)
         "options": {},  # what its compile was asked for: backend, mode, dynamic
         "judged": None,  # the regression check's comparison: {"eager_ms", "compiled_ms"}
+        # Its compiled block's verdict (the judge's, or a failed check's): {"t", "runs"}, runs
+        # from its compiled function's arrival to the verdict; None until one.
+        "settled": None,
         "ops": [],
         "n_ops": 0,
         "occurrences": 0,
@@ -172,6 +175,7 @@ class Fold:
     def _verdict(self, e, sig, i) -> None:  # (a kept block's runs go on compiled)
         p = self.path(sig)
         p["judged"] = {"eager_ms": e.get("eager_ms"), "compiled_ms": e.get("compiled_ms")}
+        p["settled"] = {"t": e.get("t"), "runs": e.get("runs")}
         if e["type"] == ev.REVERT:
             p["fallback_reason"] = e.get("reason")
             _enter(p, Status.REVERTED, e.get("t"))
@@ -179,6 +183,7 @@ class Fold:
     def _check_failed(self, e, sig, i) -> None:
         p = self.path(sig)
         p.update(fallback_reason=e.get("reason"), checked=_check(e))
+        p["settled"] = {"t": e.get("t"), "runs": e.get("runs")}
         _enter(p, Status.REVERTED, e.get("t"))
 
     def _cancelled(self, e, sig, i) -> None:

@@ -5,13 +5,16 @@ Shown by ``Report._repr_html_`` and by gt_jupyter's tables alike.
 
 from __future__ import annotations
 
-__all__ = ["STATUS_COLUMNS", "NUMERIC", "status_rows"]
+from gt_core.observe.status import Status
+
+__all__ = ["STATUS_COLUMNS", "NUMERIC", "status_rows", "settling"]
 
 
 # The status table, one row per hot path: (row key, header), here and in gt_jupyter's tables.
 STATUS_COLUMNS = (
     ("signature", "signature"),
     ("status", "status"),
+    ("settled", "settled"),
     ("ops", "ops"),
     ("runs", "runs"),
     ("compile_s", "compile s"),
@@ -33,6 +36,7 @@ def status_rows(data: dict) -> list[dict]:
         {
             "signature": p["signature"],
             "status": p["status"],
+            "settled": settling(p),
             "ops": p.get("n_ops", 0),
             "runs": p.get("occurrences", 0),
             "compile_s": p.get("compile_seconds"),
@@ -51,3 +55,16 @@ def status_rows(data: dict) -> list[dict]:
         }
         for p in data.get("hot_paths", [])
     ]
+
+
+def settling(p: dict) -> str:
+    """Where a hot path's compiled block is between its compile and its speed from then on:
+    ``checking`` (its first run against eager), ``timing`` (the judge's runs against eager),
+    ``after N runs`` (a verdict: kept compiled, or back to eager), ``-`` (nothing compiled)."""
+    settled = p.get("settled")
+    if settled is not None:
+        runs = settled.get("runs")
+        return "yes" if runs is None else f"after {runs} run{'s' if runs != 1 else ''}"
+    if p["status"] != Status.COMPILED:
+        return "-"
+    return "checking" if p.get("checked") is None else "timing"

@@ -221,7 +221,7 @@ class Entry:
         if why is not None:
             self.move(Trigger.REFUSED, why)
             return
-        if a.shape() != b.shape() or not same_path(a, b):
+        if len(a.instrs) != len(b.instrs) or a.shape() != b.shape() or not same_path(a, b):
             return  # other work each call so far: recording goes on
         at, why = offsets(a, b)
         if why is not None:
