@@ -47,7 +47,8 @@ class Block:
         self.sig = form.sig  # (its name everywhere: the events', the report's, the client's)
         self.status = Status.HOT
         self.fn = None
-        self.eager_fn = None  # the block's eager form as one generated function (Runner)
+        self._eager_fn = None  # its eager form (see eager_fn), once made
+        self._make_eager = None  # what makes it, until its first use
         # Clean eager runs (the baseline of regression checks) and compiled ones: the latest
         # few, as a check reads only those and the client's report has every run's timing.
         self.eager_ms: deque[float] = deque(maxlen=TIMED_RUNS)
@@ -77,6 +78,22 @@ class Block:
         self.alias_miss = False  # a run's inputs shared memory otherwise again (said once)
 
     @property
+    def eager_fn(self):
+        """The block's eager form as one generated function (Runner), or None (its
+        instructions run it), made at its first use: a jit call's plan is answered as soon
+        as its block is found, and building the graph (FX over every op: 60-70 ms for a
+        900-op step on this CPU) would delay the answer the client waits for; the first run
+        that needs the graph comes later."""
+        if self._make_eager is not None:
+            make, self._make_eager = self._make_eager, None
+            self._eager_fn = make()
+        return self._eager_fn
+
+    @eager_fn.setter
+    def eager_fn(self, fn) -> None:
+        self._eager_fn, self._make_eager = fn, None
+
+    @property
     def retired(self) -> bool:
         """Whether it is matched no more (its Retirement says why, and who runs it)."""
         return self.retirement is not None
@@ -97,10 +114,10 @@ class Block:
                 self.eager_fn = None
 
     # -- what happens to it (each module that finds out calls one) -----------------------
-    def registered(self, eager_fn, plan) -> None:
-        """Known to the worker: its eager form, and the plan the client matches (its form
-        with the plan: a form is never changed)."""
-        self.eager_fn = eager_fn
+    def registered(self, make_eager, plan) -> None:
+        """Known to the worker: what makes its eager form at its first use (see eager_fn),
+        and the plan the client matches (its form with the plan: a form is never changed)."""
+        self._eager_fn, self._make_eager = None, make_eager
         slots = tuple(e.value for e in plan.entries if e.kind == "free")
         self.form = dataclasses.replace(self.form, plan=plan, free_slots=slots)
 

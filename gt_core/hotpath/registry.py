@@ -80,10 +80,10 @@ class Registry:
                 self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.form.plan)
 
     def _register(self, block: Block) -> None:
-        eager_fn = self._eager_graph(block)
         index = {self.ex.op_name(i): i for i in self.ex.ops}
         f = block.form
-        block.registered(eager_fn, make_plan(f.canon, index, len(f.scalar_dtypes)))
+        plan = make_plan(f.canon, index, len(f.scalar_dtypes))
+        block.registered(lambda: self._eager_graph(block), plan)
         self.blocks.add(block)
         if self.options.client_match:
             self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.form.plan)
