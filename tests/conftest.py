@@ -209,3 +209,9 @@ class ManualClock:
 
     def __call__(self) -> float:
         return self.t
+
+
+def moved(sig: str, to: str, t: float, was: str = "hot") -> dict:
+    """The event a worker emits as a hot path ``sig`` moves from ``was`` to ``to`` at ``t``
+    (events.STATE): a synthetic log's status comes from these, as a real one's does."""
+    return {"type": "hotpath.state", "t": t, "signature": sig, "status": to, "was": was}

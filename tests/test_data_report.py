@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import moved
 
 import gt_core
 from gt_core.observe import events as ev
@@ -151,6 +152,7 @@ def test_the_step_time_is_the_median_the_report_shows_for_the_step():
     # the report's own hot path: a compiled one's ms per iteration is its compiled median
     events = [_stats(0.0), *_loop(3, 2.0), *_loop(6, 0.5, "compiled", t0=4.0)[1:]]
     events.insert(5, {"type": ev.COMPILE_FINISHED, "t": 3.5, "signature": SIG, "seconds": 0.1})
+    events.insert(5, moved(SIG, "compiled", 3.5, was="compiling"))
     data = summarize(events)
     (p,) = data["hot_paths"]
     assert data["data"]["step_ms"] == p["compiled_median_ms"] == 0.5

@@ -892,10 +892,15 @@ def test_a_hot_paths_moves_are_the_lifecycle_tables_and_no_other():
     assert seen == set(TRANSITIONS) and not TRANSITIONS[Status.FAILED]
     block = Block.__new__(Block)  # (its state alone)
     block.status, block.fn, block.sig = Status.COMPILED, object(), "abc"
+    told = []  # (every move is told as it is made: the engine emits it, the report applies it)
+    block.on_move = lambda b, was, to: told.append((b.sig, was, to))
     block.move(Status.REVERTED)
+    block.move(Status.REVERTED)  # (staying is no move)
     assert block.status is Status.REVERTED and block.fn is None
+    assert told == [("abc", Status.COMPILED, Status.REVERTED)]
     with pytest.raises(RuntimeError, match="cannot go from reverted to compiled"):
         block.move(Status.COMPILED)
+    assert len(told) == 1
 
 
 @pytest.mark.parametrize("every", [5, 6, 9, 16])

@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from conftest import moved
 from IPython.core.error import UsageError
 from IPython.core.interactiveshell import InteractiveShell
 from IPython.testing.globalipapp import start_ipython
@@ -186,6 +187,8 @@ def test_gt_status_counts_fallbacks(ip):
     text = repr(ip.run_line_magic("gt", "status"))
     assert "failed 0, reverted 0, fallbacks 0;" in text
     (sig,) = [p["signature"] for p in gt_core.report().to_data()["hot_paths"]]
+    # (a compiled run that raised, as the worker says it: the move, then why)
+    gt_core.events_log().emit(ev.STATE, signature=sig, status="failed", was="compiled")
     gt_core.events_log().emit(ev.FALLBACK, signature=sig, reason="RuntimeError: boom")
     status = ip.run_line_magic("gt", "status")
     assert "failed 1, reverted 0, fallbacks 1;" in repr(status)
@@ -312,7 +315,9 @@ def _events(n_eager=4, n_compiled=6):
                     "values": values,
                 }
             )
+            out.append(moved("abc", "compiling", t + 0.1))
             out.append({"type": ev.COMPILE_STARTED, "t": t + 0.1, "signature": "abc"})
+    out.append(moved("abc", "compiled", t + 0.5, was="compiling"))
     out.append({"type": ev.COMPILE_FINISHED, "t": t + 0.5, "signature": "abc", "seconds": 0.02})
     for _ in range(n_compiled):
         t += 1

@@ -9,7 +9,7 @@ import functools
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import assert_close
+from conftest import assert_close, moved
 from models import train
 from torch import nn
 
@@ -168,9 +168,12 @@ def test_retired_is_final_whatever_events_of_the_block_come_after():
     sig = "abc"
     events = [
         {"type": ev.DETECTED, "signature": sig, "ops": ["aten.mul.Tensor"], "n_ops": 1, "t": 1.0},
+        moved(sig, "compiling", 2.0),
         {"type": ev.COMPILE_STARTED, "signature": sig, "t": 2.0},
         {"type": ev.RETIRED, "signature": sig, "reason": "inside xyz", "by": "xyz", "t": 3.0},
+        moved(sig, "compiled", 4.0, was="compiling"),
         {"type": ev.COMPILE_FINISHED, "signature": sig, "seconds": 0.5, "t": 4.0},
+        moved(sig, "reverted", 5.0, was="compiled"),
         {"type": ev.REVERT, "signature": sig, "reason": "slower", "t": 5.0},
     ]
     (p,) = Report(events).to_data()["hot_paths"]

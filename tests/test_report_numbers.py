@@ -8,6 +8,7 @@ import re
 
 import pytest
 import torch
+from conftest import moved
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -29,6 +30,7 @@ def _events(eager, compiling, compiled, compile_s, where, revert=None) -> list[d
     for ms in eager:
         t += 1
         out.append({"type": ev.ITERATION, "t": t, "signature": SIG, "kind": "eager", "ms": ms})
+    out.append(moved(SIG, "compiling", t + 0.1))
     out.append(
         {
             "type": ev.COMPILE_STARTED,
@@ -43,11 +45,13 @@ def _events(eager, compiling, compiled, compile_s, where, revert=None) -> list[d
     for ms in compiling:
         t += 1
         out.append({"type": ev.ITERATION, "t": t, "signature": SIG, "kind": "compiling", "ms": ms})
+    out.append(moved(SIG, "compiled", t + 0.5, was="compiling"))
     out.append({"type": ev.COMPILE_FINISHED, "t": t + 0.5, "signature": SIG, "seconds": compile_s})
     for ms in compiled:
         t += 1
         out.append({"type": ev.ITERATION, "t": t, "signature": SIG, "kind": "compiled", "ms": ms})
     if revert is not None:
+        out.append(moved(SIG, "reverted", t + 0.1, was="compiled"))
         out.append(
             {
                 "type": ev.REVERT,

@@ -42,8 +42,10 @@ class Block:
     to it: its state, its eager and compiled functions, its timings and checks, its plan's use
     by the client, its retirement."""
 
-    def __init__(self, form: BlockForm):
+    def __init__(self, form: BlockForm, on_move=None):
         self.form = form
+        # Told of every move, (block, was, now) as it is made: the engine emits it (ev.STATE).
+        self.on_move = on_move
         self.sig = form.sig  # (its name everywhere: the events', the report's, the client's)
         self.status = Status.HOT
         self.fn = None
@@ -107,7 +109,9 @@ class Block:
                 f"gt worker: a hot path cannot go from {self.status} to {to} (block {self.sig}); "
                 "this is a bug of gt's: please report it"
             )
-        self.status = to
+        was, self.status = self.status, to
+        if to is not was and self.on_move is not None:
+            self.on_move(self, was, to)
         if to in (Status.FAILED, Status.REVERTED):
             self.fn = None
             if eager_too:

@@ -15,6 +15,7 @@ from gt_core.hotpath.form import BlockForm
 from gt_core.observe import events as ev
 from gt_core.observe.graph import change
 from gt_core.observe.report import Status
+from gt_core.observe.status import TRANSITIONS
 from gt_core.stream.canonical import Mismatch, canonicalize, finish, value_name
 from gt_core.stream.instructions import JIT_SIGNAL
 from gt_core.stream.lift import LiftNamer
@@ -58,12 +59,18 @@ class Registry:
         """The block of a canonicalized segment (``kw``: BlockForm's signal, lift,
         scalar_dtypes)."""
         ops, values = self._ops_by_name(), self._value_meta(namer)
-        block = Block(BlockForm.of(canon, paths, ops, period, value_meta=values, **kw))
+        block = Block(BlockForm.of(canon, paths, ops, period, value_meta=values, **kw), self._moved)
         try:  # (how the inputs of the occurrence just seen share memory, if all still alive)
             block.see_inputs(self.ex.lookup(namer.inputs))
         except (KeyError, TypeError):  # unknown: found at its next run (Runner.run)
             block.inputs_gone()
         return block
+
+    def _moved(self, block: Block, was: Status, to: Status) -> None:
+        """A block's move, as the report applies it (ev.STATE; from any thread: the compile
+        thread moves a block when its compile ends)."""
+        why = TRANSITIONS.get(was, {}).get(to)
+        self.outbox.emit(ev.STATE, signature=block.sig, status=to.value, was=was.value, why=why)
 
     def adopt(self, block: Block, occurrences: int = 2, recording_t: float | None = None) -> None:
         """Register a new block and make it hot: announced, compiled where the options say.

@@ -31,6 +31,10 @@ DETECTED = "hotpath.detected"
 # the detected event's fields but occurrences and recording_t, and status (its state now): a
 # block known from before reset(), at its first run since
 KNOWN = "hotpath.known"
+# signature, status (the state entered), was, why (the lifecycle table's words for the move:
+# gt_core.observe.status.TRANSITIONS): every move of a hot path on the worker, emitted as it
+# is made; the report's status is these moves applied (observe.fold), after its detection
+STATE = "hotpath.state"
 COMPILE_STARTED = (
     "compile.started"  # signature, backend, mode, dynamic, where ("process" | "thread" | "inline")
 )

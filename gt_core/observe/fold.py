@@ -154,11 +154,9 @@ class Fold:
     def _compile_started(self, e, sig, i) -> None:
         p = self.path(sig)
         p["options"] = {k: e[k] for k in ("backend", "mode", "dynamic") if k in e}
-        _enter(p, Status.COMPILING, e.get("t"))
 
     def _compile_finished(self, e, sig, i) -> None:
         p = self.path(sig)
-        _enter(p, Status.COMPILED, e.get("t"))
         p.update(
             compile_seconds=e.get("seconds"),
             compiled_at=e.get("t"),
@@ -170,7 +168,6 @@ class Fold:
     def _failed(self, e, sig, i) -> None:
         p = self.path(sig)
         p["fallback_reason"] = e.get("reason")
-        _enter(p, Status.FAILED, e.get("t"))
 
     def _verdict(self, e, sig, i) -> None:  # (a kept block's runs go on compiled)
         p = self.path(sig)
@@ -178,19 +175,15 @@ class Fold:
         p["settled"] = {"t": e.get("t"), "runs": e.get("runs")}
         if e["type"] == ev.REVERT:
             p["fallback_reason"] = e.get("reason")
-            _enter(p, Status.REVERTED, e.get("t"))
 
     def _check_failed(self, e, sig, i) -> None:
         p = self.path(sig)
         p.update(fallback_reason=e.get("reason"), checked=_check(e))
         p["settled"] = {"t": e.get("t"), "runs": e.get("runs")}
-        _enter(p, Status.REVERTED, e.get("t"))
 
     def _cancelled(self, e, sig, i) -> None:
         p = self.path(sig)
         p["notes"].append(f"compile cancelled after {e.get('seconds', 0):.1f} s: {e.get('reason')}")
-        if p["status"] == Status.COMPILING:  # (its retirement not folded: hot again)
-            _enter(p, Status.HOT, e.get("t"))
 
     def _retired(self, e, sig, i) -> None:
         p = self.path(sig)
@@ -201,6 +194,10 @@ class Fold:
         p = self.path(sig)
         p["status"], p["retired"] = Status(e.get("status", Status.HOT.value)), None
         enter(p["states"], p["status"], e.get("t"))
+
+    def _state(self, e, sig, i) -> None:
+        """A move on the worker (ev.STATE): the hot path is in that state from then on."""
+        _enter(self.path(sig), Status(e["status"]), e.get("t"))
 
     def _checked(self, e, sig, i) -> None:
         self.path(sig)["checked"] = _check(e)
@@ -289,6 +286,7 @@ _HANDLERS = {
     ev.STATS: Fold._stats,
     ev.RECORDING: Fold._recording,
     ev.DETECTED: Fold._detected,
+    ev.STATE: Fold._state,
     ev.COMPILE_STARTED: Fold._compile_started,
     ev.COMPILE_FINISHED: Fold._compile_finished,
     ev.COMPILE_FAILED: Fold._failed,
