@@ -33,7 +33,7 @@ def data(inprocess):
     with gt_core.capture():
         _loop(5)
         _loop(7)
-    gt_core.wait()
+    gt_core.wait(compiles=True)  # (the explorer's Code tab shows a compiled path's code)
     d = gt_core.report().to_data()
     assert len(d["hot_paths"]) == 2
     return d
