@@ -373,3 +373,64 @@ def test_the_objects_alive_before_a_capture_are_out_of_the_collectors_way_until_
         gc.collect()
         assert ref() is None
     assert gc.get_freeze_count() == before
+
+
+def _made(n: int) -> list:
+    """``n`` objects the collector tracks, as a model built inside the capture would be."""
+    return [[i] for i in range(n)]  # (lists: a dict of atomic values is not tracked)
+
+
+def test_a_steps_objects_made_inside_the_capture_are_set_aside_at_its_first_jitted_call():
+    """A model built inside the capture (one %%gt cell for everything): the collector would
+    walk it at every full collection in the step's first calls. A jitted function's first
+    call sets the objects alive then aside, once per capture; a later one does not."""
+    import gc
+
+    import gt_core
+
+    before = gc.get_freeze_count()
+    with gt_core.capture(auto_compile=False):
+        frozen = gc.get_freeze_count()
+        model = _made(5000)
+        w = torch.randn(4, 4)
+        step = gt_core.jit(lambda x: (x @ w).sum())
+        step(torch.randn(2, 4)).item()
+        aside = gc.get_freeze_count()
+        assert aside >= frozen + 5000
+        more = _made(5000)
+        gt_core.jit(lambda x: (x * 2).sum())(torch.randn(3)).item()  # (another function)
+        step(torch.randn(2, 4)).item()
+        assert gc.get_freeze_count() < aside + 5000  # once per capture
+        del model, more
+    assert gc.get_freeze_count() == before
+    with gt_core.capture(auto_compile=False):  # a new capture sets aside again
+        frozen = gc.get_freeze_count()
+        model = _made(5000)
+        gt_core.jit(lambda x: (x + 1).sum())(torch.randn(3)).item()
+        assert gc.get_freeze_count() >= frozen + 5000
+        del model
+    assert gc.get_freeze_count() == before
+
+
+def test_a_steps_objects_are_set_aside_when_the_first_plan_comes(process):
+    """Without jit: the worker's first plan (its hot path found) is the step's first sight."""
+    import gc
+
+    import gt_core
+
+    before = gc.get_freeze_count()
+    with gt_core.capture(auto_compile=True, threshold=5, backend="eager"):
+        frozen = gc.get_freeze_count()
+        made = _made(5000)
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        x, y = torch.randn(8, 32), torch.randn(8, 4)
+        for _ in range(12):
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        gt_core.wait()
+        assert gt_core.report().to_data()["hot_paths"], "no hot path: no plan came"
+        assert gc.get_freeze_count() >= frozen + 5000
+        del made
+    assert gc.get_freeze_count() == before

@@ -13,17 +13,16 @@ import threading
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from gt_core.client import collector
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.interrupt import held
 from gt_core.client.patches import (
     patch_capturable,
-    patch_collector,
     patch_default_dtype,
     patch_loader,
     patch_seed,
     patch_sharing,
     patch_threads,
-    unpatch_collector,
     unpatch_default_dtype,
     unpatch_seed,
     unpatch_threads,
@@ -277,7 +276,7 @@ def _patch(opts) -> None:
     patch_loader(True, lambda: _here.session)
     if opts.worker != "inprocess":
         patch_threads()
-    patch_collector()
+    collector.freeze()
 
 
 def _unpatch() -> None:
@@ -285,7 +284,7 @@ def _unpatch() -> None:
     unpatch_seed()
     unpatch_default_dtype()
     unpatch_threads()
-    unpatch_collector()
+    collector.unfreeze()
     patch_sharing(False)
     patch_loader(False)
     patch_capturable(False)

@@ -1,13 +1,11 @@
 """What a capture changes in torch while it runs, and puts back when the last one ends:
 ``torch.manual_seed`` (it seeds the worker too), torch.optim's capturable devices, the
-kernel's intra-op threads, the cyclic collector (the objects alive before are frozen),
-storage sharing (host tensors sent to other processes), and a DataLoader's batches from
-tensors in memory.
+kernel's intra-op threads, storage sharing (host tensors sent to other processes), and a
+DataLoader's batches from tensors in memory. (The cyclic collector: ``collector``.)
 """
 
 from __future__ import annotations
 
-import gc
 import sys
 
 import torch
@@ -28,8 +26,6 @@ __all__ = [
     "patch_capturable",
     "patch_threads",
     "unpatch_threads",
-    "patch_collector",
-    "unpatch_collector",
     "patch_sharing",
     "patch_loader",
 ]
@@ -51,26 +47,6 @@ def patch_threads() -> None:
     if n > 1:
         _saved["threads"], _saved["set"] = n, 1
         torch.set_num_threads(1)
-
-
-def patch_collector() -> None:
-    """The objects alive when the first capture begins are set aside from the cyclic
-    collector while captures run (``gc.freeze``); collectable again at the last one's end.
-
-    Recording makes many small objects (proxies, instructions), so the collector runs often,
-    and each full collection walks every object of the process: 400k once transformers is
-    imported, 180-230 ms a collection on the development VM's CPU (2026-12-02), landing in a
-    jitted step's first calls (measured with gc.callbacks). Objects made inside the capture
-    are collected as before; a cycle among those frozen waits for the capture's end.
-    """
-    if gc.isenabled():
-        gc.freeze()
-        _saved["frozen"] = True
-
-
-def unpatch_collector() -> None:
-    if _saved.pop("frozen", False):
-        gc.unfreeze()
 
 
 def unpatch_threads() -> None:

@@ -22,6 +22,7 @@ import time
 import weakref
 from collections import deque
 
+from gt_core.client import collector
 from gt_core.client.interrupt import check as check_interrupt
 from gt_core.client.plans.early_sites import EarlySites
 from gt_core.client.plans.plan_match import PlanMatcher
@@ -135,6 +136,7 @@ class Session:
         if any(e["type"] in _FOR_CLIENT for e in events):
             for e in events:
                 if e["type"] == ev.PLAN and self.options.client_match:
+                    collector.set_aside()  # (the step's objects: see collector)
                     self.matcher.offer(e["signature"], e["plan"])
             events = [e for e in events if e["type"] not in _FOR_CLIENT]
         if events:

@@ -21,6 +21,7 @@ import time
 
 from torch.utils._pytree import tree_flatten
 
+from gt_core.client import collector
 from gt_core.client.jit import audit, replay
 from gt_core.client.jit.knob import Knob, agree, failed, settings_in, steered
 from gt_core.client.jit.program import Rerun, ShadowLog
@@ -84,6 +85,7 @@ class Entry:
         session.jits.append(self)
         self.sig: str | None = None  # the block's signature, once the worker has it
         self.facts: list | None = None  # (session, metadata key, shadow) per fitting input
+        collector.set_aside()  # a step's first call: its model and data are long-lived
 
     stats = jit_stats  # its replays and audits, the client's ms per replay (as reported)
 
