@@ -974,3 +974,85 @@ def test_an_op_no_hot_path_begins_with_is_not_named_to_look_for_one(hot, monkeyp
         opt.zero_grad()
         opt.param_groups[0]["params"][0].cpu()
     assert first in named  # (a step again: its first op is named, and matched)
+
+
+class _AtOnce:
+    """A builder that makes what it is given as it is given (the real one's thread, without
+    its timing): what it made was made ahead of any run."""
+
+    def submit(self, fn):
+        fn()
+
+
+@pytest.mark.parametrize("builder", ["thread", "at-once"])
+def test_a_blocks_eager_graph_is_made_ahead_once_and_runs_as_eager_does(hot, monkeypatch, builder):
+    """A worker with a process of its own makes each new block's eager graph on its builder
+    thread as the plan goes out, not at the first run that needs it (the check, an eager
+    run); whoever comes first makes it, once, and the loop's values are eager's."""
+    import inspect
+
+    def loop():
+        torch.manual_seed(0)
+        model, (x, y) = mlp(), _data()
+        opt = SGD(model.parameters())
+        for _ in range(12):
+            F.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        return [p.detach().cpu() for p in model.parameters()]
+
+    ref, built = loop(), []
+
+    def made(block):
+        ahead = any(f.function == "_register" for f in inspect.stack())
+        built.append((block.sig, ahead))
+        return make(block)
+
+    with gt_core.capture():
+        engine = gt_core.client.capture.session().transport.engine
+        engine.build_ahead()  # (as the worker process does at its start)
+        registry = engine.registry
+        if builder == "at-once":
+            monkeypatch.setattr(registry, "builder", _AtOnce())
+        make = registry._eager_graph
+        monkeypatch.setattr(registry, "_eager_graph", made)
+        got = loop()
+        if builder == "thread":
+            registry.builder.submit(lambda: None).result(timeout=120)  # (all queued is made)
+        blocks = list(engine.blocks.values())
+    assert blocks and all(b.eager_made for b in blocks)
+    assert sorted(sig for sig, _ in built) == sorted({b.sig for b in blocks})  # each made once
+    if builder == "at-once":
+        assert all(ahead for _, ahead in built), built
+    for a, b in zip(got, ref, strict=True):
+        assert_close(a, b, atol=1e-5)
+
+
+def test_an_eager_graph_wanted_while_it_is_made_is_waited_for_and_made_once():
+    """The builder thread and a run racing for one block's eager graph: one makes it, the
+    other waits and gets the same function."""
+    from types import SimpleNamespace
+
+    from gt_core.hotpath.blocks import Block
+
+    block = Block(SimpleNamespace(sig="b"))
+    started, release, calls = threading.Event(), threading.Event(), []
+
+    def slow():
+        calls.append(threading.current_thread().name)
+        started.set()
+        release.wait(60)
+        return "graph"
+
+    block._make_eager = slow  # (what Block.registered sets)
+    builder = threading.Thread(target=block.make_eager, name="builder")
+    builder.start()
+    assert started.wait(60)
+    got = []
+    user = threading.Thread(target=lambda: got.append(block.eager_fn), name="run")
+    user.start()
+    assert not block.eager_made
+    release.set()
+    builder.join(60)
+    user.join(60)
+    assert got == ["graph"] and calls == ["builder"] and block.eager_made

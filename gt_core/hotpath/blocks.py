@@ -50,7 +50,8 @@ class Block:
         self.status = Status.HOT
         self.fn = None
         self._eager_fn = None  # its eager form (see eager_fn), once made
-        self._make_eager = None  # what makes it, until its first use
+        self._make_eager = None  # what makes it, until made
+        self._eager_lock = threading.Lock()  # (made on the registry's builder thread, or here)
         # Clean eager runs (the baseline of regression checks) and compiled ones: the latest
         # few, as a check reads only those and the client's report has every run's timing.
         self.eager_ms: deque[float] = deque(maxlen=TIMED_RUNS)
@@ -82,18 +83,31 @@ class Block:
     @property
     def eager_fn(self):
         """The block's eager form as one generated function (Runner), or None (its
-        instructions run it), made at its first use: a jit call's plan is answered as soon
-        as its block is found, and building the graph (FX over every op: 60-70 ms for a
-        900-op step on this CPU) would delay the answer the client waits for; the first run
-        that needs the graph comes later."""
-        if self._make_eager is not None:
-            make, self._make_eager = self._make_eager, None
-            self._eager_fn = make()
+        instructions run it): see make_eager."""
+        self.make_eager()
         return self._eager_fn
 
     @eager_fn.setter
     def eager_fn(self, fn) -> None:
-        self._eager_fn, self._make_eager = fn, None
+        with self._eager_lock:
+            self._eager_fn, self._make_eager = fn, None
+
+    def make_eager(self) -> None:
+        """Make its eager form, once: ahead, on the registry's builder thread, or at its
+        first use, whichever comes first (a use meanwhile waits for the build under way).
+        Never before the block's plan is answered: building the graph (FX over every op)
+        takes tens of ms for a large step, and a jit call's client waits for the plan."""
+        if self._make_eager is not None:
+            with self._eager_lock:
+                make = self._make_eager
+                if make is not None:
+                    self._eager_fn = make()
+                    self._make_eager = None
+
+    @property
+    def eager_made(self) -> bool:
+        """Whether its eager form is made (or was let go): using it waits for nothing."""
+        return self._make_eager is None
 
     @property
     def retired(self) -> bool:

@@ -102,6 +102,9 @@ class Engine:
     def warm_soon(self) -> None:
         self.compiler.warm_soon()
 
+    def build_ahead(self) -> None:
+        self.registry.build_ahead()
+
     def flush_events(self) -> None:
         self.outbox.flush()
 
@@ -133,6 +136,7 @@ class Engine:
             self.runner.timings.settle(wait=True)
             self.flush_events()
         finally:  # the compile process and its files go, even when the client has gone
+            self.registry.close()
             self.outbox.close()
             self.compiler.close()
 

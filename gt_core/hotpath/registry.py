@@ -8,6 +8,7 @@ then it is announced (detected) and, where the options say so, compiled.
 from __future__ import annotations
 
 import traceback
+from concurrent.futures import ThreadPoolExecutor
 
 from gt_core.compile.lower import build_graph
 from gt_core.hotpath.blocks import Block, Blocks
@@ -35,6 +36,22 @@ class Registry:
         self.compiler = compiler
         self.options = options
         self.announced: set[str] = set()  # blocks the client's events say what they are
+        self.builder: ThreadPoolExecutor | None = None  # makes eager graphs ahead (build_ahead)
+
+    def build_ahead(self) -> None:
+        """From now on each new block's eager graph is made on a thread of its own as soon
+        as its plan is out, while the client goes on recording (its check and its first eager
+        run need it; made at that first use, it would delay them by the whole build). Only
+        where the worker has a process of its own: in the client's process the thread would
+        take the interpreter from the user's Python."""
+        if self.builder is None:
+            self.builder = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gt-eager-graph")
+
+    def close(self) -> None:
+        """No more eager graphs are made ahead (one under way ends first)."""
+        if self.builder is not None:
+            self.builder.shutdown(wait=True, cancel_futures=True)
+            self.builder = None
 
     def use_options(self, options) -> None:
         """The engine's options changed (a new capture's): read from now on."""
@@ -94,6 +111,8 @@ class Registry:
         self.blocks.add(block)
         if self.options.client_match:
             self.outbox.emit(ev.PLAN, signature=block.sig, plan=block.form.plan)
+        if self.builder is not None:
+            self.builder.submit(block.make_eager)
 
     def _eager_graph(self, block: Block):
         """The block's eager form (build_graph without lifting or rewrites, its new tensors

@@ -183,6 +183,7 @@ def _start(options, publish, group=None) -> Worker:
         cp.start()  # the compile process imports beside this one
         cp.imports()  # before serving, not beside a step: seconds of Python holding the GIL
         w.engine.warm_soon()
+    w.engine.build_ahead()  # (a process of its own: a thread here takes no client's time)
     gc.freeze()  # torch's own objects live as long as the worker: full collections skip them
     publish([ev.event(ev.WORKER, state="started", pid=os.getpid(), device=str(w.device))])
     w.engine.cpu_share = CpuShare(w.device, options.worker_threads)
