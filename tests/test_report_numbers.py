@@ -330,3 +330,24 @@ def test_tables_put_text_left_and_numbers_right():
     heads = re.findall(r"<th[^>]*>([^<]*)</th>", html)
     assert heads == [h for _, h in STATUS_COLUMNS]
     assert re.findall(r'<td style="text-align:(\w+)"', html) == cells
+
+
+@pytest.mark.parametrize(
+    ("cache", "words"),
+    [
+        ("kept", "(its artifact kept by gt)"),
+        ("hit", "(inductor's cache warm)"),
+        ("miss", "(inductor's cache cold)"),
+        (None, ""),
+    ],
+)
+def test_a_hot_paths_line_says_what_its_compile_took_and_where_it_came_from(cache, words):
+    events = _events([1.0] * 4, [2.0], [0.5] * 6, 3.25, "process")
+    finished = next(e for e in events if e["type"] == ev.COMPILE_FINISHED)
+    if cache is not None:
+        finished["cache"] = cache
+    (line,) = [x for x in str(Report(events)).splitlines() if SIG in x]
+    assert line.endswith(f"; compile 3.25 s {words}".rstrip())
+    before = events[: events.index(finished)]  # (still compiling: no time said yet)
+    (line,) = [x for x in str(Report(before)).splitlines() if SIG in x]
+    assert "; compile " not in line

@@ -40,6 +40,7 @@ def new_path(signature: str) -> dict:
         "compiled_runs": 0,
         "eager_runs": 0,
         "compile_seconds": None,
+        "compile_cache": None,  # where its compiled block came from (report.COMPILE_CACHE)
         "cudagraphs": None,  # on a GPU with a CUDA-graph mode: "used" or "skipped"
         "cudagraph_skips": [],  # inductor's reasons when skipped
         "cudagraph_explanations": [],  # each reason's {"id", "cause", "fix"} (gt_core.observe.causes)
@@ -159,6 +160,7 @@ class Fold:
         p = self.path(sig)
         p.update(
             compile_seconds=e.get("seconds"),
+            compile_cache=e.get("cache"),
             compiled_at=e.get("t"),
             cudagraphs=e.get("cudagraphs"),
             cudagraph_skips=list(e.get("cudagraph_skips") or []),

@@ -206,10 +206,29 @@ def _fmt(x: float | None, unit: str) -> str:
     return "-" if x is None else f"{x:.3g} {unit}"
 
 
+# A compile's cache use (the compile.finished event's ``cache``), as the report says it.
+COMPILE_CACHE = {
+    "kept": "its artifact kept by gt",
+    "hit": "inductor's cache warm",
+    "miss": "inductor's cache cold",
+    "bypass": "inductor's cache bypassed",
+}
+
+
 def _path_line(p: dict) -> str:
     speed = f", {p['speedup']:.2f}x" if p.get("speedup") else ""
     return (
         f"{p['signature']} [{p['status']}] {p['n_ops']} ops, {p['occurrences']} runs "
         f"({p['compiled_runs']} compiled, {p['eager_runs']} eager), "
         f"eager {_fmt(p['eager_median_ms'], 'ms')}, compiled {_fmt(p['compiled_median_ms'], 'ms')}{speed}"
+        f"{_compile_took(p)}"
     )
+
+
+def _compile_took(p: dict) -> str:
+    """How long its compile took and where it came from (nothing before it finished)."""
+    s = p.get("compile_seconds")
+    if s is None:
+        return ""
+    cache = COMPILE_CACHE.get(p.get("compile_cache"))
+    return f"; compile {s:.2f} s" + (f" ({cache})" if cache else "")
