@@ -12,7 +12,7 @@ from models import mlp
 import gt_core
 from gt_core import events as ev
 from gt_core.client.plans.plan_match import PlanMatcher
-from gt_core.hotpath.judge import _MAX_PROBES, _WARM_UP
+from gt_core.hotpath.judge import _MAX_PROBES
 from gt_core.observe.metrics import MIN_BASELINE
 from gt_core.observe.status import Status
 from gt_core.stream.canonical import FreeEntry, OpEntry
@@ -677,9 +677,9 @@ def test_a_regression_check_compares_runs_made_while_the_cpu_was_shared_alike(
     assert block.judged, kinds
     # Eager runs timed after the compile as the baseline: the one timed before it ran while
     # the client waited, comparable only if it still does.
-    # (the two eager runs before the compile count where the client still waits; the first
-    # probe warms the eager graph up)
-    assert block.probed == _WARM_UP + MIN_BASELINE - (2 if client_waits_later else 0), kinds
+    # (of the two eager runs before the compile, the second counts where the client still
+    # waits: the first was its eager graph's first run; no probe warms the graph up, it ran)
+    assert block.probed == MIN_BASELINE - (1 if client_waits_later else 0), kinds
     (revert,) = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
     runs = (
         "the client waiting for each"
@@ -704,8 +704,9 @@ def test_a_regression_check_judges_compiled_runs_against_eager_ones_in_their_con
     fixed_times(eager=lambda: 1.0 if share.waits else 4.0, compiled=2.0)
     _train(30, True)
     (block,) = _engine().blocks.values()
-    assert block.judged and block.probed == _WARM_UP + MIN_BASELINE  # beside the recording
-    assert list(block.samples[("eager", (True, False))]) == [1.0, 1.0]  # never compared
+    assert block.judged and block.probed == MIN_BASELINE  # beside the recording
+    # never compared (the first eager run, its graph's first, is no sample at all)
+    assert list(block.samples[("eager", (True, False))]) == [1.0]
     assert list(block.samples[("eager", (False, False))]) == [4.0] * MIN_BASELINE
     assert block.status == Status.COMPILED
     assert not [e for e in gt_core.report().events if e["type"] == ev.REVERT]
@@ -733,7 +734,7 @@ def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_use
     _engine().cpu_share = Share()
     _train(40, True)
     (block,) = _engine().blocks.values()
-    assert block.judged and block.probed == _WARM_UP + _MAX_PROBES  # then no more probes
+    assert block.judged and block.probed == _MAX_PROBES  # then no more probes
     assert block.status == status
     reverts = [e for e in gt_core.report().events if e["type"] == ev.REVERT]
     if status == "reverted":
@@ -742,7 +743,7 @@ def test_a_regression_check_whose_condition_keeps_changing_stops_probing_and_use
         assert (revert["eager_ms"], revert["compiled_ms"]) == (eager_ms, compiled_ms)
     else:  # kept: every eager run after the compile was a probe, and compiled from then on
         after = timer.kinds[timer.kinds.index("compiled") :]
-        assert not reverts and after.count("eager") == _WARM_UP + _MAX_PROBES, after
+        assert not reverts and after.count("eager") == _MAX_PROBES, after
         assert after[-1] == "compiled"
 
 
@@ -864,3 +865,26 @@ def test_inputs_that_differ_only_in_a_one_element_stride_run_the_compiled_block(
         assert_close(a, b)
     (p,) = gt_core.report().to_data()["hot_paths"]
     assert p["compiled_runs"] >= 15, p
+
+
+def test_an_eager_graphs_first_run_is_neither_a_baseline_nor_a_probe():
+    """FX's generated code and the kernels' first calls make an eager graph's first run many
+    times slower than the next: it is no sample, and a probe it was is run again. A graph
+    that ran before (its check, an eager run) is warm: the probes are the ones wanted."""
+    from types import SimpleNamespace
+
+    from gt_core.hotpath.blocks import Block
+    from gt_core.hotpath.judge import Judge
+
+    said = []
+    outbox = SimpleNamespace(emit=lambda *a, **k: said.append(k.get("kind")))
+    judge = Judge(outbox, SimpleNamespace(compiling=0), SimpleNamespace(regression_samples=5))
+    block = Block(SimpleNamespace(sig="b"))
+    block.want_probes(2)
+    judge.eager_ran(block, 50.0, first=True)
+    assert (block.probe, block.probed, dict(block.samples)) == (2, 1, {})
+    judge.eager_ran(block, 5.0)
+    judge.eager_ran(block, 6.0)
+    assert (block.probe, block.probed) == (0, 3)
+    assert list(block.samples[("eager", None)]) == [5.0, 6.0]
+    assert said == ["eager"] * 3  # (each shown in the report, the first too)

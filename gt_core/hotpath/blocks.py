@@ -52,6 +52,7 @@ class Block:
         self._eager_fn = None  # its eager form (see eager_fn), once made
         self._make_eager = None  # what makes it, until made
         self._eager_lock = threading.Lock()  # (made on the registry's builder thread, or here)
+        self.eager_warm = False  # its eager graph has run once (its check, an eager run)
         # Clean eager runs (the baseline of regression checks) and compiled ones: the latest
         # few, as a check reads only those and the client's report has every run's timing.
         self.eager_ms: deque[float] = deque(maxlen=TIMED_RUNS)
@@ -103,6 +104,10 @@ class Block:
                 if make is not None:
                     self._eager_fn = make()
                     self._make_eager = None
+
+    def eager_graph_ran(self) -> None:
+        """Its eager graph ran (its first run, many times slower than later ones, is past)."""
+        self.eager_warm = True
 
     @property
     def eager_made(self) -> bool:
@@ -202,7 +207,8 @@ class Block:
         self.probe = runs
 
     def probed_once(self, warming: bool) -> None:
-        """An eager run timed as a probe (one still wanted, while ``warming``)."""
+        """An eager run timed as a probe (one still wanted, where it was its eager graph's
+        first run: ``warming``)."""
         self.probed += 1
         if not warming:
             self.probe -= 1

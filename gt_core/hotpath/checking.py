@@ -30,14 +30,8 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
     dev = runner.ex.device
     rng = numerics.rng_state(dev)
     saved = numerics.Copies(inputs)
-    try:
-        want = eager(*saved.tensors, *occ.scalars)
-    except Exception:  # the eager run proper says what failed, op by op
-        numerics.set_rng_state(dev, rng)
-        block.move(Status.FAILED, eager_too=True)
-        why = "its eager graph raised on copies of its inputs: its instructions run it"
-        runner.outbox.emit(ev.FALLBACK, signature=block.sig, reason=why)
-        runner.run_instructions(occ.instructions)
+    want = _eager_on_copies(runner, block, occ, eager, saved, rng)
+    if want is None:
         return
     after = numerics.rng_state(dev)
     oracle = _oracle(runner.ex, eager, inputs, occ, rng)
@@ -73,6 +67,22 @@ def run_checked(runner, block: Block, occ: Occurrence, fn, inputs: list) -> None
     runner.outbox.emit(ev.CHECKED, signature=block.sig, **fields)
     runner.bind(block, occ, got)
     runner.timings.then(ms, lambda ms: runner.judge.compiled_ran(block, ms, threads))
+
+
+def _eager_on_copies(runner, block: Block, occ: Occurrence, eager, saved, rng):
+    """The eager graph's outputs on copies of the inputs (``saved``), or None where it raised:
+    then the block has failed and its instructions ran the occurrence (they say which op)."""
+    try:
+        want = eager(*saved.tensors, *occ.scalars)
+    except Exception:  # the eager run proper says what failed, op by op
+        numerics.set_rng_state(runner.ex.device, rng)
+        block.move(Status.FAILED, eager_too=True)
+        why = "its eager graph raised on copies of its inputs: its instructions run it"
+        runner.outbox.emit(ev.FALLBACK, signature=block.sig, reason=why)
+        runner.run_instructions(occ.instructions)
+        return None
+    block.eager_graph_ran()
+    return want
 
 
 def _agreed(runner, verdict, why: str):

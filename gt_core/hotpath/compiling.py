@@ -23,6 +23,7 @@ from gt_core.compile.process import CompileCancelled, CompileProcess
 from gt_core.compile.rng import keep_rng_in_threads
 from gt_core.hotpath.blocks import Block
 from gt_core.hotpath.outbox import reason
+from gt_core.hotpath.part import Part
 from gt_core.observe import events as ev
 from gt_core.observe.report import Status
 from gt_core.options import Options
@@ -41,7 +42,7 @@ _DYNAMO = threading.Lock()
 _END_S = 1.0
 
 
-class Compiler:
+class Compiler(Part):
     """Compiles hot blocks off the critical path where the options allow, and counts them."""
 
     def __init__(self, device: torch.device, outbox, options):
@@ -57,10 +58,6 @@ class Compiler:
         self._process: CompileProcess | None = None
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []  # compiles and the warm-up: close joins them
-
-    def use_options(self, options) -> None:
-        """The engine's options changed (a new capture's): read from now on."""
-        self.options = options
 
     def joined(self, agree) -> None:
         """A worker group's rank: ``agree(ok)`` is whether a compile held on every rank."""

@@ -12,6 +12,7 @@ import contextlib
 from collections import deque
 
 from gt_core.hotpath.blocks import TIMED_RUNS, Block
+from gt_core.hotpath.part import Part
 from gt_core.observe import events as ev
 from gt_core.observe import metrics
 from gt_core.observe.report import Status
@@ -22,12 +23,11 @@ __all__ = ["Judge"]
 # median is not moved by one slow run (the first run of a block's eager graph after a compile
 # often is).
 _MAX_PROBES = 4 * metrics.MIN_BASELINE  # eager runs timed for it at most, after the compile
-_WARM_UP = 1  # the first probe of a block, run before those timed for it (see eager_ran)
 _SLOWER = 1.05  # a compiled median over this many times the eager one is a regression
 _PATIENCE = 50  # compiled runs a check waits for a compile beside them to end
 
 
-class Judge:
+class Judge(Part):
     """Keeps each block's timings by CPU condition and decides whether compiling paid off."""
 
     def __init__(self, outbox, compiler, options):
@@ -35,10 +35,6 @@ class Judge:
         self.compiler = compiler  # (its count of compiles under way is part of the condition)
         self.options = options
         self.share = None  # the worker process's intra-op threads (remote.cpu_share.CpuShare)
-
-    def use_options(self, options) -> None:
-        """The engine's options changed (a new capture's): read from now on."""
-        self.options = options
 
     def use_share(self, share) -> None:
         """The worker process's intra-op threads (remote.cpu_share.CpuShare) from now."""
@@ -66,21 +62,20 @@ class Judge:
             self._sample(block, "compiled", ms)
         self.outbox.emit(ev.ITERATION, signature=block.sig, kind="compiled", ms=ms)
 
-    def eager_ran(self, block: Block, ms: float) -> None:
-        """An eager run took ``ms``: a baseline sample, unless a compile slowed it."""
+    def eager_ran(self, block: Block, ms: float, first: bool = False) -> None:
+        """An eager run took ``ms``: a baseline sample, unless a compile slowed it or it was
+        its eager graph's ``first`` run (many times slower than the runs after it: FX's
+        generated code and the kernels' first calls), which a probe does not count for."""
         if block.status == Status.COMPILING:
             # Slowed by the compile beside it: shown as such, never an eager baseline.
             self.outbox.emit(ev.ITERATION, signature=block.sig, kind="compiling", ms=ms)
             return
         block.eager_ms.append(ms)
-        # The first probe warms the eager graph up and is no sample: a jit call's block runs
-        # it for the first time there, many times slower than after (README, "Benchmarks").
-        warming = block.probe > 0 and block.probed < _WARM_UP
-        if not warming:
+        if not first:
             self._sample(block, "eager", ms)
         self.outbox.emit(ev.ITERATION, signature=block.sig, kind="eager", ms=ms)
         if block.probe:
-            block.probed_once(warming)
+            block.probed_once(first)
             if not block.probe:
                 self.check(block)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 
+from gt_core.hotpath.part import Part
 from gt_core.observe import events as ev
 
 __all__ = ["Outbox", "reason"]
@@ -34,7 +35,7 @@ _EVENTS_EVERY_S = 0.05
 _FORMS = ev.FORMS | {ev.PLAN}  # events that say what a block is, or only feed the client
 
 
-class Outbox:
+class Outbox(Part):
     """Events emitted by the engine (and its compile threads), published in batches."""
 
     def __init__(self, publish, options):
@@ -51,10 +52,6 @@ class Outbox:
         # (signature) -> None, before any other event of a block: it says what it is first,
         # if the client forgot (Registry.announce); None: nothing to say.
         self.before = None
-
-    def use_options(self, options) -> None:
-        """The engine's options changed (a new capture's): read from now on."""
-        self.options = options
 
     def announce_with(self, before) -> None:
         """``before(sig)`` says what a block is ahead of its first event since a reset."""

@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from gt_core.compile.lower import build_graph
 from gt_core.hotpath.blocks import Block, Blocks
 from gt_core.hotpath.form import BlockForm
+from gt_core.hotpath.part import Part
 from gt_core.observe import events as ev
 from gt_core.observe.graph import change
 from gt_core.observe.report import Status
@@ -25,7 +26,7 @@ from gt_core.stream.plan import make_plan
 __all__ = ["Registry"]
 
 
-class Registry:
+class Registry(Part):
     """Turns history segments into blocks, registers them in ``blocks`` and announces them."""
 
     def __init__(self, ex, blocks: Blocks, meta_of, outbox, compiler, options):
@@ -52,10 +53,6 @@ class Registry:
         if self.builder is not None:
             self.builder.shutdown(wait=True, cancel_futures=True)
             self.builder = None
-
-    def use_options(self, options) -> None:
-        """The engine's options changed (a new capture's): read from now on."""
-        self.options = options
 
     def block_op_name(self, idx: int) -> str:
         """op_name for canonicalizing a block: an unresolved op never enters one."""

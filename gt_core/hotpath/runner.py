@@ -11,6 +11,7 @@ from gt_core.errors import CompiledRunFailed
 from gt_core.hotpath import checking, clock
 from gt_core.hotpath.blocks import Block, Occurrence
 from gt_core.hotpath.outbox import reason
+from gt_core.hotpath.part import Part
 from gt_core.hotpath.scalar_inputs import ScalarInputs
 from gt_core.observe import events as ev
 from gt_core.observe.report import Status
@@ -19,7 +20,7 @@ from gt_core.stream.instructions import OP
 __all__ = ["Runner"]
 
 
-class Runner:
+class Runner(Part):
     """Runs occurrences on the executor and hands their timings to the judge."""
 
     def __init__(self, ex, outbox, judge, compiler, options):
@@ -37,10 +38,6 @@ class Runner:
         self.agree = _alone  # a first compiled run's check, agreed by a worker group's ranks
         self.said_off: set[str] = set()  # blocks said to run eagerly with compiling off
         self.scalar_inputs = ScalarInputs(ex.device)
-
-    def use_options(self, options) -> None:
-        """The engine's options changed (a new capture's): read from now on."""
-        self.options = options
 
     def time_with(self, timer) -> None:
         """Every timed run goes through ``timer`` from now (a test's fixed times)."""
@@ -78,12 +75,13 @@ class Runner:
             else:
                 self.judge.check(block)
                 return
+        first = not block.eager_warm  # (its eager graph's first run: no baseline, see Judge)
         ms = self.run_eager(block, occ)
         if ms is not None:
-            self.timings.then(ms, lambda ms: self._eager_ran(block, ms))
+            self.timings.then(ms, lambda ms: self._eager_ran(block, ms, first))
 
-    def _eager_ran(self, block: Block, ms: float) -> None:
-        self.judge.eager_ran(block, ms)
+    def _eager_ran(self, block: Block, ms: float, first: bool = False) -> None:
+        self.judge.eager_ran(block, ms, first)
         if block.status == Status.HOT and self.options.auto_compile and len(block.eager_ms) >= 2:
             # Compiling on the critical path: first a couple of eager occurrences, the
             # baseline that regression detection and the speedup compare against.
@@ -206,6 +204,7 @@ class Runner:
                 )
             self.ex.drop(occ.free_ids)
             return None
+        block.eager_graph_ran()
         self.bind(block, occ, outs)
         return ms
 

@@ -8,6 +8,7 @@ seen twice alike, the client asks for its block's plan and replays it. With
 
 from __future__ import annotations
 
+from gt_core.hotpath.part import Part
 from gt_core.observe import events as ev
 from gt_core.stream.canonical import Mismatch
 from gt_core.stream.instructions import BARRIERS, FREE, JIT_SIGNAL, OP, PUT
@@ -16,7 +17,7 @@ from gt_core.stream.lift import float_positions
 __all__ = ["Signals"]
 
 
-class Signals:
+class Signals(Part):
     """Where each open signal started in the history, and the form each signal last made."""
 
     def __init__(self, history, registry, outbox, options):
@@ -35,10 +36,6 @@ class Signals:
         # jit call name -> its block with floats lifted, made once the client asks for it
         # (only the client knows whether they are settings it can send: jit_plan)
         self.lifted: dict[str, tuple] = {}
-
-    def use_options(self, options) -> None:
-        """The engine's options changed (a new capture's): read from now on."""
-        self.options = options
 
     def shift(self, dropped: int) -> None:
         """The history dropped its oldest ``dropped`` instructions."""
