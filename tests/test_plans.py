@@ -888,3 +888,23 @@ def test_an_eager_graphs_first_run_is_neither_a_baseline_nor_a_probe():
     assert (block.probe, block.probed) == (0, 3)
     assert list(block.samples[("eager", None)]) == [5.0, 6.0]
     assert said == ["eager"] * 3  # (each shown in the report, the first too)
+
+
+def test_an_eager_run_begun_beside_the_blocks_compile_is_no_baseline_when_it_ends_after():
+    """A run that began while its block compiled and ended after the compile did was slowed
+    by it for most of its time: shown as a run beside the compile, never an eager baseline."""
+    from types import SimpleNamespace
+
+    from gt_core.hotpath.blocks import Block
+    from gt_core.hotpath.judge import Judge
+
+    said = []
+    outbox = SimpleNamespace(emit=lambda *a, **k: said.append(k.get("kind")))
+    judge = Judge(outbox, SimpleNamespace(compiling=0), SimpleNamespace(regression_samples=5))
+    block = Block(SimpleNamespace(sig="b"))
+    block.move(Status.COMPILING)
+    block.move(Status.COMPILED)  # (the compile ended as the run went on)
+    judge.eager_ran(block, 49.0, beside=True)
+    judge.eager_ran(block, 5.0)
+    assert said == ["compiling", "eager"]
+    assert list(block.samples[("eager", None)]) == [5.0] and list(block.eager_ms) == [5.0]

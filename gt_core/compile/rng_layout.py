@@ -45,29 +45,35 @@ def _draw(t: torch.Tensor, kind: str, a: float, b: float, p):
     return t.random_()
 
 
-@torch.library.custom_op(
-    "gt::random_fill", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,)
+# Defined with torch.library's lower-level API, not ``custom_op``: a compiled block calls it
+# on every run, once per random fill, and ``custom_op``'s Python layers around the kernel (an
+# autograd wrapper, a Dynamo guard, an aliasing check of the outputs) cost several times the
+# kernel itself on a small tensor (benchmarks: docs/benchmarks.md). The worker runs without
+# autograd, and the op makes a fresh tensor: those layers guard nothing here.
+_LIB = torch.library.Library("gt", "FRAGMENT")
+_LIB.define(
+    "random_fill(SymInt[] size, SymInt[] stride, ScalarType dtype, Device device, str kind, "
+    "float a, float b, Tensor? p, Tensor? after) -> Tensor",
+    tags=(torch.Tag.nondeterministic_seeded,),
 )
-def random_fill(
-    size: list[int],
-    stride: list[int],
-    dtype: torch.dtype,
-    device: torch.device,
-    kind: str,
-    a: float,
-    b: float,
-    p: torch.Tensor | None,
-    after: torch.Tensor | None,
-) -> torch.Tensor:
+
+
+def _random_fill(size, stride, dtype, device, kind, a, b, p, after):
     """A tensor of ``size`` and ``stride`` filled as eager's random fill ``kind`` fills it
     (``a``, ``b``: its numbers; ``p``: bernoulli's tensor of probabilities; ``after``: the
     graph's random op before it, never read: it orders the draws)."""
     return _draw(torch.empty_strided(size, stride, dtype=dtype, device=device), kind, a, b, p)
 
 
-@random_fill.register_fake
+_LIB.impl("random_fill", _random_fill, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("gt::random_fill", lib=_LIB)
 def _(size, stride, dtype, device, kind, a, b, p, after):
     return torch.empty_strided(size, stride, dtype=dtype, device=device)
+
+
+random_fill = torch.ops.gt.random_fill.default
 
 
 def _numbers(node: fx.Node) -> list:

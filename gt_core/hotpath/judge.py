@@ -62,12 +62,14 @@ class Judge(Part):
             self._sample(block, "compiled", ms)
         self.outbox.emit(ev.ITERATION, signature=block.sig, kind="compiled", ms=ms)
 
-    def eager_ran(self, block: Block, ms: float, first: bool = False) -> None:
-        """An eager run took ``ms``: a baseline sample, unless a compile slowed it or it was
-        its eager graph's ``first`` run (many times slower than the runs after it: FX's
-        generated code and the kernels' first calls), which a probe does not count for."""
-        if block.status == Status.COMPILING:
-            # Slowed by the compile beside it: shown as such, never an eager baseline.
+    def eager_ran(self, block: Block, ms: float, first=False, beside=False) -> None:
+        """An eager run took ``ms``: a baseline sample, unless a compile slowed it (``beside``:
+        the block compiled as it began; or it still does) or it was its eager graph's
+        ``first`` run (many times slower than the runs after it: FX's generated code and the
+        kernels' first calls), which a probe does not count for."""
+        if beside or block.status == Status.COMPILING:
+            # Slowed by the compile beside it: shown as such, never an eager baseline (a run
+            # that began beside the compile and ended after it too: most of it was beside).
             self.outbox.emit(ev.ITERATION, signature=block.sig, kind="compiling", ms=ms)
             return
         block.eager_ms.append(ms)

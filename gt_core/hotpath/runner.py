@@ -75,13 +75,14 @@ class Runner(Part):
             else:
                 self.judge.check(block)
                 return
-        first = not block.eager_warm  # (its eager graph's first run: no baseline, see Judge)
+        # (as the run begins: its eager graph's first run, a compile beside it; see Judge)
+        first, beside = not block.eager_warm, block.status == Status.COMPILING
         ms = self.run_eager(block, occ)
         if ms is not None:
-            self.timings.then(ms, lambda ms: self._eager_ran(block, ms, first))
+            self.timings.then(ms, lambda ms: self._eager_ran(block, ms, first, beside))
 
-    def _eager_ran(self, block: Block, ms: float, first: bool = False) -> None:
-        self.judge.eager_ran(block, ms, first)
+    def _eager_ran(self, block: Block, ms: float, first=False, beside=False) -> None:
+        self.judge.eager_ran(block, ms, first, beside)
         if block.status == Status.HOT and self.options.auto_compile and len(block.eager_ms) >= 2:
             # Compiling on the critical path: first a couple of eager occurrences, the
             # baseline that regression detection and the speedup compare against.
