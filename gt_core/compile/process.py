@@ -74,8 +74,10 @@ class CompileProcess:
 
     @staticmethod
     def imports() -> None:
-        """Inductor's loading path imported and its source hash computed (~2.5 s of Python),
-        the collector paused: for the worker's start, before it serves anything."""
+        """Inductor's loading path imported, its source hash computed (~2.5 s of Python) and
+        the CPU's vector ISA probed (a load's first kernel asks for it), the collector
+        paused: for the worker's start, before it serves anything. Left to the first load,
+        these ran beside the user's first steps (docs/benchmarks.md)."""
         collecting = gc.isenabled()
         gc.disable()
         try:
@@ -84,6 +86,9 @@ class CompileProcess:
             import torch._inductor.standalone_compile  # noqa: F401
 
             codecache.torch_key()  # hashes torch's sources once per process (cached)
+            from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+            pick_vec_isa()  # a load's compiler probes (~1 s of subprocesses), once per process
         finally:
             gc.freeze()
             if collecting:
