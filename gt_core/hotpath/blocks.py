@@ -96,8 +96,9 @@ class Block:
     def make_eager(self) -> None:
         """Make its eager form, once: ahead, on the registry's builder thread, or at its
         first use, whichever comes first (a use meanwhile waits for the build under way).
-        Never before the block's plan is answered: building the graph (FX over every op)
-        takes tens of ms for a large step, and a jit call's client waits for the plan."""
+        Never on the way to the block's plan: building the graph (FX over every op) takes
+        tens of ms for a large step, and a jit call's client waits for the plan (the builder
+        thread shares the interpreter with the thread that answers it)."""
         if self._make_eager is not None:
             with self._eager_lock:
                 make = self._make_eager

@@ -81,7 +81,7 @@ class Runner(Part):
         if ms is not None:
             self.timings.then(ms, lambda ms: self._eager_ran(block, ms, first, beside))
 
-    def _eager_ran(self, block: Block, ms: float, first=False, beside=False) -> None:
+    def _eager_ran(self, block: Block, ms: float, first: bool, beside: bool) -> None:
         self.judge.eager_ran(block, ms, first, beside)
         if block.status == Status.HOT and self.options.auto_compile and len(block.eager_ms) >= 2:
             # Compiling on the critical path: first a couple of eager occurrences, the
